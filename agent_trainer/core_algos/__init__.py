@@ -1,0 +1,75 @@
+"""Advantage estimators, policy/value losses, KL penalties and rollout shaping (pure torch).
+
+Per-token tensors are [B, T] over the WHOLE sequence (prompt, every turn, environment
+observations, padding); ``response_mask`` is 1 exactly on tokens the policy generated.
+Group / trajectory ids are int64 tensors of shape [B]. Function names and argument
+order follow verl's ``core_algos`` so a verl user reads them at once.
+
+Modules: advantages (GAE, GRPO, RLOO, REINFORCE++, ReMax), multiturn (bi-level GAE,
+multi-turn GRPO), gigpo, losses, kl, shaping (RAGEN reward normalisation and
+rollout filtering), registry (name -> estimator, ``compute_advantage``, config checks).
+See docs/algorithms.md for the table of estimators and losses.
+"""
+
+from ._masked import masked_mean, masked_sum, masked_var, masked_whiten
+from .advantages import (
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+)
+from .gigpo import GIGPO_MODES, compute_gigpo_outcome_advantage
+from .kl import (
+    KL_CTRL_TYPES,
+    KL_PENALTY_TYPES,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    get_kl_controller,
+    kl_penalty,
+)
+from .losses import (
+    LOSS_AGG_MODES,
+    POLICY_LOSS_MODES,
+    agg_loss,
+    compute_entropy_loss,
+    compute_policy_loss,
+    compute_policy_loss_gspo,
+    compute_value_loss,
+    entropy_from_logits,
+    get_policy_loss_fn,
+)
+from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage, turn_segments
+from .registry import (
+    ADV_ESTIMATOR_NAMES,
+    CRITIC_ESTIMATORS,
+    ESTIMATOR_OPTIONS,
+    compute_advantage,
+    get_adv_estimator_fn,
+    resolve_adv_estimator,
+    validate_algorithm_choices,
+)
+from .shaping import (
+    REWARD_NORM_GROUPINGS,
+    REWARD_NORM_METHODS,
+    ROLLOUT_FILTER_STRATEGIES,
+    filter_groups,
+    normalize_scores,
+)
+
+__all__ = [
+    "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",
+    "LOSS_AGG_MODES", "POLICY_LOSS_MODES", "REWARD_NORM_GROUPINGS", "REWARD_NORM_METHODS",
+    "ROLLOUT_FILTER_STRATEGIES",
+    "AdaptiveKLController", "FixedKLController", "agg_loss", "apply_kl_penalty",
+    "compute_advantage", "compute_bi_level_gae_advantage_return", "compute_entropy_loss",
+    "compute_gae_advantage_return", "compute_gigpo_outcome_advantage", "compute_grpo_multiturn_advantage",
+    "compute_grpo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_gspo",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
+    "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
+    "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "normalize_scores", "resolve_adv_estimator", "turn_segments", "validate_algorithm_choices",
+]

@@ -1,0 +1,190 @@
+"""Context manager: environment text <-> token ids, one growing sequence per episode.
+
+Token-in/token-out: the ids the rollout engine generated are appended to the
+episode's sequence as they are and trained on; text is never re-tokenized
+between turns. Only the text *around* the policy's replies (the first prompt,
+and each later observation wrapped in the chat template) is tokenized here.
+
+For one episode the sequence is::
+
+    [system + user(instruction, obs_0) + assistant header]   mask 0  (prompt)
+    [generated reply 1, ending in <|im_end|>]                 mask 1  reward r_1 on its last token
+    [\\n + user(reward, obs_1) + assistant header]             mask 0  (observation)
+    [generated reply 2]                                       mask 1  reward r_2 on its last token
+    ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from agent_trainer import prompts
+from agent_trainer.batch import TensorBatch
+from agent_trainer.es_manager import EnvInput, EnvOutput
+
+
+@dataclass
+class EpisodeContext:
+    """One episode's token sequence and its per-token annotations."""
+
+    env_id: int
+    group_id: int
+    tag: str
+    token_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    rollout_log_probs: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    """0 on the prompt; k on the tokens of turn k (reply and the observation after it)."""
+    num_turns: int = 0
+    done: bool = False
+    truncated: bool = False
+    format_errors: int = 0
+
+    def extend(self, ids: list[int], generated: bool, logprobs: list[float] | None = None) -> None:
+        """Append ``ids``; generated ids get mask 1 and their rollout logprobs."""
+        self.token_ids.extend(ids)
+        self.response_mask.extend([int(generated)] * len(ids))
+        self.rollout_log_probs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.rewards.extend([0.0] * len(ids))
+        self.turn_ids.extend([self.num_turns] * len(ids))
+
+
+class ContextManager:
+    """Builds prompts from environment outputs and turns replies into env inputs.
+
+    Works with any tokenizer that has a chat template (ChatML for the tiny
+    model and Qwen).
+    """
+
+    def __init__(self, tokenizer, *, enable_think: bool = True, action_sep: str = "||", max_model_len: int = 2048):
+        self.tokenizer = tokenizer
+        self.enable_think = enable_think
+        self.action_sep = action_sep
+        self.max_model_len = max_model_len
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos token; the rollout needs one to end each reply")
+        self.eos_token_id: int = tokenizer.eos_token_id
+        self._check_chat_template()
+
+    # -- prompts -------------------------------------------------------------------------
+    def start(self, out: EnvOutput) -> EpisodeContext:
+        """A new episode from its reset output: the first prompt (mask 0)."""
+        ctx = EpisodeContext(env_id=out.env_id, group_id=out.group_id, tag=out.tag)
+        messages = [
+            {"role": "system", "content": prompts.SYSTEM_PROMPT},
+            {"role": "user", "content": prompts.first_user_message(out.instruction, out.observation, self.enable_think)},
+        ]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ctx.extend(list(_as_ids(ids)), generated=False)
+        return ctx
+
+    def append_reply(self, ctx: EpisodeContext, token_ids: list[int], logprobs: list[float]) -> EnvInput:
+        """Append the generated ids (mask 1) and parse them into the env's actions.
+
+        A reply cut by the length limit gets an eos appended with mask 0 (the
+        policy did not generate it) so the next turn's template lines up.
+        """
+        ctx.num_turns += 1
+        ctx.extend(list(token_ids), generated=True, logprobs=list(logprobs))
+        if not token_ids or token_ids[-1] != self.eos_token_id:
+            ctx.extend([self.eos_token_id], generated=False)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        parsed = prompts.parse_response(text, self.action_sep, self.enable_think)
+        if not parsed.format_ok:
+            ctx.format_errors += 1
+        return EnvInput(env_id=ctx.env_id, llm_response=text, actions=parsed.actions)
+
+    def append_env_output(self, ctx: EpisodeContext, out: EnvOutput, response_length: int) -> None:
+        """Put the turn's reward on its last generated token; append the next observation.
+
+        The episode ends when the env says done, or when the next turn would
+        not fit in ``max_model_len`` (``truncated``).
+        """
+        last_generated = max(i for i, m in enumerate(ctx.response_mask) if m)
+        ctx.rewards[last_generated] += float(out.reward)
+        if out.done:
+            ctx.done = True
+            return
+        msg = prompts.next_user_message(out.observation, out.reward, self.enable_think)
+        ids = self._observation_ids(msg)
+        if len(ctx.token_ids) + len(ids) + response_length > self.max_model_len:
+            ctx.done = ctx.truncated = True
+            return
+        ctx.extend(ids, generated=False)
+
+    # -- batch ---------------------------------------------------------------------------
+    def build_update_batch(self, episodes: list[EpisodeContext], uid_offset: int = 0) -> TensorBatch:
+        """One row per episode, right-padded: the batch contract of ``agent_trainer.batch``."""
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
+        length = max(len(e.token_ids) for e in episodes)
+        n = len(episodes)
+        input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, length), dtype=torch.long)
+        response_mask = torch.zeros((n, length), dtype=torch.long)
+        rewards = torch.zeros((n, length), dtype=torch.float32)
+        logprobs = torch.zeros((n, length), dtype=torch.float32)
+        turn_ids = torch.zeros((n, length), dtype=torch.long)
+        for row, e in enumerate(episodes):
+            t = len(e.token_ids)
+            input_ids[row, :t] = torch.tensor(e.token_ids)
+            attention_mask[row, :t] = 1
+            response_mask[row, :t] = torch.tensor(e.response_mask)
+            rewards[row, :t] = torch.tensor(e.rewards)
+            logprobs[row, :t] = torch.tensor(e.rollout_log_probs)
+            turn_ids[row, :t] = torch.tensor(e.turn_ids)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return TensorBatch(
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": position_ids,
+                "response_mask": response_mask,
+                "token_level_rewards": rewards,
+                "rollout_log_probs": logprobs,
+                "turn_ids": turn_ids,
+                "uid": torch.tensor([uid_offset + e.group_id for e in episodes], dtype=torch.long),
+                "traj_uid": torch.tensor([uid_offset + e.env_id for e in episodes], dtype=torch.long),
+            }
+        )
+
+    # -- chat-template plumbing ----------------------------------------------------------
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    _BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+
+    def _observation_ids(self, user_message: str) -> list[int]:
+        """Ids the chat template puts after an assistant's eos for a new user turn plus the next header.
+
+        Found by rendering a conversation with and without the new message
+        (templates differ: ChatML puts a newline after the eos), so no
+        template is assumed.
+        """
+        base = self._render(self._BASE, add_generation_prompt=False)
+        full = self._render(self._BASE + [{"role": "user", "content": user_message}], add_generation_prompt=True)
+        eos_text = self.tokenizer.decode([self.eos_token_id])
+        cut = base.rfind(eos_text) + len(eos_text)
+        return self._encode(full[cut:])
+
+    def _check_chat_template(self) -> None:
+        eos_text = self.tokenizer.decode([self.eos_token_id])
+        base = self._render(self._BASE, add_generation_prompt=False)
+        full = self._render(self._BASE + [{"role": "user", "content": "x"}], add_generation_prompt=True)
+        if base.rfind(eos_text) < 0 or not full.startswith(base[: base.rfind(eos_text)]):
+            raise ValueError(
+                f"the tokenizer's chat template must end assistant messages with the eos token {eos_text!r} and "
+                "render a conversation as a prefix of its continuation; multi-turn token-in/token-out relies on it"
+            )
+
+
+def _as_ids(ids) -> list[int]:
+    """``apply_chat_template(tokenize=True)`` returns a list or a BatchEncoding depending on the version."""
+    if hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)

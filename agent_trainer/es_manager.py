@@ -1,0 +1,460 @@
+"""Env-state manager: runs a shard of episodes (env groups) for the rollout.
+
+A plain class (no Ray import): ``workers/env_worker.py`` wraps it with
+``ray.remote``; tests use it directly.
+
+Semantics (RAGEN's es_manager):
+
+- A split (train or val) has ``env_groups`` groups of ``group_size`` episodes.
+  ``env_configs.tags`` / ``env_configs.n_groups`` assign tags to groups in
+  order; ``sum(n_groups)`` must equal ``env_groups``.
+- Every member of a group starts from the same seed (GRPO-style groups).
+- Seeds (``group_seeds``): training group g at reset r gets
+  ``base_seed + r * num_groups + g`` (fresh seeds every reset); validation
+  group g always gets ``base_seed + VAL_SEED_OFFSET + g``. Training seeds stay
+  below ``base_seed + VAL_SEED_OFFSET`` (2**30 seeds, checked), so the two
+  ranges never overlap.
+- Each turn executes up to ``max_actions_per_turn`` actions (the rollout
+  parsed them from ``<answer>a1 || a2</answer>``), capped by the tag's
+  ``max_actions_per_traj``; reaching the cap ends the episode. A turn with a
+  missing or invalid action adds ``format_penalty`` (once) to its reward and
+  to the episode's ``penalty``.
+- An exception raised by an environment ends that episode with
+  ``info["error"]`` and the ``error`` metric; it never reaches the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from envs import BaseEnv, EnvTagConfig, make_env
+from envs.registry import normalize_tags, to_plain
+
+VAL_SEED_OFFSET = 2**30
+"""Validation seeds start here (relative to the base seed); training seeds stay below it."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass
+class EnvConfigsSpec:
+    """Which tags the groups of a split use (RAGEN's ``env_configs``)."""
+
+    tags: list[str] = field(default_factory=lambda: ["FrozenLake"])
+    """Env tags from config/envs.yaml."""
+    n_groups: list[int] = field(default_factory=lambda: [4])
+    """Number of groups per tag (same order as ``tags``); must sum to env_groups."""
+
+
+@dataclass
+class EnvGroupsConfig:
+    """One split (train or val) of the es_manager section."""
+
+    env_groups: int = 4
+    """Number of groups (distinct initial states) per rollout."""
+    group_size: int = 4
+    """Episodes per group; all start from the group's seed."""
+    env_configs: EnvConfigsSpec = field(default_factory=EnvConfigsSpec)
+    """Tag assignment; ``sum(env_configs.n_groups) == env_groups``."""
+    split: str = "train"
+    """"train" or "val": picks the seed scheme and names the config in errors."""
+
+    def __post_init__(self):
+        if isinstance(self.env_configs, Mapping) or not dataclasses.is_dataclass(self.env_configs):
+            self.env_configs = EnvConfigsSpec(**to_plain(self.env_configs))
+        self.validate()
+
+    @property
+    def tags(self) -> list[str]:
+        """Tags of this split (``env_configs.tags``)."""
+        return list(self.env_configs.tags)
+
+    @property
+    def n_groups(self) -> list[int]:
+        """Groups per tag (``env_configs.n_groups``)."""
+        return list(self.env_configs.n_groups)
+
+    def validate(self) -> None:
+        """Check sizes and that n_groups matches tags and sums to env_groups."""
+        where = f"es_manager.{self.split}"
+        if self.split not in ("train", "val"):
+            raise ValueError(f"{where}.split must be 'train' or 'val', got {self.split!r}")
+        for key in ("env_groups", "group_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}.{key} must be a positive int, got {value!r}")
+        tags, n_groups = self.tags, self.n_groups
+        if len(tags) != len(n_groups):
+            raise ValueError(
+                f"{where}.env_configs.tags {tags} and {where}.env_configs.n_groups {n_groups} "
+                f"must have the same length (one group count per tag)"
+            )
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in n_groups):
+            raise ValueError(f"{where}.env_configs.n_groups {n_groups} must be non-negative ints")
+        if sum(n_groups) != self.env_groups:
+            raise ValueError(
+                f"{where}.env_configs.n_groups {n_groups} sums to {sum(n_groups)} but "
+                f"{where}.env_groups is {self.env_groups}; make the n_groups add up to "
+                f"env_groups (or set {where}.env_groups: {sum(n_groups)})"
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping, split: str = "train") -> "EnvGroupsConfig":
+        """Build from RAGEN's YAML shape; flat ``tags``/``n_groups`` keys are accepted too."""
+        values = dict(to_plain(values) or {})
+        spec = dict(values.pop("env_configs", None) or {})
+        for key in ("tags", "n_groups"):
+            if key in values:
+                spec[key] = values.pop(key)
+        allowed = ["env_groups", "group_size", "env_configs"]
+        unknown = sorted(set(values) - set(allowed) - {"split"})
+        if unknown:
+            raise ValueError(f"es_manager.{split}: unknown field(s) {unknown}; allowed fields: {allowed}")
+        values["split"] = split
+        return cls(env_configs=EnvConfigsSpec(**spec), **values)
+
+
+@dataclass
+class EsManagerConfig:
+    """The ``es_manager`` config section."""
+
+    format_penalty: float = -0.1
+    """Added to a turn's reward (and the episode penalty) when an action is missing or invalid."""
+    action_sep: str = "||"
+    """Separator between several actions in one answer."""
+    max_actions_per_turn: int = 1
+    """Actions executed per turn at most (extra ones are dropped)."""
+    train: EnvGroupsConfig = field(default_factory=lambda: EnvGroupsConfig(split="train"))
+    """Training split."""
+    val: EnvGroupsConfig = field(
+        default_factory=lambda: EnvGroupsConfig(group_size=1, split="val")
+    )
+    """Validation split (fixed seeds, disjoint from training seeds)."""
+    seed: int = 0
+    """Base seed for both splits (see ``group_seeds``)."""
+
+    def __post_init__(self):
+        if isinstance(self.max_actions_per_turn, bool) or not isinstance(self.max_actions_per_turn, int) \
+                or self.max_actions_per_turn < 1:
+            raise ValueError(
+                f"es_manager.max_actions_per_turn must be a positive int, got {self.max_actions_per_turn!r}"
+            )
+        if not isinstance(self.action_sep, str) or not self.action_sep:
+            raise ValueError(f"es_manager.action_sep must be a non-empty string, got {self.action_sep!r}")
+        if self.train.split != "train" or self.val.split != "val":
+            raise ValueError("es_manager.train/val must have split 'train'/'val'; use EsManagerConfig.from_dict")
+
+    @classmethod
+    def from_dict(cls, values: Mapping) -> "EsManagerConfig":
+        """Build from the YAML/OmegaConf ``es_manager`` section."""
+        values = dict(to_plain(values) or {})
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ValueError(f"es_manager: unknown field(s) {unknown}; allowed fields: {allowed}")
+        for split in ("train", "val"):
+            if split in values:
+                values[split] = EnvGroupsConfig.from_dict(values[split], split=split)
+        return cls(**values)
+
+
+@dataclass
+class EpisodeSpec:
+    """One episode slot: its id, its group and its tag."""
+
+    env_id: int
+    group_id: int
+    tag: str
+
+
+def plan_episodes(split_cfg: EnvGroupsConfig) -> list[EpisodeSpec]:
+    """``env_groups x group_size`` episodes; groups get tags in ``n_groups`` order.
+
+    env_id runs 0..N-1 and group_id = env_id // group_size, so shards made of
+    whole consecutive groups keep each group on one actor.
+    """
+    split_cfg.validate()
+    group_tags = [tag for tag, n in zip(split_cfg.tags, split_cfg.n_groups) for _ in range(n)]
+    return [
+        EpisodeSpec(env_id=g * split_cfg.group_size + k, group_id=g, tag=tag)
+        for g, tag in enumerate(group_tags)
+        for k in range(split_cfg.group_size)
+    ]
+
+
+def group_seeds(split: str, num_groups: int, reset_index: int, base_seed: int) -> list[int]:
+    """One seed per group: training seeds advance with reset_index, validation seeds are fixed."""
+    if split == "val":
+        return [base_seed + VAL_SEED_OFFSET + g for g in range(num_groups)]
+    if split != "train":
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    last = (reset_index + 1) * num_groups
+    if reset_index < 0 or last > VAL_SEED_OFFSET:
+        raise ValueError(
+            f"reset_index {reset_index} x num_groups {num_groups} leaves the training seed range "
+            f"[0, {VAL_SEED_OFFSET}); use a different base_seed"
+        )
+    return [base_seed + reset_index * num_groups + g for g in range(num_groups)]
+
+
+# --------------------------------------------------------------------------- turn records
+
+
+@dataclass
+class EnvInput:
+    """The model's answer for one episode this turn."""
+
+    env_id: int
+    llm_response: str
+    actions: list[str]
+    """Parsed from <answer>...</answer>; empty means missing or unparsable."""
+
+
+@dataclass
+class EnvOutput:
+    """What the rollout needs after a reset or a step."""
+
+    env_id: int
+    group_id: int
+    tag: str
+    observation: str
+    instruction: str
+    reward: float
+    done: bool
+    info: dict
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one episode slot (internal)."""
+
+    spec: EpisodeSpec
+    env: BaseEnv
+    tag_cfg: EnvTagConfig
+    observation: str = ""
+    done: bool = False
+    penalty: float = 0.0
+    num_actions: int = 0
+    history: list = field(default_factory=list)
+    action_infos: list = field(default_factory=list)
+    last_info: dict = field(default_factory=dict)
+    error: str | None = None
+    truncated: bool = False
+
+
+class EnvStateManager:
+    """Hosts episodes of any registered environment; steps them turn by turn."""
+
+    def __init__(
+        self,
+        tags: Mapping[str, EnvTagConfig] | Mapping[str, dict],
+        episodes: list[EpisodeSpec],
+        format_penalty: float = -0.1,
+        action_sep: str = "||",
+        max_actions_per_turn: int = 1,
+    ):
+        """Create one environment per episode from its tag (errors name the tag)."""
+        self.tags = normalize_tags(tags)
+        self.format_penalty = float(format_penalty)
+        self.action_sep = action_sep
+        self.max_actions_per_turn = int(max_actions_per_turn)
+        if self.max_actions_per_turn < 1:
+            raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn!r}")
+        self.episodes: dict[int, _Episode] = {}
+        for spec in episodes:
+            spec = spec if isinstance(spec, EpisodeSpec) else EpisodeSpec(**spec)
+            if spec.tag not in self.tags:
+                raise ValueError(f"episode {spec.env_id}: unknown tag {spec.tag!r}; known tags: {sorted(self.tags)}")
+            if spec.env_id in self.episodes:
+                raise ValueError(f"duplicate env_id {spec.env_id} in episodes")
+            env = make_env(spec.tag, self.tags)
+            self.episodes[spec.env_id] = _Episode(spec=spec, env=env, tag_cfg=self.tags[spec.tag])
+
+    # ---------------------------------------------------------------- reset
+    def reset(self, seeds: Mapping[int, int]) -> list[EnvOutput]:
+        """Reset every episode with its group's seed; returns initial observations."""
+        missing = sorted({ep.spec.group_id for ep in self.episodes.values()} - set(seeds))
+        if missing:
+            raise ValueError(f"reset: no seed for group(s) {missing}; pass seeds={{group_id: seed}} for every group")
+        outputs = []
+        for ep in self.episodes.values():
+            ep.done, ep.penalty, ep.num_actions, ep.truncated = False, 0.0, 0, False
+            ep.history, ep.action_infos, ep.error = [], [], None
+            ep.last_info = {"success": False, "action_is_valid": True, "action_is_effective": False}
+            try:
+                ep.observation = ep.env.reset(seed=int(seeds[ep.spec.group_id]))
+            except Exception as exc:  # a broken env must not take the rollout down
+                self._fail(ep, exc)
+            outputs.append(self._output(ep, reward=0.0, info=dict(ep.last_info), instruction=self._instruction(ep)))
+        return outputs
+
+    def _instruction(self, ep: _Episode) -> str:
+        parts = [ep.tag_cfg.env_instruction.strip()]
+        try:
+            legend, actions = ep.env.legend(), ep.env.action_description()
+        except Exception as exc:
+            legend, actions = "", f"(unavailable: {exc})"
+        if legend:
+            parts.append(legend)
+        parts.append(f"Valid actions: {actions}")
+        n = self.max_actions_per_turn
+        if n > 1:
+            parts.append(f"You may give up to {n} actions per turn, separated by '{self.action_sep}'.")
+        else:
+            parts.append("Give exactly one action per turn.")
+        return "\n".join(p for p in parts if p)
+
+    # ---------------------------------------------------------------- step
+    def step(self, inputs: list[EnvInput]) -> list[EnvOutput]:
+        """Execute each input's actions in its episode; returns one output per input."""
+        outputs = []
+        for inp in inputs:
+            inp = inp if isinstance(inp, EnvInput) else EnvInput(**inp)
+            if inp.env_id not in self.episodes:
+                raise ValueError(f"step: unknown env_id {inp.env_id}; this manager holds {sorted(self.episodes)}")
+            outputs.append(self._step_one(self.episodes[inp.env_id], inp))
+        return outputs
+
+    def _step_one(self, ep: _Episode, inp: EnvInput) -> EnvOutput:
+        obs_before = ep.observation
+        actions = [a for a in (inp.actions or []) if isinstance(a, str)]
+        if ep.done:  # stepping a finished episode is a no-op
+            return self._output(ep, 0.0, dict(ep.last_info, action_is_valid=False, action_is_effective=False))
+        budget = ep.tag_cfg.max_actions_per_traj - ep.num_actions
+        to_run = actions[: min(self.max_actions_per_turn, budget)]
+        reward, executed, infos = 0.0, [], []
+        for action in to_run:
+            try:
+                obs, r, done, info = ep.env.step(action)
+                info = dict(info) if isinstance(info, Mapping) else {}
+                ep.observation, reward = str(obs), reward + float(r)
+            except Exception as exc:
+                info = self._fail(ep, exc)
+                done = True
+            ep.num_actions += 1
+            executed.append(action)
+            infos.append(info)
+            ep.action_infos.append(info)
+            ep.last_info = info
+            if done:
+                ep.done = True
+                break
+        if not ep.done and ep.num_actions >= ep.tag_cfg.max_actions_per_traj:
+            ep.done, ep.truncated = True, True
+        turn_valid = bool(actions) and len(actions) == len(inp.actions or []) \
+            and all(i.get("action_is_valid", False) for i in infos)
+        if not turn_valid:
+            reward += self.format_penalty
+            ep.penalty += self.format_penalty
+        if not infos:  # no action ran (missing answer or no budget): record the turn as invalid
+            ep.action_infos.append({"action_is_valid": False, "action_is_effective": False})
+        turn_info = dict(ep.last_info)
+        turn_info.update(
+            action_is_valid=turn_valid,
+            action_is_effective=any(i.get("action_is_effective", False) for i in infos),
+            num_actions=len(executed),
+        )
+        if ep.truncated:
+            turn_info["truncated"] = True
+        ep.history.append({
+            "observation": obs_before, "llm_response": inp.llm_response, "actions": executed,
+            "reward": reward, "info": turn_info,
+        })
+        return self._output(ep, reward, turn_info)
+
+    def _fail(self, ep: _Episode, exc: BaseException) -> dict:
+        """End an episode after an environment exception; return its info."""
+        ep.error = f"{type(exc).__name__}: {exc}"
+        ep.done = True
+        ep.last_info = {"success": False, "action_is_valid": False, "action_is_effective": False,
+                        "error": ep.error, "traceback": traceback.format_exc(limit=5)}
+        return ep.last_info
+
+    def _output(self, ep: _Episode, reward: float, info: dict, instruction: str = "") -> EnvOutput:
+        return EnvOutput(env_id=ep.spec.env_id, group_id=ep.spec.group_id, tag=ep.spec.tag,
+                         observation=ep.observation, instruction=instruction, reward=float(reward),
+                         done=ep.done, info=info)
+
+    # ---------------------------------------------------------------- results
+    def get_rollout_states(self) -> list[dict]:
+        """Per episode: env_id, group_id, tag, history, penalty, final_observation, metrics.
+
+        ``history`` has one dict per turn: the observation shown before the
+        turn, llm_response, executed actions, reward (incl. format penalty) and
+        info. ``metrics``: success (final), num_actions, num_turns, the mean of
+        every numeric info key over executed actions (action_is_valid and
+        action_is_effective ratios; turns without an action count as invalid),
+        error, truncated and pass@group (any member of the group on this
+        manager succeeded).
+        """
+        group_success: dict[int, bool] = {}
+        for ep in self.episodes.values():
+            ok = bool(ep.last_info.get("success", False))
+            group_success[ep.spec.group_id] = group_success.get(ep.spec.group_id, False) or ok
+        states = []
+        for ep in self.episodes.values():
+            metrics = _mean_info(ep.action_infos)
+            metrics.update(
+                success=float(bool(ep.last_info.get("success", False))),
+                num_actions=float(ep.num_actions),
+                num_turns=float(len(ep.history)),
+                error=float(ep.error is not None),
+                truncated=float(ep.truncated),
+            )
+            metrics["pass@group"] = float(group_success[ep.spec.group_id])
+            state = {"env_id": ep.spec.env_id, "group_id": ep.spec.group_id, "tag": ep.spec.tag,
+                     "history": list(ep.history), "penalty": ep.penalty,
+                     "final_observation": ep.observation, "metrics": metrics}
+            if ep.error is not None:
+                state["error"] = ep.error
+            states.append(state)
+        return states
+
+    def close(self) -> None:
+        """Close every environment."""
+        for ep in self.episodes.values():
+            try:
+                ep.env.close()
+            except Exception:  # closing is best effort
+                pass
+
+
+def _mean_info(infos: list[dict]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for info in infos:
+        for key, value in info.items():
+            if isinstance(value, (bool, int, float)):
+                sums[key] = sums.get(key, 0.0) + float(value)
+                counts[key] = counts.get(key, 0) + 1
+    out = {key: sums[key] / counts[key] for key in sums}
+    out.setdefault("action_is_valid", 0.0)
+    out.setdefault("action_is_effective", 0.0)
+    return out
+
+
+def summarize_rollout_states(states: list[dict]) -> dict[str, float]:
+    """Aggregate rollout states (from all env actors) into ``env/<tag>/<metric>`` means.
+
+    ``pass@group`` here is recomputed over all states, so it is correct even
+    when a group's episodes were spread over several managers.
+    """
+    by_tag: dict[str, list[dict]] = {}
+    for st in states:
+        by_tag.setdefault(st["tag"], []).append(st)
+    out: dict[str, float] = {}
+    for tag, sts in by_tag.items():
+        keys = sorted({k for st in sts for k in st["metrics"]} - {"pass@group"})
+        for key in keys:
+            vals = [st["metrics"][key] for st in sts if key in st["metrics"]]
+            out[f"env/{tag}/{key}"] = sum(vals) / len(vals)
+        groups: dict[int, bool] = {}
+        for st in sts:
+            groups[st["group_id"]] = groups.get(st["group_id"], False) or st["metrics"]["success"] > 0
+        out[f"env/{tag}/pass@group"] = sum(groups.values()) / len(groups)
+        out[f"env/{tag}/penalty"] = sum(st["penalty"] for st in sts) / len(sts)
+    return out

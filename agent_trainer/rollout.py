@@ -1,0 +1,195 @@
+"""``SyncMultiTurnRollout``: episodes fanned out to Ray env actors and rollout engines.
+
+One call to :meth:`SyncMultiTurnRollout.rollout` plays ``env_groups x
+group_size`` episodes for up to ``agent_proxy.max_turn`` turns and returns
+one training batch (one row per episode, every turn in it) plus metrics::
+
+    reset env actors (one seed per group)
+    for turn in 1..max_turn, while any episode is active:
+        prompts  <- ctx_manager: token ids of each active episode
+        outputs  <- rollout engines: generate(token ids) -> token ids + logprobs
+        env actors: parse <answer>, step env, reward, done
+    batch    <- ctx_manager.build_update_batch()
+
+A failing env actor is reported (``rollout/env_actor_failures``) and its
+episodes end where they are; the rollout goes on with the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from agent_trainer.batch import TensorBatch
+from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.ctx_manager import ContextManager, EpisodeContext
+from agent_trainer.es_manager import EnvInput, EnvOutput, EpisodeSpec, group_seeds, plan_episodes
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingParams:
+    """How the engines sample one turn."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass
+class RolloutResult:
+    """A rollout's training batch, its metrics, and the raw per-episode states."""
+
+    batch: TensorBatch
+    metrics: dict[str, float]
+    states: list[dict]
+
+
+class SyncMultiTurnRollout:
+    """Plays one split's (train or val) episodes against the policy's rollout engines.
+
+    ``engines`` are Ray actor handles exposing ``generate(prompts, **sampling)``
+    (``workers.rollout``); ``env_worker_cls`` is the ``ray.remote`` env-state
+    manager (``workers.env_worker.EnvWorker``), of which ``num_env_actors``
+    are started, each hosting a contiguous shard of episodes.
+    """
+
+    def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
+                 split: str = "train", num_env_actors: int = 2):
+        self.cfg = cfg
+        self.split = split
+        self.engines = engines
+        self.split_cfg = cfg.es_manager.train if split == "train" else cfg.es_manager.val
+        rollout_cfg = cfg.actor_rollout_ref.rollout
+        self.ctx = ContextManager(tokenizer, enable_think=cfg.agent_proxy.enable_think,
+                                  action_sep=cfg.es_manager.action_sep, max_model_len=rollout_cfg.max_model_len)
+        self.episodes: list[EpisodeSpec] = plan_episodes(self.split_cfg)
+        # Whole groups per actor, so pass@group and group seeds stay local to one actor.
+        group_shards = np.array_split(np.arange(self.split_cfg.env_groups), max(1, num_env_actors))
+        shards = [[i for i, e in enumerate(self.episodes) if e.group_id in set(g.tolist())] for g in group_shards]
+        shards = [s for s in shards if s]
+        self.env_actors = [
+            env_worker_cls.remote(
+                tags=env_tags,
+                episodes=[self.episodes[i] for i in shard],
+                format_penalty=cfg.es_manager.format_penalty,
+                action_sep=cfg.es_manager.action_sep,
+                max_actions_per_turn=cfg.es_manager.max_actions_per_turn,
+            )
+            for shard in shards
+        ]
+        self.actor_of_env = {int(self.episodes[i].env_id): a for a, shard in zip(self.env_actors, shards) for i in shard}
+        self.num_resets = 0
+        self.last_generations: dict[int, list[list[int]]] = defaultdict(list)
+        """The engine's raw token ids per episode and turn in the last rollout (for checks and debugging)."""
+
+    def sampling_params(self) -> SamplingParams:
+        """Training sampling, or the greedy ``val_kwargs`` for the val split."""
+        r = self.cfg.actor_rollout_ref.rollout
+        if self.split == "train":
+            return SamplingParams(max_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+        return SamplingParams(max_tokens=r.response_length, temperature=r.val_kwargs.temperature,
+                              top_p=r.val_kwargs.top_p)
+
+    # -- the turn loop -------------------------------------------------------------------
+    def rollout(self) -> RolloutResult:
+        """Play every episode of the split once; return the batch and metrics."""
+        sampling = self.sampling_params()
+        seeds = group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
+        self.num_resets += 1
+        failures = 0
+        self.last_generations = defaultdict(list)
+        ctxs: dict[int, EpisodeContext] = {}
+        reset_outputs, failed = self._call_env_actors("reset", {a: dict(enumerate(seeds)) for a in self.env_actors})
+        failures += failed
+        for out in reset_outputs:
+            ctxs[out.env_id] = self.ctx.start(out)
+
+        for _ in range(self.cfg.agent_proxy.max_turn):
+            active = [c for c in ctxs.values() if not c.done]
+            if not active:
+                break
+            generations = self._generate([c.token_ids for c in active], sampling)
+            inputs_by_actor: dict = defaultdict(list)
+            for ctx, (ids, logprobs) in zip(active, generations):
+                self.last_generations[ctx.env_id].append(ids)
+                env_input: EnvInput = self.ctx.append_reply(ctx, ids, logprobs)
+                inputs_by_actor[self.actor_of_env[ctx.env_id]].append(env_input)
+            outputs, failed = self._call_env_actors("step", inputs_by_actor)
+            failures += failed
+            stepped = set()
+            for out in outputs:
+                self.ctx.append_env_output(ctxs[out.env_id], out, sampling.max_tokens)
+                stepped.add(out.env_id)
+            for ctx in active:  # episodes whose actor failed end here
+                if ctx.env_id not in stepped:
+                    ctx.done = True
+
+        states, failed = self._call_env_actors("get_rollout_states", {a: None for a in self.env_actors})
+        failures += failed
+        episodes = [ctxs[k] for k in sorted(ctxs)]
+        batch = self.ctx.build_update_batch(episodes)
+        batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
+        metrics = rollout_metrics(episodes, states, prefix="rollout" if self.split == "train" else "val")
+        metrics[f"{'rollout' if self.split == 'train' else 'val'}/env_actor_failures"] = float(failures)
+        return RolloutResult(batch=batch, metrics=metrics, states=states)
+
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[tuple[list[int], list[float]]]:
+        """Split prompts across the engines, generate, keep the order."""
+        chunks = [c for c in np.array_split(np.arange(len(prompts)), len(self.engines))]
+        refs = [
+            engine.generate.remote([prompts[i] for i in chunk], **vars(sampling))
+            for engine, chunk in zip(self.engines, chunks) if len(chunk)
+        ]
+        results = []
+        for outputs in ray.get(refs):
+            results.extend((list(o.token_ids), list(o.logprobs)) for o in outputs)
+        return results
+
+    def _call_env_actors(self, method: str, args_by_actor: dict) -> tuple[list, int]:
+        """Call ``method`` on several env actors at once; a dead actor is logged and counted, not raised."""
+        refs = {a: (getattr(a, method).remote() if arg is None else getattr(a, method).remote(arg))
+                for a, arg in args_by_actor.items()}
+        results: list = []
+        failures = 0
+        for actor, ref in refs.items():
+            try:
+                results.extend(ray.get(ref))
+            except (RayActorError, RayTaskError) as err:
+                failures += 1
+                logger.error("env actor %s failed in %s: %s", actor, method, err)
+        return results, failures
+
+
+def rollout_metrics(episodes: list[EpisodeContext], states: list[dict], prefix: str) -> dict[str, float]:
+    """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics."""
+    m: dict[str, float] = {}
+    rewards = [sum(e.rewards) for e in episodes]
+    gen_lens = [sum(e.response_mask) for e in episodes]
+    turns = [e.num_turns for e in episodes]
+    m[f"{prefix}/episode_reward_mean"] = float(np.mean(rewards))
+    m[f"{prefix}/episode_reward_max"] = float(np.max(rewards))
+    m[f"{prefix}/num_turns_mean"] = float(np.mean(turns))
+    m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(turns)))
+    m[f"{prefix}/sequence_length_mean"] = float(np.mean([len(e.token_ids) for e in episodes]))
+    m[f"{prefix}/truncated_rate"] = float(np.mean([e.truncated for e in episodes]))
+    m[f"{prefix}/format_error_rate"] = float(sum(e.format_errors for e in episodes) / max(1, sum(turns)))
+    success = [bool(s.get("metrics", {}).get("success", False)) for s in states]
+    m[f"{prefix}/success_rate"] = float(np.mean(success)) if success else 0.0
+    by_tag: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in states:
+        for key, value in s.get("metrics", {}).items():
+            if isinstance(value, (bool, int, float)):
+                by_tag[s["tag"]][key].append(float(value))
+    env_prefix = "env" if prefix == "rollout" else "val/env"
+    for tag, values in by_tag.items():
+        for key, vals in values.items():
+            m[f"{env_prefix}/{tag}/{key}"] = float(np.mean(vals))
+    return m

@@ -1,0 +1,1 @@
+"""Example environments used by docs/writing_an_environment.md."""

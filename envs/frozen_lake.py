@@ -1,0 +1,131 @@
+"""FrozenLake: walk from the start to the goal without falling into a hole.
+
+gymnasium's FrozenLake runs underneath, on a random map generated per seed
+exactly like gymnasium's ``generate_random_map(size, p, seed)`` (same draws,
+so the same maps) but with a bounded number of tries. Every map has a path
+from start to goal. Reward 1 at the goal, 0 otherwise; the episode ends at
+the goal or in a hole. With ``is_slippery`` the agent moves in the intended
+direction with probability ``success_rate`` (gymnasium's default 1/3) and
+sideways otherwise; the slip randomness is seeded by ``reset(seed)``.
+
+Legend: P player, _ frozen tile, O hole, G goal, X player in a hole,
+W player on the goal. Actions: Left | Down | Right | Up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from envs.experts import mdp_greedy_policy
+from envs.gym_wrapper import GymnasiumConfig, GymnasiumTextEnv
+
+ACTIONS = ["Left", "Down", "Right", "Up"]  # gymnasium order: 0 Left, 1 Down, 2 Right, 3 Up
+LEGEND = ("Legend: P is you, _ is frozen ice, O is a hole, G is the goal, "
+          "X means you fell into a hole, W means you reached the goal.")
+_MAX_MAP_TRIES = 10_000
+
+
+@dataclass
+class FrozenLakeConfig:
+    """Options of the FrozenLake environment."""
+
+    size: int = 4
+    """Side length of the square map."""
+    p: float = 0.8
+    """Probability that a tile is frozen (otherwise a hole)."""
+    is_slippery: bool = False
+    """Slippery ice: the move succeeds only with probability ``success_rate``."""
+    success_rate: float = 1.0 / 3.0
+    """Probability of moving in the intended direction when slippery."""
+    map_seed: int | None = None
+    """Fix the map regardless of the reset seed (None: the map follows the seed)."""
+
+    def __post_init__(self):
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or not 2 <= self.size <= 32:
+            raise ValueError(f"size must be an int in [2, 32], got {self.size!r}")
+        if not 0.3 <= float(self.p) <= 1.0:
+            # Lower p makes solvable maps so rare that generation would spin.
+            raise ValueError(f"p must be in [0.3, 1.0], got {self.p!r}")
+        if not 0.0 < float(self.success_rate) <= 1.0:
+            raise ValueError(f"success_rate must be in (0, 1], got {self.success_rate!r}")
+
+
+def generate_map(size: int, p: float, seed: int | None) -> list[str]:
+    """A random solvable map, identical to gymnasium's generate_random_map(size, p, seed)."""
+    from gymnasium.envs.toy_text.frozen_lake import is_valid
+    from gymnasium.utils import seeding
+
+    np_random, _ = seeding.np_random(seed)
+    for _ in range(_MAX_MAP_TRIES):
+        board = np_random.choice(["F", "H"], (size, size), p=[p, 1 - p])
+        board[0][0] = "S"
+        board[-1][-1] = "G"
+        if is_valid(board, size):
+            return ["".join(row) for row in board]
+    raise ValueError(f"no solvable {size}x{size} map found with p={p} in {_MAX_MAP_TRIES} tries; raise p")
+
+
+class FrozenLakeEnv(GymnasiumTextEnv):
+    """FrozenLake on a random solvable map per seed, rendered as a text grid."""
+
+    config_cls = FrozenLakeConfig
+
+    def __init__(self, config: FrozenLakeConfig | None = None):
+        """Create the env; the map is built at reset."""
+        gym_config = GymnasiumConfig(env_id="FrozenLake-v1", action_names=ACTIONS, env_kwargs={},
+                                     success_reward=1.0)
+        super().__init__(config, gym_config=gym_config)
+        self.desc: list[str] = []
+        self._policy: list[int] | None = None
+
+    def _rebuild_each_reset(self) -> bool:
+        return True
+
+    def _make_gym_env(self, seed: int | None) -> Any:
+        from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
+
+        map_seed = self.config.map_seed if self.config.map_seed is not None else seed
+        self.desc = generate_map(self.config.size, float(self.config.p), map_seed)
+        self._policy = None
+        return GymFrozenLake(
+            render_mode="ansi",
+            desc=self.desc,
+            is_slippery=self.config.is_slippery,
+            success_rate=float(self.config.success_rate),
+        )
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(row, col) of the player."""
+        s = int(self._gym.unwrapped.s)
+        return divmod(s, self.config.size)
+
+    def render(self) -> str:
+        """The map with P / _ / O / G / X / W symbols, one row per line."""
+        if self._gym is None:
+            return ""
+        row, col = self.position
+        lines = []
+        for r, line in enumerate(self.desc):
+            cells = []
+            for c, tile in enumerate(line):
+                if (r, c) == (row, col):
+                    cells.append({"H": "X", "G": "W"}.get(tile, "P"))
+                else:
+                    cells.append({"H": "O", "G": "G"}.get(tile, "_"))
+            lines.append(" ".join(cells))
+        return "\n".join(lines)
+
+    def legend(self) -> str:
+        """Symbols used by render()."""
+        return LEGEND
+
+    def expert_action(self) -> str:
+        """Optimal move: shortest path when not slippery, max success probability otherwise."""
+        if self._gym is None:
+            raise RuntimeError("call reset() before expert_action()")
+        if self._policy is None:
+            transitions = self._gym.unwrapped.P
+            self._policy = mdp_greedy_policy(transitions, len(transitions), len(ACTIONS))
+        return ACTIONS[self._policy[int(self._gym.unwrapped.s)]]

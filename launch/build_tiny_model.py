@@ -1,0 +1,488 @@
+"""Build the tiny Qwen2-architecture model the CPU runs, tests and CI train.
+
+    python -m launch.build_tiny_model --out models/tiny-qwen2 [--warmup-steps 300 --seed 0]
+
+The result is an ordinary Hugging Face checkpoint (``config.json``,
+``model.safetensors``, ``generation_config.json``, ``tokenizer.json``,
+``tokenizer_config.json``, ``chat_template.jinja``) loaded like any other
+model: ``AutoModelForCausalLM``, ``AutoTokenizer``,
+``AutoModelForTokenClassification(num_labels=1)`` for a critic, and
+``vllm.LLM(model=path)``. Nothing downstream special-cases it.
+
+Steps:
+
+1. Corpus: the environments' own text (instructions, legends, action
+   descriptions, reset observations for a few dozen seeds and a few random
+   steps per tag from ``config/envs.yaml``) plus the prompt strings of
+   ``agent_trainer.prompts``.
+2. Tokenizer: byte-level BPE trained on that corpus with Qwen2's
+   pre-tokenizer, ChatML special tokens (``<|endoftext|>`` pad,
+   ``<|im_start|>``, ``<|im_end|>`` eos) and Qwen2's chat template;
+   ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` are single
+   (non-special) tokens so the reply format is cheap to learn.
+3. Model: Qwen2ForCausalLM, head_dim 64 (vLLM's CPU attention rejects
+   smaller heads), tied embeddings, float32.
+4. Format warm-up: a short causal-LM fit on synthetic chat transcripts whose
+   assistant turns are ``<think>..</think><answer>RANDOM valid action</answer>``,
+   loss on assistant tokens only. Random (not expert) actions teach the reply
+   format but not the task, so RL has something left to learn.
+
+Deterministic given ``--seed``. Building is idempotent: a complete model at
+``--out`` is kept unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from agent_trainer import prompts
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OUT = "models/tiny-qwen2"
+HEAD_DIM = 64  # vLLM CPU attention rejects head_dim 16; 64 is measured to work
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
+PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
+FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+# Qwen2-Instruct's ChatML template, verbatim.
+QWEN2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Qwen2's pre-tokenizer split, so our tokenizer reloads identically as Qwen2Tokenizer.
+_QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+_THINK_TEMPLATES = ["I will try {a}.", "Let me go {a}.", "{a} looks good.", "Try {a} now.", "Maybe {a}."]
+_REQUIRED_FILES = ["config.json", "model.safetensors", "tokenizer.json", "build_info.json"]
+
+
+@dataclass
+class EpisodeSample:
+    """One reset of one env tag plus a few random steps: material for warm-up transcripts."""
+
+    tag: str
+    instruction: str
+    """Instruction text of the first user turn (tag instruction, legend, action list)."""
+    observations: list[str]
+    """Observation after reset, then after each step in ``taken``."""
+    choices: list[tuple[list[str], bool]]
+    """Per observation still open for a reply: (action choices, from a discrete list?)."""
+    taken: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Corpus:
+    """Text for the tokenizer and episodes for the warm-up."""
+
+    texts: list[str]
+    episodes: list[EpisodeSample]
+    tags_used: list[str]
+    tags_skipped: dict[str, str]
+    source: str
+    """"envs" or "prompts_only" (envs package or its config unavailable)."""
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def action_choices(description: str, observation: str) -> tuple[list[str], bool]:
+    """Actions a random reply may take in this state, and whether they come from a list.
+
+    Discrete envs describe their actions as a list ("Left | Down | Right | Up";
+    TextWorld lists the commands available in the current state), so any
+    entry is valid. Free-text envs (math, countdown, guess-a-number) describe
+    the answer in prose; for them a number (else a word) from the observation is a
+    well-formed, almost always wrong answer, which is what the warm-up wants.
+    """
+    if "|" in description:
+        return [c.strip() for c in description.split("|") if c.strip()], True
+    words = [w.strip(".,;:!?()[]{}'\"$") for w in observation.split()]
+    words = [w for w in words if w and len(w) <= 20]
+    # Answers to such tasks are mostly numbers; prefer the numbers on the page.
+    return [w for w in words if any(ch.isdigit() for ch in w)] or words or ["0"], False
+
+
+def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
+                 rng: random.Random) -> tuple[list[str], list[EpisodeSample]]:
+    """Text and episodes of one tag: instruction, legend, actions, reset/step observations."""
+    from envs import make_env
+
+    env = make_env(tag, tags=tags)
+    try:
+        texts, episodes = [tags[tag].env_instruction, env.legend()], []
+        for seed in range(n_seeds):
+            obs = env.reset(seed=seed)
+            description = env.action_description()
+            # As the env-state manager builds it: tag instruction, then legend, then actions.
+            instruction = "\n".join(
+                p for p in [tags[tag].env_instruction.strip(), env.legend(), f"Actions: {description}"] if p
+            )
+            ep = EpisodeSample(tag, instruction, [obs], [action_choices(description, obs)])
+            texts += [description, obs]
+            for _ in range(n_steps):
+                action = rng.choice(ep.choices[-1][0])
+                obs, reward, done, _ = env.step(action)
+                ep.taken.append(action)
+                ep.rewards.append(float(reward))
+                ep.observations.append(obs)
+                texts.append(obs)
+                if done:  # no further turn: ``choices`` stays one shorter than ``observations``
+                    break
+                description = env.action_description()
+                texts.append(description)
+                ep.choices.append(action_choices(description, obs))
+            episodes.append(ep)
+        return texts, episodes
+    finally:
+        env.close()
+
+
+def _prompt_texts() -> list[str]:
+    """Every fixed string of ``agent_trainer.prompts`` (system prompt, format lines)."""
+    return [
+        prompts.SYSTEM_PROMPT, prompts.THINK_ANSWER_FORMAT, prompts.ANSWER_ONLY_FORMAT,
+        prompts.next_user_message("", 0.0), prompts.next_user_message("", 1.0),
+        "system\nuser\nassistant\nReward: -0.1 0.5 1 Observation:",
+    ]
+
+
+def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3, seed: int = 0) -> Corpus:
+    """Gather text and warm-up episodes from every tag in ``envs_config``.
+
+    A tag whose optional dependency is missing (ImportError) is skipped and
+    logged; any other error (a wrong config path included) propagates.
+    When the ``envs`` package cannot be imported the corpus is the prompt
+    strings only, with a warning (the model then has seen no environment text).
+    """
+    rng = random.Random(seed)
+    texts = _prompt_texts()
+    try:
+        from envs import load_env_tags
+    except ImportError as exc:
+        logger.warning("environments unavailable (%s): tiny model built from prompt strings only", exc)
+        placeholder = EpisodeSample("none", "Solve the task.", ["(no environment available)"],
+                                    [(["Left", "Right", "Up", "Down"], True)])
+        return Corpus(texts, [placeholder], [], {}, "prompts_only")
+    tags = load_env_tags(envs_config)
+    episodes, used, skipped = [], [], {}
+    for tag in tags:
+        try:
+            tag_texts, tag_episodes = _collect_tag(tag, tags, n_seeds, n_steps, rng)
+        except ImportError as exc:
+            skipped[tag] = str(exc)
+            logger.warning("skipping env tag %s: missing optional dependency (%s)", tag, exc)
+            continue
+        texts += tag_texts
+        episodes += tag_episodes
+        used.append(tag)
+    if not episodes:
+        raise ValueError(f"no env tag in {envs_config} could be made (skipped: {skipped}); install the env extras")
+    logger.info("corpus: %d texts, %d episodes from tags %s", len(texts), len(episodes), used)
+    return Corpus(texts, episodes, used, skipped, "envs")
+
+
+# --------------------------------------------------------------------------- tokenizer and model
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Train a byte-level BPE tokenizer on ``texts`` and wrap it as transformers' ``Qwen2Tokenizer``.
+
+    The BPE is trained with Qwen2's own normalizer / pre-tokenizer / decoder,
+    then its vocab and merges are handed to ``Qwen2Tokenizer`` (in
+    transformers 5 the tokenizers-backed fast class), so the saved
+    ``tokenizer_config.json`` names the class real Qwen2 checkpoints use.
+    Raises RuntimeError if the wrapped tokenizer encodes any text differently
+    from the trained one.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+    from transformers import Qwen2Tokenizer
+
+    bpe = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    # Format tags become added tokens below; keep BPE from spending merges on their pieces.
+    cleaned = []
+    for text in texts:
+        for tag in FORMAT_TOKENS:
+            text = text.replace(tag, " ")
+        cleaned.append(text)
+    bpe.train_from_iterator(cleaned, trainer)
+    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    # Not special: they must survive decode(skip_special_tokens=True) as text.
+    format_tokens = [AddedToken(t, special=False, normalized=False) for t in FORMAT_TOKENS]
+    bpe.add_tokens(format_tokens)
+
+    model = json.loads(bpe.to_str())["model"]
+    tokenizer = Qwen2Tokenizer(
+        vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]], unk_token=None,
+        bos_token=None, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+        extra_special_tokens=["<|im_start|>", "<|im_end|>"],  # as in Qwen2's tokenizer_config
+        chat_template=QWEN2_CHAT_TEMPLATE, model_max_length=2048, clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens(format_tokens)
+    probe = texts + [_reply(["Left", "Up"], random.Random(0)) + EOS_TOKEN + "\n<|im_start|>user"]
+    if any(tokenizer.encode(t) != bpe.encode(t).ids for t in probe):
+        raise RuntimeError("Qwen2Tokenizer encodes differently from the trained BPE; check the pipeline")
+    return tokenizer
+
+
+def make_model(tokenizer, *, hidden_size: int = 128, layers: int = 2, kv_heads: int = 1,
+               intermediate_size: int = 384, max_position_embeddings: int = 2048, seed: int = 0):
+    """A randomly initialised float32 Qwen2ForCausalLM sized to ``tokenizer`` (head_dim 64)."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    heads = hidden_size // HEAD_DIM
+    if hidden_size % HEAD_DIM or heads % kv_heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) must be a multiple of {HEAD_DIM} (vLLM CPU needs head_dim 64) "
+            f"and kv_heads ({kv_heads}) must divide the {heads} attention heads; e.g. --hidden-size 128 --kv-heads 1"
+        )
+    eos_id, pad_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),  # exactly the tokenizer: no untrained rows that decode to nothing
+        hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id, dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    # Only ids: sampling settings stay with the caller (vLLM and HF both read this file).
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id)
+    return model
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def _reply(actions: list[str], rng: random.Random) -> str:
+    """``<think>short text</think><answer>actions joined by ||</answer>``."""
+    return (f"<think>{rng.choice(_THINK_TEMPLATES).format(a=actions[0])}</think>"
+            f"<answer>{' || '.join(actions)}</answer>")
+
+
+def make_transcript(ep: EpisodeSample, rng: random.Random) -> list[dict]:
+    """A 1- or 2-turn chat built with the rollout's own prompt functions; replies are random actions."""
+    messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
+                {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0])}]
+    turn = 0
+    if len(ep.choices) > 1 and rng.random() < 0.5:
+        # Second turn: the first reply is the action that produced the recorded next observation.
+        messages.append({"role": "assistant", "content": _reply([ep.taken[0]], rng)})
+        messages.append({"role": "user", "content": prompts.next_user_message(ep.observations[1], ep.rewards[0])})
+        turn = 1
+    choices, discrete = ep.choices[turn]
+    # Several actions per turn ("A || B") only where actions are names; "||" would corrupt a free-text answer.
+    n_actions = 2 if discrete and rng.random() < 0.2 else 1
+    messages.append({"role": "assistant", "content": _reply([rng.choice(choices) for _ in range(n_actions)], rng)})
+    return messages
+
+
+def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of the ChatML transcript and a mask that is 1 on assistant content and its ``<|im_end|>``.
+
+    Pieces are encoded separately; they split at special/added tokens or
+    newlines, so the concatenation equals tokenizing the whole chat template
+    output (tests check this).
+    """
+    ids, mask = [], []
+    for msg in messages:
+        if msg["role"] == "assistant":
+            pieces = [("<|im_start|>assistant\n", 0), (msg["content"] + EOS_TOKEN, 1), ("\n", 0)]
+        else:
+            pieces = [(f"<|im_start|>{msg['role']}\n{msg['content']}{EOS_TOKEN}\n", 0)]
+        for text, m in pieces:
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids += piece
+            mask += [m] * len(piece)
+    return ids, mask
+
+
+def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed: int = 0,
+           batch_size: int = 8, lr: float = 5e-3, max_len: int = 512) -> float:
+    """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss.
+
+    The reported loss is the mean over the last 10 steps (one batch is noisy).
+    """
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    pool = []
+    for _ in range(min(steps * batch_size, 2048)):
+        ids, mask = encode_transcript(tokenizer, make_transcript(rng.choice(episodes), rng))
+        if len(ids) <= max_len:
+            pool.append((ids, mask))
+    if len(pool) < batch_size:
+        raise ValueError(f"only {len(pool)} warm-up transcripts fit max_len={max_len}; raise max_len")
+    # Batches of neighbours in length order: little padding, which is most of the cost on CPU.
+    pool.sort(key=lambda item: len(item[0]))
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / 20) * (1 - s / steps))
+    model.train()
+    losses = []
+    for _ in range(steps):
+        first = rng.randrange(len(pool) - batch_size + 1)
+        batch = pool[first : first + batch_size]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+        labels = torch.full((batch_size, width), -100)
+        attention = torch.zeros((batch_size, width), dtype=torch.long)
+        for row, (ids, mask) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            attention[row, : len(ids)] = 1
+            labels[row, : len(ids)] = torch.where(torch.tensor(mask) == 1, torch.tensor(ids), -100)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return sum(losses[-10:]) / len(losses[-10:])
+
+
+@torch.no_grad()
+def format_ok_rate(model, tokenizer, episodes: list[EpisodeSample], *, n_samples: int = 32,
+                   seed: int = 0, max_new_tokens: int = 48) -> float:
+    """Fraction of temperature-1 samples (first turn) that ``prompts.parse_response`` accepts."""
+    rng = random.Random(seed + 1)
+    torch.manual_seed(seed + 1)
+    prompt_ids = []
+    for _ in range(n_samples):
+        ep = rng.choice(episodes)
+        msgs = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
+                {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0])}]
+        prompt_ids.append(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
+    width = max(map(len, prompt_ids))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])  # left padding
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
+                         top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                         eos_token_id=tokenizer.eos_token_id)
+    replies = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return sum(prompts.parse_response(r).format_ok for r in replies) / n_samples
+
+
+# --------------------------------------------------------------------------- build
+
+
+def is_complete(out_dir: str | Path) -> bool:
+    """True when ``out_dir`` holds a finished build (``build_info.json`` is written last)."""
+    return all((Path(out_dir) / name).exists() for name in _REQUIRED_FILES)
+
+
+def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 3000, hidden_size: int = 128,
+                     layers: int = 2, kv_heads: int = 1, intermediate_size: int = 384,
+                     max_position_embeddings: int = 2048, warmup_steps: int = 300, batch_size: int = 8,
+                     lr: float = 5e-3, seed: int = 0, envs_config: str | Path = "config/envs.yaml",
+                     corpus_seeds: int = 32, format_samples: int = 32, force: bool = False) -> Path:
+    """Build (or reuse) the tiny model at ``out_dir`` and return its path.
+
+    The build goes to a temporary sibling directory that is renamed into
+    place at the end, so an interrupted or concurrent build never leaves a
+    half-written model at ``out_dir``.
+    """
+    from transformers import AutoTokenizer
+
+    out = Path(out_dir)
+    if is_complete(out) and not force:
+        logger.info("%s already holds a complete model; skipping (use --force to rebuild)", out)
+        return out
+    start = time.monotonic()
+    corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed)
+    tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
+    tmp.mkdir(parents=True)
+    try:
+        train_tokenizer(corpus.texts, vocab_size).save_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(tmp)  # exactly what every consumer will load
+
+        model = make_model(tokenizer, hidden_size=hidden_size, layers=layers, kv_heads=kv_heads,
+                           intermediate_size=intermediate_size,
+                           max_position_embeddings=max_position_embeddings, seed=seed)
+        loss = None
+        if warmup_steps > 0:
+            loss = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
+                          batch_size=batch_size, lr=lr)
+        rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
+        model.save_pretrained(tmp, safe_serialization=True)
+        info = {
+            "seed": seed, "vocab_size": len(tokenizer), "bpe_vocab_size": vocab_size,
+            "hidden_size": hidden_size, "layers": layers, "kv_heads": kv_heads,
+            "intermediate_size": intermediate_size,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
+            "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
+            "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
+                       "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
+                       "n_episodes": len(corpus.episodes)},
+            "build_seconds": round(time.monotonic() - start, 2),
+        }
+        (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        if out.exists():
+            if is_complete(out) and not force:  # a concurrent build finished first: keep it
+                return out
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    loss_text = "skipped" if loss is None else f"{loss:.4f}"
+    print(f"built {out}: {info['n_params']:,} params, vocab {info['vocab_size']}, "
+          f"final warm-up loss {loss_text}, format_ok {rate:.2f} over {format_samples} samples, "
+          f"{info['build_seconds']} s")
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Command-line entry point (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=DEFAULT_OUT, help="output directory (HF format)")
+    p.add_argument("--vocab-size", type=int, default=3000, help="BPE target vocab size (before added tokens)")
+    p.add_argument("--hidden-size", type=int, default=128, help="multiple of 64; heads = hidden_size / 64")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers")
+    p.add_argument("--kv-heads", type=int, default=1, help="key/value heads (GQA); must divide the heads")
+    p.add_argument("--intermediate-size", type=int, default=384, help="MLP width")
+    p.add_argument("--max-position-embeddings", type=int, default=2048, help="context length")
+    p.add_argument("--warmup-steps", type=int, default=300, help="format warm-up steps; 0 keeps random init")
+    p.add_argument("--batch-size", type=int, default=8, help="warm-up batch size (transcripts)")
+    p.add_argument("--lr", type=float, default=5e-3, help="warm-up peak learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed for corpus, init, warm-up and sampling")
+    p.add_argument("--envs-config", default="config/envs.yaml", help="env tags to take text from")
+    p.add_argument("--corpus-seeds", type=int, default=32, help="reset seeds per env tag")
+    p.add_argument("--format-samples", type=int, default=32, help="samples for the format_ok rate")
+    p.add_argument("--force", action="store_true", help="rebuild even when --out holds a complete model")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return build_tiny_model(
+        a.out, vocab_size=a.vocab_size, hidden_size=a.hidden_size, layers=a.layers, kv_heads=a.kv_heads,
+        intermediate_size=a.intermediate_size, max_position_embeddings=a.max_position_embeddings,
+        warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
+        envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
+        force=a.force,
+    )
+
+
+if __name__ == "__main__":
+    main()

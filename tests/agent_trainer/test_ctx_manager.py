@@ -1,0 +1,102 @@
+"""Batch building: token-in/token-out sequences, loss masks and reward placement over real episodes."""
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from envs import load_env_tags
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture()
+def manager():
+    tags = load_env_tags()
+    episodes = [EpisodeSpec(env_id=0, group_id=0, tag="FrozenLake"), EpisodeSpec(env_id=1, group_id=0, tag="FrozenLake")]
+    return EnvStateManager(tags, episodes, format_penalty=-0.1)
+
+
+def _reply(tokenizer, text: str, eos: bool = True) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids + ([tokenizer.eos_token_id] if eos else [])
+
+
+def test_multi_turn_masks_and_rewards(tokenizer, manager):
+    ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
+    ctxs = {o.env_id: ctx_mgr.start(o) for o in manager.reset({0: 123})}
+    prompt_len = len(ctxs[0].token_ids)
+    assert ctxs[0].token_ids == ctxs[1].token_ids  # same group, same seed, same prompt
+    assert sum(ctxs[0].response_mask) == 0
+
+    replies = {
+        0: [_reply(tokenizer, "<think>a</think><answer>Left</answer>"), _reply(tokenizer, "garbage")],
+        1: [_reply(tokenizer, "no format here", eos=False), _reply(tokenizer, "<think>b</think><answer>Up</answer>")],
+    }
+    generated_positions = {0: [], 1: []}
+    for turn in range(2):
+        inputs = []
+        for env_id, ctx in ctxs.items():
+            ids = replies[env_id][turn]
+            start = len(ctx.token_ids)
+            inputs.append(ctx_mgr.append_reply(ctx, ids, [-0.5] * len(ids)))
+            generated_positions[env_id].append(list(range(start, start + len(ids))))
+        for out in manager.step(inputs):
+            ctx_mgr.append_env_output(ctxs[out.env_id], out, response_length=32)
+
+    batch = ctx_mgr.build_update_batch([ctxs[0], ctxs[1]])
+    T = batch["input_ids"].shape[1]
+    for row, env_id in enumerate((0, 1)):
+        ctx = ctxs[env_id]
+        expected_mask = torch.zeros(T, dtype=torch.long)
+        for positions in generated_positions[env_id]:
+            expected_mask[positions] = 1
+        # the mask covers exactly the ids the "engine" produced, nothing else
+        assert torch.equal(batch["response_mask"][row], expected_mask)
+        assert batch["response_mask"][row, :prompt_len].sum() == 0
+        # the sequence holds the generated ids verbatim (token-in/token-out)
+        for positions, ids in zip(generated_positions[env_id], replies[env_id]):
+            assert batch["input_ids"][row, positions].tolist() == ids
+            assert torch.allclose(batch["rollout_log_probs"][row, positions], torch.full((len(ids),), -0.5))
+        # one reward per turn, on that turn's last generated token
+        nonzero = batch["token_level_rewards"][row].nonzero().flatten().tolist()
+        last_tokens = [p[-1] for p in generated_positions[env_id]]
+        assert set(nonzero) <= set(last_tokens)
+        assert batch["attention_mask"][row].sum() == len(ctx.token_ids)
+    # env 0: valid first turn (no penalty), garbage second turn -> format penalty on turn 2's last token
+    assert batch["token_level_rewards"][0, generated_positions[0][1][-1]] == pytest.approx(-0.1)
+    # env 1: the cut-off reply got an eos appended with mask 0, and a penalty
+    cut = generated_positions[1][0][-1]
+    assert batch["input_ids"][1, cut + 1] == tokenizer.eos_token_id and batch["response_mask"][1, cut + 1] == 0
+    assert batch["token_level_rewards"][1, cut] == pytest.approx(-0.1)
+    assert batch["uid"].tolist() == [0, 0] and batch["traj_uid"].tolist() == [0, 1]
+    # positions count real tokens only; padding sits on the right
+    assert torch.equal(batch["position_ids"][0, : len(ctxs[0].token_ids)], torch.arange(len(ctxs[0].token_ids)))
+
+
+def test_observation_tokens_follow_the_chat_template(tokenizer, manager):
+    """Sequence built turn by turn decodes to exactly the chat template's rendering of the conversation."""
+    ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
+    out = manager.reset({0: 7})[0]
+    ctx = ctx_mgr.start(out)
+    reply = "<think>x</think><answer>Down</answer>"
+    env_in = ctx_mgr.append_reply(ctx, _reply(tokenizer, reply), [0.0] * 20)
+    step_out = [o for o in manager.step([env_in]) if o.env_id == 0][0]
+    ctx_mgr.append_env_output(ctx, step_out, response_length=32)
+    text = tokenizer.decode(ctx.token_ids)
+    assert text.endswith("<|im_start|>assistant\n")
+    assert f"{reply}<|im_end|>\n<|im_start|>user\n" in text
+
+
+def test_episode_truncates_when_the_next_turn_would_not_fit(tokenizer, manager):
+    ctx_mgr = ContextManager(tokenizer, max_model_len=1)  # nothing fits after the first reply
+    out = manager.reset({0: 1})[0]
+    ctx = ctx_mgr.start(out)
+    env_in = ctx_mgr.append_reply(ctx, _reply(tokenizer, "<think>x</think><answer>Down</answer>"), [0.0] * 20)
+    step_out = [o for o in manager.step([env_in]) if o.env_id == 0][0]
+    ctx_mgr.append_env_output(ctx, step_out, response_length=32)
+    assert ctx.done and (ctx.truncated or step_out.done)

@@ -1,0 +1,33 @@
+"""The command line: hydra config, overrides, validation errors, the metrics file (real workers)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.e2e
+def test_entry_point_runs(tiny_model_path, tmp_path):
+    """The real command line: hydra config, overrides, metrics file."""
+    run_dir = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake",
+           f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}",
+           "trainer.total_training_steps=1", "trainer.test_freq=0", "agent_proxy.max_turn=1",
+           "es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]", "ppo_mini_batch_size=8",
+           "actor_rollout_ref.rollout.response_length=16", "algorithm.adv_estimator=grpo"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 1 and "actor/pg_loss" in record and "critic/vf_loss" not in record
+
+
+def test_bad_config_names_the_key(tiny_model_path, tmp_path):
+    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake",
+           f"model_path={tiny_model_path}", "ppo_mini_batch_size=7"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "ppo_mini_batch_size (7)" in proc.stderr and "Traceback" not in proc.stderr

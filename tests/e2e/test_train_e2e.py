@@ -1,0 +1,112 @@
+"""End to end on the tiny model with the real components: a local Ray cluster, 2 FSDP2 actor
+ranks over gloo, 1 FSDP2 critic rank, 1 vLLM (CPU build) rollout engine and 2 env actors."""
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoTokenizer
+
+from agent_trainer.main import CONFIG_DIR, init_ray, prepare
+from agent_trainer.trainer import AgentTrainer
+
+pytestmark = pytest.mark.e2e
+
+
+def _config(model_path: str, run_dir: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        raw = compose("frozenlake", overrides=[
+            f"model_path={model_path}",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=2",
+            "trainer.progress_bar=false",
+            "es_manager.train.env_groups=2",
+            "es_manager.train.group_size=4",
+            "es_manager.train.env_configs.n_groups=[2]",
+            "es_manager.val.env_groups=4",
+            "es_manager.val.env_configs.n_groups=[4]",
+            "ppo_mini_batch_size=4",
+            "micro_batch_size_per_gpu=2",
+            "agent_proxy.max_turn=2",
+            "actor_rollout_ref.rollout.response_length=24",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+            *overrides,
+        ])
+    return prepare(raw)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_path, tmp_path_factory):
+    """Two PPO steps; yields the trainer (workers alive), its step metrics, and pre-training weights."""
+    cfg, tags = _config(tiny_model_path, tmp_path_factory.mktemp("run"))
+    init_ray(cfg)
+    trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags)
+    trainer.init_workers()
+    before = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
+    history = trainer.fit()
+    yield trainer, history, before
+    ray.shutdown()
+
+
+def test_two_steps_train_and_log(trained):
+    trainer, history, _ = trained
+    assert len(history) == 2
+    for key in ("rollout/success_rate", "rollout/episode_reward_mean", "rollout/num_turns_mean",
+                "rollout/response_length_mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl",
+                "actor/grad_norm", "critic/vf_loss", "timing_s/rollout", "timing_s/log_prob", "timing_s/values",
+                "timing_s/adv", "timing_s/update_critic", "timing_s/update_actor", "timing_s/sync", "timing_s/step"):
+        assert key in history[0], key
+    assert "val/success_rate" in history[1]
+    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_actor_parameters_changed(trained):
+    trainer, _, before = trained
+    after = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) >= len(before) // 2, changed
+
+
+def test_rollout_logprobs_match_actor_before_update(trained):
+    """The engine sampled with the actor's synced weights: its logprobs equal the actor's old_log_probs."""
+    _, history, _ = trained
+    for metrics in history:
+        assert metrics["actor/rollout_vs_actor_logprob_diff"] < 1e-3
+
+
+def test_weight_sync_is_real(trained):
+    """After the sync, vLLM's logprobs on fixed sequences equal the FSDP actor's compute_log_prob."""
+    trainer, _, _ = trained
+    tok = trainer.tokenizer
+    texts = ["<think>go down</think><answer>Down</answer>", "Observation:\nP_O\n__G", "Reward: 1\nLeft Right Up"]
+    seqs = [tok.encode(t, add_special_tokens=False) for t in texts]
+    vllm_lp = ray.get(trainer.engines[0].prompt_logprobs.remote(seqs))
+    T = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    from agent_trainer.batch import TensorBatch
+
+    batch = TensorBatch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)})
+    actor_lp = trainer.actor_wg.dp_compute("compute_log_prob", batch)["old_log_probs"]
+    for i, s in enumerate(seqs):
+        diff = (torch.tensor(vllm_lp[i][1:]) - actor_lp[i, 1 : len(s)]).abs().max().item()
+        assert diff < 1e-3, (i, diff)
+
+
+def test_response_mask_covers_exactly_the_generated_tokens(trained):
+    trainer, _, _ = trained
+    result = trainer.train_rollout.rollout()
+    batch = result.batch
+    for row, env_id in enumerate(batch["traj_uid"].tolist()):
+        generated = [t for turn in trainer.train_rollout.last_generations[env_id] for t in turn]
+        masked = batch["input_ids"][row][batch["response_mask"][row].bool()].tolist()
+        assert masked == generated
+        assert len(generated) > 0

