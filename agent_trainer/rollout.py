@@ -12,7 +12,8 @@ one training batch (one row per episode, every turn in it) plus metrics::
     batch    <- ctx_manager.build_update_batch()
 
 A failing env actor is reported (``rollout/env_actor_failures``) and its
-episodes end where they are; the rollout goes on with the others.
+episodes end where they are; the rollout goes on with the others. Ray
+restarts the actor (``max_restarts``), so the next reset finds it again.
 """
 
 from __future__ import annotations
@@ -107,8 +108,14 @@ class SyncMultiTurnRollout:
         failures = 0
         self.last_generations = defaultdict(list)
         ctxs: dict[int, EpisodeContext] = {}
-        reset_outputs, failed = self._call_env_actors("reset", {a: dict(enumerate(seeds)) for a in self.env_actors})
-        failures += failed
+        group_seed_map = dict(enumerate(seeds))
+        reset_outputs, failed = self._call_env_actors("reset", {a: group_seed_map for a in self.env_actors})
+        failures += len(failed)
+        if failed:  # Ray restarts a dead env actor (max_restarts); its episodes start again there
+            retried, still_failed = self._call_env_actors("reset", {a: group_seed_map for a in failed})
+            reset_outputs += retried
+            if still_failed:
+                raise RuntimeError(f"{len(still_failed)} env actor(s) failed to reset twice; see the errors above")
         for out in reset_outputs:
             ctxs[out.env_id] = self.ctx.start(out)
 
@@ -123,7 +130,7 @@ class SyncMultiTurnRollout:
                 env_input: EnvInput = self.ctx.append_reply(ctx, ids, logprobs)
                 inputs_by_actor[self.actor_of_env[ctx.env_id]].append(env_input)
             outputs, failed = self._call_env_actors("step", inputs_by_actor)
-            failures += failed
+            failures += len(failed)
             stepped = set()
             for out in outputs:
                 self.ctx.append_env_output(ctxs[out.env_id], out, sampling.max_tokens)
@@ -133,7 +140,7 @@ class SyncMultiTurnRollout:
                     ctx.done = True
 
         states, failed = self._call_env_actors("get_rollout_states", {a: None for a in self.env_actors})
-        failures += failed
+        failures += len(failed)
         episodes = [ctxs[k] for k in sorted(ctxs)]
         batch = self.ctx.build_update_batch(episodes)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
@@ -153,19 +160,22 @@ class SyncMultiTurnRollout:
             results.extend((list(o.token_ids), list(o.logprobs)) for o in outputs)
         return results
 
-    def _call_env_actors(self, method: str, args_by_actor: dict) -> tuple[list, int]:
-        """Call ``method`` on several env actors at once; a dead actor is logged and counted, not raised."""
+    def _call_env_actors(self, method: str, args_by_actor: dict) -> tuple[list, list]:
+        """Call ``method`` on several env actors at once; return the results and the actors that failed.
+
+        A dead actor is logged and reported, not raised: its episodes end where they are.
+        """
         refs = {a: (getattr(a, method).remote() if arg is None else getattr(a, method).remote(arg))
                 for a, arg in args_by_actor.items()}
         results: list = []
-        failures = 0
+        failed: list = []
         for actor, ref in refs.items():
             try:
                 results.extend(ray.get(ref))
             except (RayActorError, RayTaskError) as err:
-                failures += 1
+                failed.append(actor)
                 logger.error("env actor %s failed in %s: %s", actor, method, err)
-        return results, failures
+        return results, failed
 
 
 def rollout_metrics(episodes: list[EpisodeContext], states: list[dict], prefix: str) -> dict[str, float]:

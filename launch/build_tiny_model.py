@@ -34,6 +34,7 @@ Deterministic given ``--seed``. Building is idempotent: a complete model at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -394,6 +395,26 @@ def format_ok_rate(model, tokenizer, episodes: list[EpisodeSample], *, n_samples
 # --------------------------------------------------------------------------- build
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """Context manager: torch intra-op threads set to ``n``, restored on exit."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Move a finished build into place; a complete model a concurrent build left there wins unless ``force``."""
+    if out.exists():
+        if is_complete(out) and not force:
+            return
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
 def is_complete(out_dir: str | Path) -> bool:
     """True when ``out_dir`` holds a finished build (``build_info.json`` is written last)."""
     return all((Path(out_dir) / name).exists() for name in _REQUIRED_FILES)
@@ -412,72 +433,54 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
     half-written model at ``out_dir``. ``threads`` sets torch's thread count
     for the build (restored afterwards).
     """
+    from transformers import AutoTokenizer
+
     out = Path(out_dir)
     if is_complete(out) and not force:
         logger.info("%s already holds a complete model; skipping (use --force to rebuild)", out)
         return out
-    previous_threads = torch.get_num_threads()
     # One thread by default: on 2 shared cores, 2 threads made a warm-up step 11x slower
-    # (1.3 s vs 0.12 s) while other workers ran (OpenMP spin-waits); it also pins the
-    # float reduction order, so the same seed gives the same bytes on any machine.
-    torch.set_num_threads(threads)
-    try:
-        return _build(out, vocab_size=vocab_size, hidden_size=hidden_size, layers=layers, kv_heads=kv_heads,
-                      intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-                      warmup_steps=warmup_steps, batch_size=batch_size, lr=lr, seed=seed,
-                      envs_config=envs_config, corpus_seeds=corpus_seeds, format_samples=format_samples,
-                      force=force)
-    finally:
-        torch.set_num_threads(previous_threads)
+    # (1.3 s vs 0.12 s) while other workers ran (OpenMP spin-waits). A fixed count also
+    # fixes the float reduction order, so a seed reproduces the same bytes.
+    with _torch_threads(threads):
+        start = time.monotonic()
+        corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed)
+        tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
+        tmp.mkdir(parents=True)
+        try:
+            train_tokenizer(corpus.texts, vocab_size).save_pretrained(tmp)
+            tokenizer = AutoTokenizer.from_pretrained(tmp)  # exactly what every consumer will load
 
-
-def _build(out: Path, *, vocab_size, hidden_size, layers, kv_heads, intermediate_size, max_position_embeddings,
-           warmup_steps, batch_size, lr, seed, envs_config, corpus_seeds, format_samples, force) -> Path:
-    """The build proper (see ``build_tiny_model``)."""
-    from transformers import AutoTokenizer
-
-    start = time.monotonic()
-    corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed)
-    tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
-    tmp.mkdir(parents=True)
-    try:
-        train_tokenizer(corpus.texts, vocab_size).save_pretrained(tmp)
-        tokenizer = AutoTokenizer.from_pretrained(tmp)  # exactly what every consumer will load
-
-        model = make_model(tokenizer, hidden_size=hidden_size, layers=layers, kv_heads=kv_heads,
-                           intermediate_size=intermediate_size,
-                           max_position_embeddings=max_position_embeddings, seed=seed)
-        loss = None
-        if warmup_steps > 0:
-            loss = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
-                          batch_size=batch_size, lr=lr)
-        rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
-        model.save_pretrained(tmp, safe_serialization=True)
-        info = {
-            "seed": seed, "vocab_size": len(tokenizer), "bpe_vocab_size": vocab_size,
-            "hidden_size": hidden_size, "layers": layers, "kv_heads": kv_heads,
-            "intermediate_size": intermediate_size,
-            "n_params": sum(p.numel() for p in model.parameters()),
-            "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
-            "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
-            "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
-                       "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
-                       "n_episodes": len(corpus.episodes)},
-            "build_seconds": round(time.monotonic() - start, 2),
-        }
-        (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-        if out.exists():
-            if is_complete(out) and not force:  # a concurrent build finished first: keep it
-                return out
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    loss_text = "skipped" if loss is None else f"{loss:.4f}"
-    print(f"built {out}: {info['n_params']:,} params, vocab {info['vocab_size']}, "
-          f"final warm-up loss {loss_text}, format_ok {rate:.2f} over {format_samples} samples, "
-          f"{info['build_seconds']} s")
-    return out
+            model = make_model(tokenizer, hidden_size=hidden_size, layers=layers, kv_heads=kv_heads,
+                               intermediate_size=intermediate_size,
+                               max_position_embeddings=max_position_embeddings, seed=seed)
+            loss = None
+            if warmup_steps > 0:
+                loss = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
+                              batch_size=batch_size, lr=lr)
+            rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
+            model.save_pretrained(tmp, safe_serialization=True)
+            info = {
+                "seed": seed, "vocab_size": len(tokenizer), "bpe_vocab_size": vocab_size,
+                "hidden_size": hidden_size, "layers": layers, "kv_heads": kv_heads,
+                "intermediate_size": intermediate_size,
+                "n_params": sum(p.numel() for p in model.parameters()),
+                "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
+                "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
+                "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
+                           "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
+                           "n_episodes": len(corpus.episodes)},
+                "build_seconds": round(time.monotonic() - start, 2),
+            }
+            (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+            _publish(tmp, out, force)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        loss_text = "skipped" if loss is None else f"{loss:.4f}"
+        print(f"built {out}: {info['n_params']:,} params, vocab {info['vocab_size']}, "
+              f"final warm-up loss {loss_text}, format_ok {rate:.2f} over {format_samples} samples, "
+              f"{info['build_seconds']} s")
+        return out
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -64,7 +64,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     engines = build_engines(cfg, device)
     # Load every model at once: the groups' collectives are independent of each other.
     ray.get([r for g in (actor, critic, ref) if g is not None for r in g.execute_all_async("init_model")])
-    env_worker_cls = EnvWorker.options(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor)
+    # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it.
+    env_worker_cls = EnvWorker.options(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, env_worker_cls=env_worker_cls)
 
 

@@ -68,6 +68,20 @@ def _max_new_tokens(prompt_len: int, max_tokens: int, max_model_len: int) -> int
     return min(max_tokens, max_model_len - prompt_len)
 
 
+def _check_scoring_lengths(sequences: list[list[int]], max_model_len: int) -> None:
+    """``prompt_logprobs`` limit, shared so both backends refuse the same inputs.
+
+    vLLM scores a prompt only with room for one generated token, so a
+    sequence must be shorter than ``max_model_len``.
+    """
+    longest = max((len(s) for s in sequences), default=0)
+    if longest >= max_model_len:
+        raise ValueError(
+            f"prompt_logprobs: a sequence of {longest} tokens needs max_model_len > {longest} "
+            f"(got {max_model_len}); raise max_model_len by one or score a shorter sequence"
+        )
+
+
 def _check_weight_names(expected: set[str], given: set[str], optional: set[str]) -> None:
     """Raise when a state dict would silently leave stale weights or misses its target."""
     missing = sorted(expected - given - optional)
@@ -169,6 +183,8 @@ class VLLMRolloutWorker:
         """
         from vllm import SamplingParams, TokensPrompt
 
+        if not prompts:
+            return []
         if seed is not None:
             self.llm.collective_rpc(_seed_worker, args=(seed,))
         params = [
@@ -192,9 +208,16 @@ class VLLMRolloutWorker:
         return results
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
-        """``out[i][t] = log p(seq[t] | seq[:t])`` under the live weights; ``out[i][0] = 0.0``."""
+        """``out[i][t] = log p(seq[t] | seq[:t])`` under the live weights; ``out[i][0] = 0.0``.
+
+        Each sequence must be shorter than ``max_model_len`` (vLLM needs room for one new token).
+        """
         from vllm import SamplingParams, TokensPrompt
 
+        if not sequences:
+            return []
+        _check_scoring_lengths(sequences, self.max_model_len)
+        # prompt_logprobs requests never read the prefix cache (vLLM skips it for them).
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         requests = [TokensPrompt(prompt_token_ids=list(s)) for s in sequences]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -328,6 +351,7 @@ class HFRolloutWorker:
     @torch.no_grad()
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """``out[i][t] = log p(seq[t] | seq[:t])``; ``out[i][0] = 0.0`` (one right-padded forward)."""
+        _check_scoring_lengths(sequences, self.max_model_len)
         results = []
         for first in range(0, len(sequences), self.max_batch_size):
             chunk = sequences[first : first + self.max_batch_size]

@@ -11,18 +11,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.e2e
-def test_entry_point_runs(tiny_model_path, tmp_path):
-    """The real command line: hydra config, overrides, metrics file."""
+@pytest.mark.parametrize(
+    "config_name, extra, expect_critic",
+    [
+        # GRPO: no critic, a reference worker for the KL loss
+        ("frozenlake_grpo", [], False),
+        # bi-level GAE with the GSPO sequence-level loss
+        ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
+    ],
+)
+def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_critic):
+    """The real command line: hydra config file, overrides, metrics file."""
     run_dir = tmp_path / "cli"
-    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake",
+    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", config_name,
            f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}",
-           "trainer.total_training_steps=1", "trainer.test_freq=0", "agent_proxy.max_turn=1",
+           "trainer.total_training_steps=1", "trainer.test_freq=0", "agent_proxy.max_turn=2",
            "es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]", "ppo_mini_batch_size=8",
-           "actor_rollout_ref.rollout.response_length=16", "algorithm.adv_estimator=grpo"]
+           "actor_rollout_ref.rollout.response_length=16", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["step"] == 1 and "actor/pg_loss" in record and "critic/vf_loss" not in record
+    assert record["step"] == 1 and "actor/pg_loss" in record
+    assert ("critic/vf_loss" in record) == expect_critic
+    assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
 
 
 def test_bad_config_names_the_key(tiny_model_path, tmp_path):

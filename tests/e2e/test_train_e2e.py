@@ -26,7 +26,10 @@ def _config(model_path: str, run_dir: Path, *overrides: str):
             "trainer.progress_bar=false",
             "es_manager.train.env_groups=2",
             "es_manager.train.group_size=4",
-            "es_manager.train.env_configs.n_groups=[2]",
+            # two tags in one config: multi-turn FrozenLake, and a Bandit whose random payout
+            # guarantees reward variance (so advantages, and therefore updates, are non-zero)
+            "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]",
+            "es_manager.train.env_configs.n_groups=[1,1]",
             "es_manager.val.env_groups=4",
             "es_manager.val.env_configs.n_groups=[4]",
             "ppo_mini_batch_size=4",
@@ -110,3 +113,26 @@ def test_response_mask_covers_exactly_the_generated_tokens(trained):
         masked = batch["input_ids"][row][batch["response_mask"][row].bool()].tolist()
         assert masked == generated
         assert len(generated) > 0
+
+
+def test_a_dead_env_actor_is_reported_and_survived(trained):
+    trainer, _, _ = trained
+    rollout = trainer.train_rollout
+    ray.kill(rollout.env_actors[0], no_restart=False)
+    result = rollout.rollout()
+    assert result.metrics["rollout/env_actor_failures"] >= 1
+    assert len(result.batch) == len(rollout.episodes)  # the restarted actor's episodes were played again
+    assert rollout.rollout().metrics["rollout/env_actor_failures"] == 0
+
+
+def test_checkpoint_is_a_loadable_hf_model(trained):
+    from transformers import AutoModelForCausalLM
+
+    trainer, _, _ = trained
+    path = trainer.save_checkpoint()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    state = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
+    for key, value in model.state_dict().items():
+        if key in state:
+            assert torch.equal(value, state[key]), key
+    assert AutoTokenizer.from_pretrained(path).eos_token_id == trainer.tokenizer.eos_token_id

@@ -102,6 +102,10 @@ def test_vllm_stop_tokens_budget_and_seed(vllm_worker, chat_prompts):
     assert len(capped.token_ids) <= 10
     with pytest.raises(ValueError, match="max_model_len"):
         vllm_worker.generate([(chat_prompts[0] * 40)[:512]], max_tokens=4)
+    assert len(vllm_worker.prompt_logprobs([(chat_prompts[0] * 40)[:511]])[0]) == 511
+    with pytest.raises(ValueError, match="max_model_len"):
+        vllm_worker.prompt_logprobs([(chat_prompts[0] * 40)[:512]])
+    assert vllm_worker.generate([], max_tokens=4) == [] and vllm_worker.prompt_logprobs([]) == []
 
 
 def test_vllm_update_weights_is_real(vllm_worker, hf_model, chat_prompts):
@@ -183,5 +187,7 @@ def test_hf_stop_token_and_context_cap(hf_worker, chat_prompts):
     assert out.finish_reason == "stop" and out.token_ids == greedy[: greedy.index(stop) + 1]
     with pytest.raises(ValueError, match="max_model_len"):
         hf_worker.generate([(chat_prompts[0] * 40)[:512]], max_tokens=4)
+    with pytest.raises(ValueError, match="max_model_len"):
+        hf_worker.prompt_logprobs([(chat_prompts[0] * 40)[:512]])
     capped = hf_worker.generate([(chat_prompts[0] * 40)[: 512 - 10]], max_tokens=64, temperature=0)[0]
     assert len(capped.token_ids) <= 10
