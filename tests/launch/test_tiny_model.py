@@ -21,6 +21,7 @@ def _sha(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_path):
+    """The built tokenizer, loaded the generic way."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_path)

@@ -16,6 +16,7 @@ MAX_ABS_DIFF = 1e-3
 
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_path):
+    """The reference: the same checkpoint through plain transformers."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
@@ -23,11 +24,13 @@ def hf_model(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def vllm_worker(tiny_model_path):
+    """One in-process vLLM engine for the module, with a tiny KV cache."""
     return VLLMRolloutWorker(tiny_model_path, kv_cache_space_gib=0.125, max_model_len=512, seed=0)
 
 
 @pytest.fixture(scope="module")
 def hf_worker(tiny_model_path):
+    """The HF-generate backend on the same checkpoint."""
     return HFRolloutWorker(tiny_model_path, max_model_len=512, seed=0)
 
 
@@ -56,6 +59,7 @@ def hf_token_logprobs(model, seq: list[int]) -> list[float]:
 
 
 def assert_generated_logprobs_match(model, prompts, outputs):
+    """Each returned logprob equals the reference model's log_softmax on the same tokens."""
     for prompt, out in zip(prompts, outputs):
         assert isinstance(out, GenerationOutput) and out.finish_reason in ("stop", "length")
         assert len(out.logprobs) == len(out.token_ids) > 0
@@ -89,7 +93,7 @@ def test_vllm_stop_tokens_budget_and_seed(vllm_worker, chat_prompts):
     first = vllm_worker.generate(chat_prompts, max_tokens=12, seed=7)
     again = vllm_worker.generate(chat_prompts, max_tokens=12, seed=7)
     assert [o.token_ids for o in first] == [o.token_ids for o in again]
-    assert all(o.finish_reason == "length" and len(o.token_ids) == 12 for o in first if 2 not in o.token_ids)
+    assert all(o.finish_reason == "stop" or len(o.token_ids) == 12 for o in first)
 
     greedy = vllm_worker.generate(chat_prompts[:1], max_tokens=12, temperature=0)[0].token_ids
     stop = greedy[3]
