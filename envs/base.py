@@ -16,7 +16,9 @@ imports neither Ray nor torch nor a tokenizer.
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 # Characters stripped around an action before matching it against a name table:
@@ -45,6 +47,18 @@ def make_info(
     }
     info.update(extra)
     return info
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Read a data file of records: parquet, JSON (a list of objects) or JSONL (one object a line)."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pandas as pd  # only data-file environments need it
+
+        return pd.read_parquet(path).to_dict("records")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
 
 
 def parse_choice(action: Any, choices: Sequence[str]) -> str | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import BaseEnv, make_info
+from envs.base import BaseEnv, make_info, read_records
 from envs.experts import countdown_solve
 
 MAX_EXPRESSION_CHARS = 200
@@ -109,14 +108,7 @@ class CountdownConfig:
 def load_problems(path: str | Path) -> list[dict]:
     """Read ``target`` / ``nums`` records from parquet, JSON (a list) or JSONL (cached per path)."""
     path = Path(path)
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        records = pd.read_parquet(path).to_dict("records")
-    elif path.suffix == ".jsonl":
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    else:
-        records = json.loads(path.read_text())
+    records = read_records(path)
     problems = []
     for i, rec in enumerate(records):
         nums = rec.get("nums", rec.get("numbers"))

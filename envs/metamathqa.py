@@ -17,7 +17,6 @@ after ``max_attempts`` answers.
 from __future__ import annotations
 
 import functools
-import json
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.base import BaseEnv, make_info
+from envs.base import BaseEnv, make_info, read_records
 
 DEFAULT_DATA = str(Path(__file__).parent / "data" / "metamathqa_sample.jsonl")
 MAX_ANSWER_CHARS = 500
@@ -114,14 +113,7 @@ def load_records(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise ValueError(f"MetaMathQA data_path {str(path)!r} does not exist")
-    if path.suffix == ".parquet":
-        import pandas as pd
-
-        records = pd.read_parquet(path).to_dict("records")
-    elif path.suffix == ".jsonl":
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    else:
-        records = json.loads(path.read_text())
+    records = read_records(path)
     for i, rec in enumerate(records):
         if "query" not in rec or "response" not in rec:
             raise ValueError(f"{path} record {i} needs 'query' and 'response'; has keys {sorted(rec)}")
