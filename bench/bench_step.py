@@ -54,8 +54,8 @@ def plot(results: dict[str, dict[str, float]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for i, (backend, res) in enumerate(results.items()):
         left = 0.0
-        for phase in PHASES[:-1]:
-            ax.barh(i, res[phase], left=left, label=phase if i == 0 else None)
+        for j, phase in enumerate(PHASES[:-1]):  # one fixed colour per phase across bars
+            ax.barh(i, res[phase], left=left, color=f"C{j}", label=phase if i == 0 else None)
             left += res[phase]
     ax.set_yticks(range(len(results)), list(results))
     ax.set_xlabel("seconds per training step (mean over steady-state steps)")
@@ -70,10 +70,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--backends", nargs="+", default=["vllm", "hf"])
     parser.add_argument("--model", default=str(REPO / "models" / "tiny-qwen2"))
+    parser.add_argument("--plot-only", action="store_true", help="redraw the chart from the saved JSON")
     args, overrides = parser.parse_known_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results = {}
     for backend in args.backends:
+        if args.plot_only:
+            results[backend] = json.loads((OUT / f"step_{backend}.json").read_text())
+            continue
         results[backend] = summarize(run_backend(backend, args.steps, args.model, overrides))
         (OUT / f"step_{backend}.json").write_text(json.dumps(results[backend], indent=2))
     print(f"{'phase':<15}" + "".join(f"{b:>12}" for b in results))
