@@ -18,7 +18,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agent_trainer import core_algos
+from agent_trainer.ctx_manager import CTX_MODES
 from agent_trainer.es_manager import EsManagerConfig
+
+CONDENSED_ESTIMATORS = ("grpo_multiturn",)
+"""Estimators that read the per-turn rows of ``ctx_manager.mode=condensed`` as trajectories (via ``traj_uid``)."""
 
 
 @dataclass
@@ -140,6 +144,13 @@ class RolloutConfig:
     """vLLM tensor parallelism (GPU only)."""
     num_cpus_per_worker: float = 0.5
     """Ray CPU accounting per engine."""
+    rollout_filter_strategy: str = "top_k"
+    """StarPO-S group filtering by in-group reward std: top_k (keep the top fraction of groups) |
+    top_p (groups whose std sums to that fraction of the total) | min_p (groups with std >= value x the largest)."""
+    rollout_filter_value: float = 1.0
+    """Filter threshold: a ratio in (0, 1] for top_k / top_p, in [0, 1] for min_p; top_k 1.0 keeps every
+    group (StarPO-S uses top_k 0.25). Whole groups are kept; each update is then padded to whole mini-batches
+    with zero-mask rows, so a ppo_mini_batch_size that divides the kept rows wastes nothing."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
 
@@ -218,6 +229,19 @@ class AlgorithmConfig:
 
 
 @dataclass
+class RewardNormalizationConfig:
+    """RAGEN's episode-score normalisation, applied to training rollouts before the estimator."""
+
+    grouping: str = "state"
+    """Which episodes are normalised together: state (same initial state, i.e. env group) | batch (all) |
+    inductive (same env tag)."""
+    method: str = "identity"
+    """identity | mean (x - mean) | mean_std ((x - mean) / std) | asym_clip (mean_std clipped to [-1, 3]).
+    The difference between the normalised and the raw episode score is added on the episode's last generated
+    token, so per-turn rewards keep their place. Applied after rollout filtering, to the kept episodes."""
+
+
+@dataclass
 class AgentProxyConfig:
     """The multi-turn loop."""
 
@@ -229,6 +253,7 @@ class AgentProxyConfig:
     """Ray env actors per split; episodes are sharded across them."""
     num_cpus_per_env_actor: float = 0.1
     """Ray CPU accounting per env actor (they mostly wait)."""
+    reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
 
 
 @dataclass
@@ -236,7 +261,11 @@ class CtxManagerConfig:
     """How an episode's context is laid out for the policy."""
 
     mode: str = "full"
-    """full: every turn is appended to one token sequence (one training row per episode)."""
+    """full: every turn is appended to one token sequence (one training row per episode). condensed: each
+    turn's prompt is rebuilt from the instruction, a text summary of the last keep_last_n_turns turns and the
+    current observation; one training row per turn (needs algorithm.adv_estimator=grpo_multiturn)."""
+    keep_last_n_turns: int = 2
+    """condensed mode: how many previous turns (answer, reward, observation) the summary in each prompt keeps."""
 
 
 @dataclass
@@ -345,7 +374,6 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
            f"actor_rollout_ref.rollout.name = {rollout.name!r} is not one of ['vllm', 'hf']")
     _check(cfg.trainer.device in ("auto", "cpu", "cuda"),
            f"trainer.device = {cfg.trainer.device!r} is not one of ['auto', 'cpu', 'cuda']")
-    _check(cfg.ctx_manager.mode == "full", f"ctx_manager.mode = {cfg.ctx_manager.mode!r} is not one of ['full']")
     for name in cfg.trainer.logger:
         _check(name in ("console", "jsonl", "tensorboard"),
                f"trainer.logger contains {name!r}; allowed: console, jsonl, tensorboard")
@@ -354,8 +382,14 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
            f"actor_rollout_ref.rollout.response_length ({rollout.response_length}) must be smaller than "
            f"max_model_len ({rollout.max_model_len})")
     _check(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c = {actor.clip_ratio_c} must be > 1")
+    _validate_ctx_manager(cfg)
+    _validate_rollout_shaping(cfg)
 
-    rows = cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
+    # Condensed mode makes one row per turn, so the row count varies per step and only the per-rank
+    # split of a mini-batch can be checked here. The trainer pads every update to whole mini-batches
+    # (trainer.pad_for_update), which also covers batches that rollout filtering shrank.
+    train = cfg.es_manager.train
+    rows = None if cfg.ctx_manager.mode == "condensed" else train.env_groups * train.group_size
     _check_batching("actor_rollout_ref.actor", rows, actor.ppo_mini_batch_size,
                     actor.ppo_micro_batch_size_per_gpu, actor.fsdp.world_size)
     if cfg.critic_enabled:
@@ -366,12 +400,62 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
                          "false; set critic.enable=true or pick a critic-free estimator such as grpo")
 
 
-def _check_batching(section: str, rows: int, mini: int, micro: int, world: int) -> None:
-    """Every rank must run the same number of micro-batches, or FSDP collectives hang."""
+def _one_of(key: str, value: Any, choices: tuple) -> None:
+    _check(value in choices, f"{key} = {value!r} is not one of {list(choices)}; set it to one of them")
+
+
+def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
+    """Context mode and estimator must agree: per-turn rows need a trajectory-level estimator, and back."""
+    mode, estimator = cfg.ctx_manager.mode, cfg.algorithm.estimator()
+    _one_of("ctx_manager.mode", mode, CTX_MODES)
+    _check(cfg.ctx_manager.keep_last_n_turns >= 0,
+           f"ctx_manager.keep_last_n_turns = {cfg.ctx_manager.keep_last_n_turns} must be >= 0 (0 = no history)")
+    # Raise rather than fall back: with one row per episode grpo_multiturn computes exactly grpo, and a
+    # verl/RAGEN user who picks it expects condensed per-turn rows; a silent equivalence hides the mistake.
+    _check(not (estimator == "grpo_multiturn" and mode == "full"),
+           "algorithm.adv_estimator = 'grpo_multiturn' needs one training row per turn, but ctx_manager.mode = "
+           "'full' makes one row per episode (grpo_multiturn would silently equal grpo); set ctx_manager.mode="
+           "condensed (see config/frozenlake_grpo_multiturn.yaml) or algorithm.adv_estimator=grpo")
+    # Per-turn rows of one episode only form a trajectory for estimators that group them by traj_uid:
+    # GAE / bi-level GAE would lose the value bootstrap between rows, and per-row outcome estimators
+    # (grpo, rloo, reinforce_plus_plus*, remax) would score each turn as if it were a whole episode.
+    _check(mode != "condensed" or estimator in CONDENSED_ESTIMATORS,
+           f"ctx_manager.mode = 'condensed' makes one row per turn, which only {list(CONDENSED_ESTIMATORS)} reads as "
+           f"trajectories, but algorithm.adv_estimator = {estimator!r} (critic estimators would lose the value "
+           "bootstrap across rows; per-row outcome estimators would score each turn alone); set "
+           "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
+
+
+def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
+    """Reward normalisation and rollout filtering choices (names come from core_algos)."""
+    norm = cfg.agent_proxy.reward_normalization
+    rollout = cfg.actor_rollout_ref.rollout
+    _one_of("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS)
+    _one_of("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS)
+    strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
+    _one_of("actor_rollout_ref.rollout.rollout_filter_strategy", strategy, core_algos.ROLLOUT_FILTER_STRATEGIES)
+    low_ok = value >= 0.0 if strategy == "min_p" else value > 0.0
+    _check(low_ok and value <= 1.0,
+           f"actor_rollout_ref.rollout.rollout_filter_value = {value} must lie in "
+           f"{'[0, 1]' if strategy == 'min_p' else '(0, 1]'} for rollout_filter_strategy {strategy!r}; "
+           "use 1.0 to keep every group (StarPO-S uses top_k 0.25)")
+    # top_k ranks groups by in-group reward std; with one episode per group every std is 0 and the
+    # kept groups would be an arbitrary prefix.
+    _check(not (strategy == "top_k" and value < 1.0 and cfg.es_manager.train.group_size < 2),
+           f"actor_rollout_ref.rollout.rollout_filter_value = {value} filters groups by their reward std, which is "
+           f"0 for groups of one (es_manager.train.group_size = {cfg.es_manager.train.group_size}); set "
+           "es_manager.train.group_size >= 2 or rollout_filter_value=1.0")
+
+
+def _check_batching(section: str, rows: int | None, mini: int, micro: int, world: int) -> None:
+    """Every rank must run the same number of micro-batches, or FSDP collectives hang.
+
+    ``rows`` is the number of rows per step, or None when it varies (condensed mode).
+    """
     _check(mini >= 1 and micro >= 1 and world >= 1,
            f"{section}: ppo_mini_batch_size ({mini}), ppo_micro_batch_size_per_gpu ({micro}) and "
            f"fsdp.world_size ({world}) must all be >= 1")
-    _check(rows % mini == 0,
+    _check(rows is None or rows % mini == 0,
            f"{section}.ppo_mini_batch_size ({mini}) must divide the rows per step "
            f"(es_manager.train.env_groups x group_size = {rows}); pick a divisor of {rows}")
     _check(mini % world == 0,

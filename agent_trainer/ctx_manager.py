@@ -1,4 +1,4 @@
-"""Context manager: environment text <-> token ids, one growing sequence per episode.
+"""Context manager (``ctx_manager.mode: full``): environment text <-> token ids, one growing sequence per episode.
 
 Token-in/token-out: the ids the rollout engine generated are appended to the
 episode's sequence as they are and trained on; text is never re-tokenized
@@ -12,6 +12,10 @@ For one episode the sequence is::
     [\\n + user(reward, obs_1) + assistant header]             mask 0  (observation)
     [generated reply 2]                                       mask 1  reward r_2 on its last token
     ...
+
+``ctx_manager.mode: condensed`` (one row per turn, each prompt re-rendered
+from a text summary) lives in ``agent_trainer.condensed_ctx`` and shares
+:class:`TrainingRow` and :func:`collate_rows` with this module.
 """
 
 from __future__ import annotations
@@ -23,6 +27,64 @@ import torch
 from agent_trainer import prompts
 from agent_trainer.batch import TensorBatch
 from agent_trainer.es_manager import EnvInput, EnvOutput
+
+CTX_MODES = ("full", "condensed")
+"""``ctx_manager.mode`` values: one row per episode, or one row per turn with condensed prompts."""
+
+
+@dataclass
+class TrainingRow:
+    """One row of the training batch before padding; the five lists have equal length."""
+
+    token_ids: list[int]
+    response_mask: list[int]
+    rewards: list[float]
+    rollout_log_probs: list[float]
+    turn_ids: list[int]
+    group_id: int
+    traj_id: int
+    tag: str
+
+
+def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> TensorBatch:
+    """Right-pad ``rows`` into the batch contract of ``agent_trainer.batch``.
+
+    ``uid`` = uid_offset + group id, ``traj_uid`` = uid_offset + episode id, and
+    ``tag_ids`` [B] int64 = the index of the row's env tag among the sorted tags
+    of this batch (the grouping of ``reward_normalization.grouping=inductive``).
+    """
+    length = max(len(r.token_ids) for r in rows)
+    n = len(rows)
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, length), dtype=torch.long)
+    response_mask = torch.zeros((n, length), dtype=torch.long)
+    rewards = torch.zeros((n, length), dtype=torch.float32)
+    logprobs = torch.zeros((n, length), dtype=torch.float32)
+    turn_ids = torch.zeros((n, length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        t = len(r.token_ids)
+        input_ids[i, :t] = torch.tensor(r.token_ids, dtype=torch.long)
+        attention_mask[i, :t] = 1
+        response_mask[i, :t] = torch.tensor(r.response_mask, dtype=torch.long)
+        rewards[i, :t] = torch.tensor(r.rewards, dtype=torch.float32)
+        logprobs[i, :t] = torch.tensor(r.rollout_log_probs, dtype=torch.float32)
+        turn_ids[i, :t] = torch.tensor(r.turn_ids, dtype=torch.long)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    tag_index = {tag: k for k, tag in enumerate(sorted({r.tag for r in rows}))}
+    return TensorBatch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_mask": response_mask,
+            "token_level_rewards": rewards,
+            "rollout_log_probs": logprobs,
+            "turn_ids": turn_ids,
+            "uid": torch.tensor([uid_offset + r.group_id for r in rows], dtype=torch.long),
+            "traj_uid": torch.tensor([uid_offset + r.traj_id for r in rows], dtype=torch.long),
+            "tag_ids": torch.tensor([tag_index[r.tag] for r in rows], dtype=torch.long),
+        }
+    )
 
 
 @dataclass
@@ -42,6 +104,21 @@ class EpisodeContext:
     done: bool = False
     truncated: bool = False
     format_errors: int = 0
+
+    @property
+    def total_reward(self) -> float:
+        """The episode's total reward (every turn's reward and format penalty)."""
+        return float(sum(self.rewards))
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the engine generated over the episode."""
+        return int(sum(self.response_mask))
+
+    @property
+    def longest_row(self) -> int:
+        """Length of the episode's longest training row (here its one row: the whole sequence)."""
+        return len(self.token_ids)
 
     def extend(self, ids: list[int], generated: bool, logprobs: list[float] | None = None) -> None:
         """Append ``ids``; generated ids get mask 1 and their rollout logprobs."""
@@ -73,13 +150,13 @@ class ContextManager:
     def start(self, out: EnvOutput) -> EpisodeContext:
         """A new episode from its reset output: the first prompt (mask 0)."""
         ctx = EpisodeContext(env_id=out.env_id, group_id=out.group_id, tag=out.tag)
-        messages = [
-            {"role": "system", "content": prompts.SYSTEM_PROMPT},
-            {"role": "user", "content": prompts.first_user_message(out.instruction, out.observation, self.enable_think)},
-        ]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ctx.extend(list(_as_ids(ids)), generated=False)
+        user = prompts.first_user_message(out.instruction, out.observation, self.enable_think)
+        ctx.extend(self._chat_prompt_ids(user), generated=False)
         return ctx
+
+    def prompt_ids(self, ctx: EpisodeContext) -> list[int]:
+        """The ids the engine continues for the episode's next turn: the whole sequence so far."""
+        return ctx.token_ids
 
     def append_reply(self, ctx: EpisodeContext, token_ids: list[int], logprobs: list[float]) -> EnvInput:
         """Append the generated ids (mask 1) and parse them into the env's actions.
@@ -91,11 +168,16 @@ class ContextManager:
         ctx.extend(list(token_ids), generated=True, logprobs=list(logprobs))
         if not token_ids or token_ids[-1] != self.eos_token_id:
             ctx.extend([self.eos_token_id], generated=False)
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        parsed = prompts.parse_response(text, self.action_sep, self.enable_think)
+        env_input, parsed = self._parse_reply(ctx.env_id, token_ids)
         if not parsed.format_ok:
             ctx.format_errors += 1
-        return EnvInput(env_id=ctx.env_id, llm_response=text, actions=parsed.actions)
+        return env_input
+
+    def _parse_reply(self, env_id: int, token_ids: list[int]) -> tuple[EnvInput, prompts.ParsedResponse]:
+        """Decode a reply and parse its actions (untrusted text: never raises)."""
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        parsed = prompts.parse_response(text, self.action_sep, self.enable_think)
+        return EnvInput(env_id=env_id, llm_response=text, actions=parsed.actions), parsed
 
     def append_env_output(self, ctx: EpisodeContext, out: EnvOutput, response_length: int) -> None:
         """Put the turn's reward on its last generated token; append the next observation.
@@ -103,8 +185,9 @@ class ContextManager:
         The episode ends when the env says done, or when the next turn would
         not fit in ``max_model_len`` (``truncated``).
         """
-        last_generated = max(i for i, m in enumerate(ctx.response_mask) if m)
-        ctx.rewards[last_generated] += float(out.reward)
+        last_generated = max((i for i, m in enumerate(ctx.response_mask) if m), default=None)
+        if last_generated is not None:  # nothing generated yet (an empty first reply): no token to credit
+            ctx.rewards[last_generated] += float(out.reward)
         if out.done:
             ctx.done = True
             return
@@ -118,37 +201,20 @@ class ContextManager:
     # -- batch ---------------------------------------------------------------------------
     def build_update_batch(self, episodes: list[EpisodeContext], uid_offset: int = 0) -> TensorBatch:
         """One row per episode, right-padded: the batch contract of ``agent_trainer.batch``."""
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
-        length = max(len(e.token_ids) for e in episodes)
-        n = len(episodes)
-        input_ids = torch.full((n, length), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, length), dtype=torch.long)
-        response_mask = torch.zeros((n, length), dtype=torch.long)
-        rewards = torch.zeros((n, length), dtype=torch.float32)
-        logprobs = torch.zeros((n, length), dtype=torch.float32)
-        turn_ids = torch.zeros((n, length), dtype=torch.long)
-        for row, e in enumerate(episodes):
-            t = len(e.token_ids)
-            input_ids[row, :t] = torch.tensor(e.token_ids)
-            attention_mask[row, :t] = 1
-            response_mask[row, :t] = torch.tensor(e.response_mask)
-            rewards[row, :t] = torch.tensor(e.rewards)
-            logprobs[row, :t] = torch.tensor(e.rollout_log_probs)
-            turn_ids[row, :t] = torch.tensor(e.turn_ids)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        return TensorBatch(
-            {
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "position_ids": position_ids,
-                "response_mask": response_mask,
-                "token_level_rewards": rewards,
-                "rollout_log_probs": logprobs,
-                "turn_ids": turn_ids,
-                "uid": torch.tensor([uid_offset + e.group_id for e in episodes], dtype=torch.long),
-                "traj_uid": torch.tensor([uid_offset + e.env_id for e in episodes], dtype=torch.long),
-            }
-        )
+        rows = [TrainingRow(token_ids=e.token_ids, response_mask=e.response_mask, rewards=e.rewards,
+                            rollout_log_probs=e.rollout_log_probs, turn_ids=e.turn_ids, group_id=e.group_id,
+                            traj_id=e.env_id, tag=e.tag) for e in episodes]
+        return collate_rows(rows, self.pad_id, uid_offset)
+
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's pad id (its eos when it has none); padding always has attention 0."""
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
+
+    def _chat_prompt_ids(self, user_message: str) -> list[int]:
+        """System message + one user message + the assistant header, tokenized by the chat template."""
+        messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT}, {"role": "user", "content": user_message}]
+        return _as_ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
     # -- chat-template plumbing ----------------------------------------------------------
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:

@@ -2,14 +2,18 @@
 
 One call to :meth:`SyncMultiTurnRollout.rollout` plays ``env_groups x
 group_size`` episodes for up to ``agent_proxy.max_turn`` turns and returns
-one training batch (one row per episode, every turn in it) plus metrics::
+one training batch plus metrics::
 
     reset env actors (one seed per group)
     for turn in 1..max_turn, while any episode is active:
-        prompts  <- ctx_manager: token ids of each active episode
+        prompts  <- ctx_manager: token ids of each active episode's next turn
         outputs  <- rollout engines: generate(token ids) -> token ids + logprobs
         env actors: parse <answer>, step env, reward, done
     batch    <- ctx_manager.build_update_batch()
+
+``ctx_manager.mode`` picks the layout: ``full`` (one growing sequence and one
+row per episode, ``agent_trainer.ctx_manager``) or ``condensed`` (a fresh
+prompt per turn and one row per turn, ``agent_trainer.condensed_ctx``).
 
 A failing env actor is reported (``rollout/env_actor_failures``) and its
 episodes end where they are; the rollout goes on with the others. Ray
@@ -27,6 +31,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from agent_trainer.batch import TensorBatch
+from agent_trainer.condensed_ctx import CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import ContextManager, EpisodeContext
 from agent_trainer.es_manager import EnvInput, EnvOutput, EpisodeSpec, group_seeds, plan_episodes
@@ -68,9 +73,7 @@ class SyncMultiTurnRollout:
         self.split = split
         self.engines = engines
         self.split_cfg = cfg.es_manager.train if split == "train" else cfg.es_manager.val
-        rollout_cfg = cfg.actor_rollout_ref.rollout
-        self.ctx = ContextManager(tokenizer, enable_think=cfg.agent_proxy.enable_think,
-                                  action_sep=cfg.es_manager.action_sep, max_model_len=rollout_cfg.max_model_len)
+        self.ctx = make_context_manager(cfg, tokenizer)
         self.episodes: list[EpisodeSpec] = plan_episodes(self.split_cfg)
         # Whole groups per actor, so pass@group and group seeds stay local to one actor.
         group_shards = np.array_split(np.arange(self.split_cfg.env_groups), max(1, num_env_actors))
@@ -107,7 +110,7 @@ class SyncMultiTurnRollout:
         self.num_resets += 1
         failures = 0
         self.last_generations = defaultdict(list)
-        ctxs: dict[int, EpisodeContext] = {}
+        ctxs: dict[int, EpisodeContext | CondensedEpisode] = {}
         group_seed_map = dict(enumerate(seeds))
         reset_outputs, failed = self._call_env_actors("reset", {a: group_seed_map for a in self.env_actors})
         failures += len(failed)
@@ -123,7 +126,7 @@ class SyncMultiTurnRollout:
             active = [c for c in ctxs.values() if not c.done]
             if not active:
                 break
-            generations = self._generate([c.token_ids for c in active], sampling)
+            generations = self._generate([self.ctx.prompt_ids(c) for c in active], sampling)
             inputs_by_actor: dict = defaultdict(list)
             for ctx, (ids, logprobs) in zip(active, generations):
                 self.last_generations[ctx.env_id].append(ids)
@@ -178,17 +181,31 @@ class SyncMultiTurnRollout:
         return results, failed
 
 
-def rollout_metrics(episodes: list[EpisodeContext], states: list[dict], prefix: str) -> dict[str, float]:
-    """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics."""
+def make_context_manager(cfg: AgentTrainerConfig, tokenizer) -> ContextManager:
+    """The context manager of ``ctx_manager.mode``: full (one row per episode) or condensed (one row per turn)."""
+    common = dict(enable_think=cfg.agent_proxy.enable_think, action_sep=cfg.es_manager.action_sep,
+                  max_model_len=cfg.actor_rollout_ref.rollout.max_model_len)
+    if cfg.ctx_manager.mode == "condensed":
+        return CondensedContextManager(tokenizer, keep_last_n_turns=cfg.ctx_manager.keep_last_n_turns, **common)
+    return ContextManager(tokenizer, **common)
+
+
+def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[dict],
+                    prefix: str) -> dict[str, float]:
+    """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics.
+
+    ``sequence_length_mean`` is the mean over episodes of the longest training
+    row: the whole episode in full mode, one turn's prompt + reply in condensed mode.
+    """
     m: dict[str, float] = {}
-    rewards = [sum(e.rewards) for e in episodes]
-    gen_lens = [sum(e.response_mask) for e in episodes]
+    rewards = [e.total_reward for e in episodes]
+    gen_lens = [e.num_generated_tokens for e in episodes]
     turns = [e.num_turns for e in episodes]
     m[f"{prefix}/episode_reward_mean"] = float(np.mean(rewards))
     m[f"{prefix}/episode_reward_max"] = float(np.max(rewards))
     m[f"{prefix}/num_turns_mean"] = float(np.mean(turns))
     m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(turns)))
-    m[f"{prefix}/sequence_length_mean"] = float(np.mean([len(e.token_ids) for e in episodes]))
+    m[f"{prefix}/sequence_length_mean"] = float(np.mean([e.longest_row for e in episodes]))
     m[f"{prefix}/truncated_rate"] = float(np.mean([e.truncated for e in episodes]))
     m[f"{prefix}/format_error_rate"] = float(sum(e.format_errors for e in episodes) / max(1, sum(turns)))
     success = [bool(s.get("metrics", {}).get("success", False)) for s in states]

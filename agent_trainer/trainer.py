@@ -4,6 +4,11 @@ The loop keeps the shape of verl's ``RayPPOTrainer.fit()``; the one call
 that differs is the generation step, which is the multi-turn
 ``SyncMultiTurnRollout`` instead of single-turn ``generate_sequences``.
 Each phase is one call inside a timer.
+
+Rows per step are not fixed: condensed mode makes one row per turn and rollout
+filtering drops groups. Every FSDP rank must still run the same number of
+mini- and micro-batches, so each update gets its own copy of the batch padded
+to a whole number of that group's mini-batches (:func:`pad_for_update`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.rollout import SyncMultiTurnRollout
+from agent_trainer.rollout_shaping import shape_rollout
 from agent_trainer.tracking import Tracking, timer
 
 logger = logging.getLogger(__name__)
@@ -90,8 +96,9 @@ class AgentTrainer:
         with timer("step", metrics):
             with timer("rollout", metrics):
                 result = self.train_rollout.rollout()
-            batch = result.batch
             metrics.update(result.metrics)
+            with timer("shape", metrics):
+                batch = self.shape(result.batch, metrics)
             with timer("log_prob", metrics):
                 batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
             if self.ref_wg is not None:
@@ -104,15 +111,34 @@ class AgentTrainer:
                 metrics.update(self.compute_advantage(batch))
             if self.critic_wg is not None:
                 with timer("update_critic", metrics):
-                    metrics.update(_mean_over_ranks(self.critic_wg.dp_execute("update_critic", batch)))
+                    metrics.update(self.run_update(self.critic_wg, "update_critic", batch,
+                                                   self.cfg.critic.ppo_mini_batch_size))
             with timer("update_actor", metrics):
-                metrics.update(_mean_over_ranks(self.actor_wg.dp_execute("update_actor", batch)))
+                metrics.update(self.run_update(self.actor_wg, "update_actor", batch,
+                                               self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
             with timer("sync", metrics):
                 self.sync_weights()
         metrics.update(batch_metrics(batch, metrics["timing_s/step"]))
         return metrics
 
     # -- phases --------------------------------------------------------------------------
+    def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
+        """StarPO-S rollout filtering, then RAGEN reward normalisation (``agent_trainer.rollout_shaping``)."""
+        rollout, norm = self.cfg.actor_rollout_ref.rollout, self.cfg.agent_proxy.reward_normalization
+        batch, shape_metrics = shape_rollout(
+            batch, filter_strategy=rollout.rollout_filter_strategy, filter_value=rollout.rollout_filter_value,
+            norm_grouping=norm.grouping, norm_method=norm.method,
+        )
+        metrics.update(shape_metrics)
+        return batch
+
+    def run_update(self, group, method: str, batch: TensorBatch, mini_batch_size: int) -> dict[str, float]:
+        """Run ``method`` on every rank with the batch padded to whole mini-batches; average the metrics."""
+        padded, n_pad = pad_for_update(batch, mini_batch_size)
+        metrics = _mean_over_ranks(group.dp_execute(method, padded))
+        metrics[f"perf/{method}_padding_rows"] = float(n_pad)
+        return metrics
+
     def compute_advantage(self, batch: TensorBatch) -> dict[str, float]:
         """KL-in-reward (optional), then the configured estimator, on the driver in plain torch."""
         alg = self.cfg.algorithm
@@ -154,6 +180,32 @@ class AgentTrainer:
         self.actor_wg.execute_all("save_hf_checkpoint", str(path))
         self.tokenizer.save_pretrained(str(path))
         return path
+
+
+def pad_for_update(batch: TensorBatch, mini_batch_size: int) -> tuple[TensorBatch, int]:
+    """Append zero-mask copies of leading rows until ``len(batch)`` is a multiple of ``mini_batch_size``.
+
+    Why: ``dp_execute`` splits the batch into equal contiguous rank shards and
+    each rank splits its shard into mini-batches of ``mini_batch_size //
+    world_size`` rows (validated to be a whole number of micro-batches); a
+    multiple of ``mini_batch_size`` therefore gives every rank the same number of
+    full mini- and micro-batches, so the FSDP collectives line up, and never
+    lets ``split_for_ranks`` repeat real rows. The padding rows are copies of
+    real rows (well-defined forward passes) with ``response_mask``, rewards,
+    advantages and returns zeroed, so every loss ignores them (agg_loss leaves
+    all-zero-mask rows out). They go at the end and number fewer than one
+    mini-batch, so rank 0's part of every optimizer step holds a real row: no
+    step is taken on padding alone. Returns the batch and the number of rows added.
+    """
+    n = len(batch)
+    pad = (-n) % mini_batch_size
+    if pad == 0:
+        return batch, 0
+    extra = batch.index(torch.arange(pad) % n)
+    for key in ("response_mask", "token_level_rewards", "advantages", "returns"):
+        if key in extra:
+            extra[key] = torch.zeros_like(extra[key])
+    return TensorBatch.concat([batch, extra]), pad
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

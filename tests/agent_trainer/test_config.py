@@ -64,3 +64,63 @@ def test_configuration_doc_is_current():
     from launch.config_docs import OUT, render
 
     assert OUT.read_text() == render(), "docs/configuration.md is stale: run python -m launch.config_docs"
+
+
+def _compose_named(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(name, overrides=list(overrides))
+
+
+def test_grpo_multiturn_config_selects_condensed_per_turn_rows():
+    cfg = load_config(_compose_named("frozenlake_grpo_multiturn"))
+    assert cfg.algorithm.estimator() == "grpo_multiturn" and cfg.ctx_manager.mode == "condensed"
+    assert cfg.ctx_manager.keep_last_n_turns == 2 and not cfg.critic_enabled
+    # rows per step vary in condensed mode, so the mini-batch need not divide the episode count
+    load_config(_compose_named("frozenlake_grpo_multiturn", "ppo_mini_batch_size=24"))
+
+
+@pytest.mark.parametrize(
+    "name, overrides, expected",
+    [
+        # grpo_multiturn on one row per episode would silently be plain grpo
+        ("frozenlake_grpo", ["algorithm.adv_estimator=grpo_multiturn"], "set ctx_manager.mode=condensed"),
+        ("frozenlake", ["ctx_manager.mode=condensed"], "algorithm.adv_estimator = 'gae'"),
+        ("frozenlake_grpo", ["ctx_manager.mode=condensed"], "set algorithm.adv_estimator=grpo_multiturn"),
+        ("frozenlake_bilevel", ["ctx_manager.mode=condensed"], "value bootstrap"),
+        ("frozenlake", ["ctx_manager.mode=compact"], "ctx_manager.mode = 'compact' is not one of ['full', 'condensed']"),
+        ("frozenlake_grpo_multiturn", ["ctx_manager.keep_last_n_turns=-1"], "ctx_manager.keep_last_n_turns = -1"),
+        ("frozenlake_grpo_multiturn", ["micro_batch_size_per_gpu=3"], "ppo_micro_batch_size_per_gpu (3) must divide"),
+    ],
+)
+def test_context_mode_and_estimator_must_agree(name, overrides, expected):
+    with pytest.raises(ValueError) as err:
+        load_config(_compose_named(name, *overrides))
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("agent_proxy.reward_normalization.grouping=episode", "agent_proxy.reward_normalization.grouping = 'episode'"),
+        ("agent_proxy.reward_normalization.method=zscore", "['identity', 'mean', 'mean_std', 'asym_clip']"),
+        ("actor_rollout_ref.rollout.rollout_filter_strategy=std", "['top_k', 'top_p', 'min_p']"),
+        ("actor_rollout_ref.rollout.rollout_filter_value=0", "must lie in (0, 1] for rollout_filter_strategy 'top_k'"),
+        ("actor_rollout_ref.rollout.rollout_filter_value=1.5", "rollout_filter_value = 1.5"),
+    ],
+)
+def test_shaping_choices_are_validated(override, expected):
+    with pytest.raises(ValueError) as err:
+        load_config(_compose(override))
+    assert expected in str(err.value)
+
+
+def test_shaping_values_that_load():
+    cfg = load_config(_compose("actor_rollout_ref.rollout.rollout_filter_strategy=min_p",
+                               "actor_rollout_ref.rollout.rollout_filter_value=0",
+                               "agent_proxy.reward_normalization.grouping=inductive",
+                               "agent_proxy.reward_normalization.method=asym_clip"))
+    assert cfg.agent_proxy.reward_normalization.method == "asym_clip"
+    # filtering ranks groups by their reward std: groups of one would be dropped arbitrarily
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        load_config(_compose("es_manager.train.group_size=1", "actor_rollout_ref.rollout.rollout_filter_value=0.25",
+                             "ppo_mini_batch_size=8"))

@@ -18,6 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
         ("frozenlake_grpo", [], False),
         # bi-level GAE with the GSPO sequence-level loss
         ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
+        # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and
+        # mean_std reward normalisation: a varying row count padded to whole mini-batches on 2 FSDP ranks
+        ("frozenlake_grpo_multiturn", ["actor_rollout_ref.rollout.rollout_filter_value=0.5",
+                                       "agent_proxy.reward_normalization.method=mean_std"], False),
     ],
 )
 def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_critic):
@@ -34,6 +38,10 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
     assert record["step"] == 1 and "actor/pg_loss" in record
     assert ("critic/vf_loss" in record) == expect_critic
     assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
+    if config_name == "frozenlake_grpo_multiturn":
+        assert record["rollout/filter_kept_ratio"] == 0.5
+        rows, padding = record["perf/num_rows"], record["perf/update_actor_padding_rows"]
+        assert 4 <= rows <= 8 and (rows + padding) % 8 == 0  # 1 group x 4 episodes x 1..2 turns, padded
 
 
 def test_bad_config_names_the_key(tiny_model_path, tmp_path):

@@ -1,0 +1,56 @@
+"""Plot a run's learning curve from its ``metrics.jsonl``.
+
+    python bench/plot_run.py outputs/agent_trainer/frozenlake_ppo/metrics.jsonl \
+        --out docs/bench/frozenlake_learning.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+CURVES = (
+    ("rollout/success_rate", "train success rate"),
+    ("val/success_rate", "validation success rate"),
+    ("rollout/episode_reward_mean", "train episode reward"),
+)
+
+
+def load(path: Path) -> list[dict]:
+    """One dict per logged step."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main() -> None:
+    """Draw the curves that the run logged."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("metrics", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = load(args.metrics)
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for key, label in CURVES:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o" if key.startswith("val/") else None, label=label)
+    ax.set_xlabel("training step")
+    ax.set_title(args.title or args.metrics.parent.name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
