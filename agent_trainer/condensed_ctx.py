@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from agent_trainer import prompts
 from agent_trainer.batch import TensorBatch
-from agent_trainer.ctx_manager import ContextManager, TrainingRow, collate_rows
+from agent_trainer.ctx_manager import ContextManager, EpisodeStatus, TrainingRow, collate_rows
 from agent_trainer.es_manager import EnvInput, EnvOutput
 
 NO_ANSWER = "(no <answer> block)"
@@ -76,13 +76,10 @@ class TurnSummary:
     reward: float
 
 
-@dataclass
-class CondensedEpisode:
+@dataclass(kw_only=True)
+class CondensedEpisode(EpisodeStatus):
     """One episode in condensed mode: its played turns and the text the next prompt is built from."""
 
-    env_id: int
-    group_id: int
-    tag: str
     instruction: str
     observation: str
     """The current observation (the next prompt shows it)."""
@@ -91,10 +88,6 @@ class CondensedEpisode:
     rows: list[TurnRow] = field(default_factory=list)
     history: list[TurnSummary] = field(default_factory=list)
     pending_answer: str = ""
-    num_turns: int = 0
-    done: bool = False
-    truncated: bool = False
-    format_errors: int = 0
 
     @property
     def total_reward(self) -> float:

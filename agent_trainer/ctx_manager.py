@@ -87,23 +87,29 @@ def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> T
     )
 
 
-@dataclass
-class EpisodeContext:
-    """One episode's token sequence and its per-token annotations."""
+@dataclass(kw_only=True)
+class EpisodeStatus:
+    """What every episode record holds, whatever the context layout."""
 
     env_id: int
     group_id: int
     tag: str
+    num_turns: int = 0
+    done: bool = False
+    truncated: bool = False
+    format_errors: int = 0
+
+
+@dataclass(kw_only=True)
+class EpisodeContext(EpisodeStatus):
+    """One episode's token sequence and its per-token annotations."""
+
     token_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     rollout_log_probs: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
     """0 on the prompt; k on the tokens of turn k (reply and the observation after it)."""
-    num_turns: int = 0
-    done: bool = False
-    truncated: bool = False
-    format_errors: int = 0
 
     @property
     def total_reward(self) -> float:
