@@ -1,0 +1,35 @@
+"""Metric sinks: JSONL lines per step, TensorBoard event files, the console line, the phase timer."""
+
+import json
+import time
+
+from agent_trainer.tracking import Tracking, format_metrics, timer
+
+
+def test_jsonl_and_tensorboard_sinks(tmp_path):
+    tracking = Tracking(tmp_path, ["jsonl", "tensorboard"])
+    tracking.log({"rollout/success_rate": 0.5, "actor/pg_loss": -0.1}, step=1)
+    tracking.log({"rollout/success_rate": 0.75}, step=2)
+    tracking.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "rollout/success_rate": 0.5, "actor/pg_loss": -0.1},
+                     {"step": 2, "rollout/success_rate": 0.75}]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("rollout/success_rate")] == [0.5, 0.75]
+
+
+def test_console_line_has_headline_metrics_only():
+    line = format_metrics({"rollout/success_rate": 0.25, "perf/num_rows": 32.0}, step=3)
+    assert line.startswith("step 3") and "rollout/success_rate=0.25" in line and "perf/" not in line
+
+
+def test_timer_accumulates_seconds():
+    metrics: dict[str, float] = {}
+    for _ in range(2):
+        with timer("phase", metrics):
+            time.sleep(0.01)
+    assert metrics["timing_s/phase"] >= 0.02
