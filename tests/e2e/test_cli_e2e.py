@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
         # mean_std reward normalisation: a varying row count padded to whole mini-batches on 2 FSDP ranks
         ("frozenlake_grpo_multiturn", ["actor_rollout_ref.rollout.rollout_filter_value=0.5",
                                        "agent_proxy.reward_normalization.method=mean_std"], False),
+        # the example environment of docs/writing_an_environment.md, trained by config only
+        ("frozenlake", ["es_manager.train.env_configs.tags=[GuessNumber]"], True),
     ],
 )
 def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_critic):
@@ -38,6 +40,8 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
     assert record["step"] == 1 and "actor/pg_loss" in record
     assert ("critic/vf_loss" in record) == expect_critic
     assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
+    tags = [t for t in ("FrozenLake3x3", "GuessNumber") if f"env/{t}/num_actions" in record]
+    assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLake3x3"])
     if config_name == "frozenlake_grpo_multiturn":
         assert record["rollout/filter_kept_ratio"] == 0.5
         rows, padding = record["perf/num_rows"], record["perf/update_actor_padding_rows"]
