@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, ModelConfig, RefConfig
-from workers.fsdp_base import FSDPWorker, micro_batches, token_entropy, token_log_probs
+from workers.fsdp_base import FSDPWorker, micro_batches, micro_weight, token_entropy, token_log_probs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -89,7 +89,9 @@ class ActorWorker(ReferenceWorker):
 
         Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and
         ``ref_log_prob`` with ``use_kl_loss``). Every rank holds the same
-        number of rows (validated at start-up) so the collectives line up.
+        number of rows (the trainer pads updates to whole mini-batches) so the
+        collectives line up; micro-batch losses are weighted so padding rows
+        dilute nothing (``micro_weight``).
         """
         cfg = self.config
         self.model.train()
@@ -100,7 +102,8 @@ class ActorWorker(ReferenceWorker):
             for mini in batch.split(mini_size):
                 for micro in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu):
                     loss, step_metrics = self._micro_loss(micro, temperature)
-                    (loss * len(micro) / len(mini)).backward()
+                    weight = micro_weight(micro["response_mask"], mini["response_mask"], cfg.loss_agg_mode)
+                    (loss * weight).backward()
                     for k, v in step_metrics.items():
                         metrics[k].append(v)
                 metrics["actor/grad_norm"].append(self.optimizer_step(cfg.grad_clip))

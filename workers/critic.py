@@ -16,7 +16,7 @@ from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import CriticConfig
 from workers.actor import _DTYPES, _scalar
-from workers.fsdp_base import FSDPWorker, micro_batches
+from workers.fsdp_base import FSDPWorker, micro_batches, micro_weight
 
 
 def token_values(scores: torch.Tensor) -> torch.Tensor:
@@ -82,7 +82,7 @@ class CriticWorker(FSDPWorker):
                         cliprange_value=cfg.cliprange_value,
                         loss_agg_mode=cfg.loss_agg_mode,
                     )
-                    (vf_loss * len(micro) / len(mini)).backward()
+                    (vf_loss * micro_weight(micro["response_mask"], mini["response_mask"], cfg.loss_agg_mode)).backward()
                     metrics["critic/vf_loss"].append(_scalar(vf_loss))
                     metrics["critic/vf_clipfrac"].append(_scalar(vf_clipfrac))
                     metrics["critic/vpred_mean"].append(core_algos.masked_mean(vpreds.detach(), mask).item())

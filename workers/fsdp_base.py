@@ -142,6 +142,23 @@ def micro_batches(batch: TensorBatch, size: int) -> list[TensorBatch]:
     return batch.split(max(1, size))
 
 
+def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """The share of a micro-batch's loss in its mini-batch's loss (gradient accumulation).
+
+    Weighting each micro-batch's ``agg_loss`` by this makes the accumulated
+    gradient that of ``agg_loss`` over the whole mini-batch: token counts for
+    "token-mean", counts of non-empty rows for the sequence means. Padding
+    rows (all-zero mask) therefore dilute nothing; a mini-batch with no
+    masked token gets weight 0 (its backward still runs, so FSDP collectives
+    stay in step across ranks).
+    """
+    if loss_agg_mode == "token-mean":
+        part, whole = micro_mask.sum(), mini_mask.sum()
+    else:
+        part, whole = (micro_mask.sum(-1) > 0).sum(), (mini_mask.sum(-1) > 0).sum()
+    return float(part) / float(whole) if whole > 0 else 0.0
+
+
 def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``out[b, t] = log softmax(logits[b, t-1] / temperature)[input_ids[b, t]]``; column 0 is 0.
 
