@@ -23,12 +23,14 @@ restarts the actor (``max_restarts``), so the next reset finds it again.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager, CondensedEpisode
@@ -68,10 +70,12 @@ class SyncMultiTurnRollout:
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
-                 split: str = "train", num_env_actors: int = 2):
+                 split: str = "train", num_env_actors: int = 2, on_engine_restart: Callable[[], object] | None = None):
         self.cfg = cfg
         self.split = split
         self.engines = engines
+        self.on_engine_restart = on_engine_restart
+        """Called after an engine died (Ray restarts it from the checkpoint on disk): re-sync the weights."""
         self.split_cfg = cfg.es_manager.train if split == "train" else cfg.es_manager.val
         self.ctx = make_context_manager(cfg, tokenizer)
         self.episodes: list[EpisodeSpec] = plan_episodes(self.split_cfg)
@@ -109,6 +113,7 @@ class SyncMultiTurnRollout:
         seeds = group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
         self.num_resets += 1
         failures = 0
+        self.engine_failures = 0
         self.last_generations = defaultdict(list)
         ctxs: dict[int, EpisodeContext | CondensedEpisode] = {}
         group_seed_map = dict(enumerate(seeds))
@@ -148,20 +153,33 @@ class SyncMultiTurnRollout:
         batch = self.ctx.build_update_batch(episodes)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
         metrics = rollout_metrics(episodes, states, prefix="rollout" if self.split == "train" else "val")
-        metrics[f"{'rollout' if self.split == 'train' else 'val'}/env_actor_failures"] = float(failures)
+        prefix = "rollout" if self.split == "train" else "val"
+        metrics[f"{prefix}/env_actor_failures"] = float(failures)
+        metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
         return RolloutResult(batch=batch, metrics=metrics, states=states)
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[tuple[list[int], list[float]]]:
-        """Split prompts across the engines, generate, keep the order."""
-        chunks = [c for c in np.array_split(np.arange(len(prompts)), len(self.engines))]
-        refs = [
-            engine.generate.remote([prompts[i] for i in chunk], **vars(sampling))
-            for engine, chunk in zip(self.engines, chunks) if len(chunk)
-        ]
-        results = []
-        for outputs in ray.get(refs):
-            results.extend((list(o.token_ids), list(o.logprobs)) for o in outputs)
-        return results
+        """Split prompts across the engines, generate, keep the order.
+
+        An engine that dies mid-turn is restarted by Ray (``max_restarts``) from
+        the checkpoint on disk; ``on_engine_restart`` re-syncs the policy weights
+        and the turn is generated once more. A second failure raises.
+        """
+        chunks = [c for c in np.array_split(np.arange(len(prompts)), len(self.engines)) if len(c)]
+        for attempt in range(2):
+            refs = [engine.generate.remote([prompts[i] for i in chunk], **vars(sampling))
+                    for engine, chunk in zip(self.engines, chunks)]
+            try:
+                outputs = ray.get(refs)
+                break
+            except RayActorError as err:
+                if attempt == 1 or self.on_engine_restart is None:
+                    raise
+                self.engine_failures += 1
+                logger.error("rollout engine failed (%s); re-syncing weights into its restart and retrying", err)
+                wait_until_ready(self.engines)
+                self.on_engine_restart()
+        return [(list(o.token_ids), list(o.logprobs)) for chunk_outputs in outputs for o in chunk_outputs]
 
     def _call_env_actors(self, method: str, args_by_actor: dict) -> tuple[list, list]:
         """Call ``method`` on several env actors at once; return the results and the actors that failed.
@@ -188,6 +206,19 @@ def make_context_manager(cfg: AgentTrainerConfig, tokenizer) -> ContextManager:
     if cfg.ctx_manager.mode == "condensed":
         return CondensedContextManager(tokenizer, keep_last_n_turns=cfg.ctx_manager.keep_last_n_turns, **common)
     return ContextManager(tokenizer, **common)
+
+
+def wait_until_ready(actors: list, timeout_s: float = 600.0) -> None:
+    """Block until every actor answers (a restarting actor raises ActorUnavailableError until then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get([a.__ray_ready__.remote() for a in actors])
+            return
+        except ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[dict],

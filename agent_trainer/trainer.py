@@ -58,12 +58,12 @@ class AgentTrainer:
 
         w = build_workers(self.cfg)
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
-        self.train_rollout = SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls,
-                                                  self.env_tags, split="train",
-                                                  num_env_actors=self.cfg.agent_proxy.num_env_actors)
-        self.val_rollout = SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls,
-                                                self.env_tags, split="val",
-                                                num_env_actors=self.cfg.agent_proxy.num_env_actors)
+        self.train_rollout, self.val_rollout = (
+            SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags, split=split,
+                                 num_env_actors=self.cfg.agent_proxy.num_env_actors,
+                                 on_engine_restart=self.sync_weights)
+            for split in ("train", "val")
+        )
         # The engines start from the checkpoint on disk; sync once so they hold exactly the actor's weights.
         self.sync_weights()
 

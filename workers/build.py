@@ -87,5 +87,6 @@ def build_engines(cfg: AgentTrainerConfig, device: str) -> WorkerGroup:
     return WorkerGroup(
         worker_cls, name="rollout", world_size=r.num_workers, num_cpus_per_rank=r.num_cpus_per_worker,
         num_gpus_per_rank=float(r.tensor_model_parallel_size) if device == "cuda" else 0.0,
-        pass_rank=False, init_kwargs=kwargs,
+        # A crashed engine is restarted by Ray; the rollout re-syncs its weights and retries the turn.
+        pass_rank=False, init_kwargs=kwargs, max_restarts=2,
     )

@@ -32,7 +32,8 @@ class WorkerGroup:
 
     ``worker_cls`` is a plain class whose constructor takes ``rank`` and
     ``world_size`` keyword arguments (unless ``pass_rank=False``) plus
-    ``init_kwargs``; ``ray.remote`` is applied here. With ``distributed=True`` the group also starts a
+    ``init_kwargs``; ``ray.remote`` is applied here. ``max_restarts`` lets Ray
+    restart a crashed rank (for stateless-between-calls workers such as engines). With ``distributed=True`` the group also starts a
     ``torch.distributed`` process group (gloo on CPU, NCCL on GPU) by calling
     each rank's ``init_distributed(master_addr, master_port, backend)``.
     """
@@ -48,6 +49,7 @@ class WorkerGroup:
         init_kwargs: dict[str, Any] | None = None,
         distributed: bool = False,
         pass_rank: bool = True,
+        max_restarts: int = 0,
         env_vars: dict[str, str] | None = None,
     ) -> None:
         if world_size < 1:
@@ -68,6 +70,7 @@ class WorkerGroup:
                 num_gpus=num_gpus_per_rank,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
                 runtime_env=runtime_env,
+                max_restarts=max_restarts,
             ).remote(**({"rank": rank, "world_size": world_size} if pass_rank else {}), **(init_kwargs or {}))
             for rank in range(world_size)
         ]
