@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "config_name, extra, expect_critic",
     [
-        # GRPO: no critic, a reference worker for the KL loss
-        ("frozenlake_grpo", [], False),
+        # GRPO: no critic, a reference worker for the KL loss and (adaptive) KL-in-reward
+        ("frozenlake_grpo", ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"], False),
         # bi-level GAE with the GSPO sequence-level loss
         ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
         # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and
@@ -40,6 +40,7 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
     assert record["step"] == 1 and "actor/pg_loss" in record
     assert ("critic/vf_loss" in record) == expect_critic
     assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
+    assert ("actor/reward_kl_penalty" in record) == (config_name == "frozenlake_grpo")
     tags = [t for t in ("FrozenLake3x3", "GuessNumber") if f"env/{t}/num_actions" in record]
     assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLake3x3"])
     if config_name == "frozenlake_grpo_multiturn":
