@@ -99,6 +99,20 @@ class TensorBatch:
                 raise ValueError(f"cannot concat batches with keys {keys} and {list(b.tensors)}")
         return TensorBatch({k: torch.cat([b.tensors[k] for b in batches]) for k in keys}, dict(batches[0].meta))
 
+    def pad_to_multiple(self, multiple: int) -> tuple[TensorBatch, int]:
+        """Append copies of the first rows until the length is a multiple of ``multiple``.
+
+        Returns the padded batch (``self`` when nothing was added) and the
+        number of rows appended, which sit at the end.
+        """
+        n = len(self)
+        if n == 0:
+            raise ValueError("cannot pad an empty batch")
+        pad = (-n) % multiple
+        if pad == 0:
+            return self, 0
+        return TensorBatch.concat([self, self.index(torch.arange(pad) % n)]), pad
+
     def to(self, device: torch.device | str) -> TensorBatch:
         """A copy with every tensor on ``device``."""
         return TensorBatch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))

@@ -156,9 +156,7 @@ class CondensedContextManager(ContextManager):
         ctx.num_turns += 1
         ctx.rows.append(TurnRow(turn=ctx.num_turns, prompt_ids=ctx.next_prompt, response_ids=list(token_ids),
                                 logprobs=list(logprobs)))
-        env_input, parsed = self._parse_reply(ctx.env_id, token_ids)
-        if not parsed.format_ok:
-            ctx.format_errors += 1
+        env_input, parsed = self._parse_reply(ctx, token_ids)
         ctx.pending_answer = parsed.answer or NO_ANSWER
         return env_input
 

@@ -368,12 +368,9 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
         lam=cfg.algorithm.lam,
         high_level_gamma=cfg.algorithm.high_level_gamma,
     )
-    _check(cfg.critic.loss_agg_mode in core_algos.LOSS_AGG_MODES,
-           f"critic.loss_agg_mode = {cfg.critic.loss_agg_mode!r} is not one of {list(core_algos.LOSS_AGG_MODES)}")
-    _check(rollout.name in ("vllm", "hf"),
-           f"actor_rollout_ref.rollout.name = {rollout.name!r} is not one of ['vllm', 'hf']")
-    _check(cfg.trainer.device in ("auto", "cpu", "cuda"),
-           f"trainer.device = {cfg.trainer.device!r} is not one of ['auto', 'cpu', 'cuda']")
+    core_algos.check_choice("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES)
+    core_algos.check_choice("actor_rollout_ref.rollout.name", rollout.name, ("vllm", "hf"))
+    core_algos.check_choice("trainer.device", cfg.trainer.device, ("auto", "cpu", "cuda"))
     for name in cfg.trainer.logger:
         _check(name in ("console", "jsonl", "tensorboard"),
                f"trainer.logger contains {name!r}; allowed: console, jsonl, tensorboard")
@@ -400,14 +397,10 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
                          "false; set critic.enable=true or pick a critic-free estimator such as grpo")
 
 
-def _one_of(key: str, value: Any, choices: tuple) -> None:
-    _check(value in choices, f"{key} = {value!r} is not one of {list(choices)}; set it to one of them")
-
-
 def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
     """Context mode and estimator must agree: per-turn rows need a trajectory-level estimator, and back."""
     mode, estimator = cfg.ctx_manager.mode, cfg.algorithm.estimator()
-    _one_of("ctx_manager.mode", mode, CTX_MODES)
+    core_algos.check_choice("ctx_manager.mode", mode, CTX_MODES)
     _check(cfg.ctx_manager.keep_last_n_turns >= 0,
            f"ctx_manager.keep_last_n_turns = {cfg.ctx_manager.keep_last_n_turns} must be >= 0 (0 = no history)")
     # Raise rather than fall back: with one row per episode grpo_multiturn computes exactly grpo, and a
@@ -430,10 +423,12 @@ def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
     """Reward normalisation and rollout filtering choices (names come from core_algos)."""
     norm = cfg.agent_proxy.reward_normalization
     rollout = cfg.actor_rollout_ref.rollout
-    _one_of("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS)
-    _one_of("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS)
+    core_algos.check_choice("agent_proxy.reward_normalization.grouping", norm.grouping,
+                            core_algos.REWARD_NORM_GROUPINGS)
+    core_algos.check_choice("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS)
     strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
-    _one_of("actor_rollout_ref.rollout.rollout_filter_strategy", strategy, core_algos.ROLLOUT_FILTER_STRATEGIES)
+    core_algos.check_choice("actor_rollout_ref.rollout.rollout_filter_strategy", strategy,
+                            core_algos.ROLLOUT_FILTER_STRATEGIES)
     low_ok = value >= 0.0 if strategy == "min_p" else value > 0.0
     _check(low_ok and value <= 1.0,
            f"actor_rollout_ref.rollout.rollout_filter_value = {value} must lie in "

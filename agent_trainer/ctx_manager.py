@@ -174,16 +174,15 @@ class ContextManager:
         ctx.extend(list(token_ids), generated=True, logprobs=list(logprobs))
         if not token_ids or token_ids[-1] != self.eos_token_id:
             ctx.extend([self.eos_token_id], generated=False)
-        env_input, parsed = self._parse_reply(ctx.env_id, token_ids)
-        if not parsed.format_ok:
-            ctx.format_errors += 1
-        return env_input
+        return self._parse_reply(ctx, token_ids)[0]
 
-    def _parse_reply(self, env_id: int, token_ids: list[int]) -> tuple[EnvInput, prompts.ParsedResponse]:
-        """Decode a reply and parse its actions (untrusted text: never raises)."""
+    def _parse_reply(self, ctx: EpisodeStatus, token_ids: list[int]) -> tuple[EnvInput, prompts.ParsedResponse]:
+        """Decode a reply and parse its actions (untrusted text: never raises); count a format error."""
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         parsed = prompts.parse_response(text, self.action_sep, self.enable_think)
-        return EnvInput(env_id=env_id, llm_response=text, actions=parsed.actions), parsed
+        if not parsed.format_ok:
+            ctx.format_errors += 1
+        return EnvInput(env_id=ctx.env_id, llm_response=text, actions=parsed.actions), parsed
 
     def append_env_output(self, ctx: EpisodeContext, out: EnvOutput, response_length: int) -> None:
         """Put the turn's reward on its last generated token; append the next observation.

@@ -152,8 +152,8 @@ class SyncMultiTurnRollout:
         episodes = [ctxs[k] for k in sorted(ctxs)]
         batch = self.ctx.build_update_batch(episodes)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
-        metrics = rollout_metrics(episodes, states, prefix="rollout" if self.split == "train" else "val")
         prefix = "rollout" if self.split == "train" else "val"
+        metrics = rollout_metrics(episodes, states, prefix=prefix)
         metrics[f"{prefix}/env_actor_failures"] = float(failures)
         metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
         return RolloutResult(batch=batch, metrics=metrics, states=states)

@@ -17,7 +17,6 @@ import logging
 from pathlib import Path
 
 import ray
-import torch
 from tqdm import tqdm
 
 from agent_trainer import core_algos
@@ -197,15 +196,13 @@ def pad_for_update(batch: TensorBatch, mini_batch_size: int) -> tuple[TensorBatc
     mini-batch, so rank 0's part of every optimizer step holds a real row: no
     step is taken on padding alone. Returns the batch and the number of rows added.
     """
-    n = len(batch)
-    pad = (-n) % mini_batch_size
+    padded, pad = batch.pad_to_multiple(mini_batch_size)
     if pad == 0:
         return batch, 0
-    extra = batch.index(torch.arange(pad) % n)
     for key in ("response_mask", "token_level_rewards", "advantages", "returns"):
-        if key in extra:
-            extra[key] = torch.zeros_like(extra[key])
-    return TensorBatch.concat([batch, extra]), pad
+        if key in padded:  # concat made new tensors: zeroing the tail leaves ``batch`` untouched
+            padded[key][len(batch):] = 0
+    return padded, pad
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

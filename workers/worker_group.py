@@ -115,15 +115,12 @@ def split_for_ranks(batch: TensorBatch, world_size: int) -> tuple[list[TensorBat
 
     Returns the shards and the number of padding rows appended. Padding rows
     are real data, so forward passes stay well-defined; callers drop their
-    outputs (``dp_compute``). Training batches are validated to divide evenly,
-    so updates never see padding.
+    outputs (``dp_compute``). Updates arrive already padded to whole
+    mini-batches (``trainer.pad_for_update``), so they never see this padding.
     """
-    n = len(batch)
-    if n == 0:
+    if len(batch) == 0:
         raise ValueError("cannot split an empty batch across ranks")
-    pad = (-n) % world_size
-    if pad:
-        batch = TensorBatch.concat([batch, batch.index(torch.arange(pad) % n)])
+    batch, pad = batch.pad_to_multiple(world_size)
     return batch.chunk(world_size), pad
 
 

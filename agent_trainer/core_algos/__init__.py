@@ -49,6 +49,7 @@ from .registry import (
     compute_advantage,
     get_adv_estimator_fn,
     resolve_adv_estimator,
+    check_choice,
     validate_algorithm_choices,
 )
 from .shaping import (
@@ -71,5 +72,5 @@ __all__ = [
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
     "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
     "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "normalize_scores", "resolve_adv_estimator", "turn_segments", "validate_algorithm_choices",
+    "check_choice", "normalize_scores", "resolve_adv_estimator", "turn_segments", "validate_algorithm_choices",
 ]

@@ -130,7 +130,8 @@ def resolve_adv_estimator(adv_estimator: str, bi_level_gae: bool = False) -> str
     return "bi_level_gae"
 
 
-def _one_of(key: str, value, choices) -> None:
+def check_choice(key: str, value, choices) -> None:
+    """Raise ValueError naming the config ``key`` when ``value`` is not one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{key} = {value!r} is not one of {list(choices)}; set it to one of them")
 
@@ -154,11 +155,11 @@ def validate_algorithm_choices(
     algorithm.kl_ctrl.type, and optionally algorithm.bi_level_gae and
     algorithm.gamma / lam / high_level_gamma (each must lie in [0, 1]).
     """
-    _one_of("algorithm.adv_estimator", adv_estimator, ADV_ESTIMATOR_NAMES)
-    _one_of("actor_rollout_ref.actor.loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-    _one_of("actor_rollout_ref.actor.kl_loss_type", kl_loss_type, KL_PENALTY_TYPES)
-    _one_of("actor_rollout_ref.actor.policy_loss_mode", policy_loss_mode, POLICY_LOSS_MODES)
-    _one_of("algorithm.kl_ctrl.type", kl_ctrl_type, KL_CTRL_TYPES)
+    check_choice("algorithm.adv_estimator", adv_estimator, ADV_ESTIMATOR_NAMES)
+    check_choice("actor_rollout_ref.actor.loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    check_choice("actor_rollout_ref.actor.kl_loss_type", kl_loss_type, KL_PENALTY_TYPES)
+    check_choice("actor_rollout_ref.actor.policy_loss_mode", policy_loss_mode, POLICY_LOSS_MODES)
+    check_choice("algorithm.kl_ctrl.type", kl_ctrl_type, KL_CTRL_TYPES)
     resolve_adv_estimator(adv_estimator, bi_level_gae)
     for key, value in (("algorithm.gamma", gamma), ("algorithm.lam", lam),
                        ("algorithm.high_level_gamma", high_level_gamma)):

@@ -7,9 +7,9 @@ from agent_trainer.config import load_config
 from agent_trainer.main import CONFIG_DIR, prepare
 
 
-def _compose(*overrides: str):
+def _compose(*overrides: str, name: str = "frozenlake"):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose("frozenlake", overrides=list(overrides))
+        return compose(name, overrides=list(overrides))
 
 
 def test_frozenlake_config_loads_and_interpolates():
@@ -66,17 +66,12 @@ def test_configuration_doc_is_current():
     assert OUT.read_text() == render(), "docs/configuration.md is stale: run python -m launch.config_docs"
 
 
-def _compose_named(name: str, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(name, overrides=list(overrides))
-
-
 def test_grpo_multiturn_config_selects_condensed_per_turn_rows():
-    cfg = load_config(_compose_named("frozenlake_grpo_multiturn"))
+    cfg = load_config(_compose(name="frozenlake_grpo_multiturn"))
     assert cfg.algorithm.estimator() == "grpo_multiturn" and cfg.ctx_manager.mode == "condensed"
     assert cfg.ctx_manager.keep_last_n_turns == 2 and not cfg.critic_enabled
     # rows per step vary in condensed mode, so the mini-batch need not divide the episode count
-    load_config(_compose_named("frozenlake_grpo_multiturn", "ppo_mini_batch_size=24"))
+    load_config(_compose("ppo_mini_batch_size=24", name="frozenlake_grpo_multiturn"))
 
 
 @pytest.mark.parametrize(
@@ -94,7 +89,7 @@ def test_grpo_multiturn_config_selects_condensed_per_turn_rows():
 )
 def test_context_mode_and_estimator_must_agree(name, overrides, expected):
     with pytest.raises(ValueError) as err:
-        load_config(_compose_named(name, *overrides))
+        load_config(_compose(*overrides, name=name))
     assert expected in str(err.value)
 
 
