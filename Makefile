@@ -7,7 +7,7 @@ MODEL  := models/tiny-qwen2
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: install install-gpu model train test test-fast bench clean
+.PHONY: install install-gpu model shellcheck train test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,13 +28,22 @@ $(MODEL)/build_info.json: $(STAMP)
 
 model: $(MODEL)/build_info.json
 
+# tests/launch/test_scripts.py runs shellcheck (a distribution package) over every shell script:
+# installed with apt-get when missing and we are root; otherwise that half of the test is skipped.
+shellcheck:
+	@command -v shellcheck >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck) >/dev/null 2>&1 \
+	      || echo "apt-get could not install shellcheck; tests/launch/test_scripts.py skips shellcheck"; \
+	  else echo "shellcheck missing (apt-get install shellcheck); tests/launch/test_scripts.py skips it"; fi; }
+
 train: model
 	$(PY) -m agent_trainer.main --config-name frozenlake $(ARGS)
 
-test: model
+test: model shellcheck
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider $(ARGS)
 
-test-fast: model
+test-fast: model shellcheck
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(ARGS)
 
 bench: model

@@ -11,6 +11,10 @@ keys follow the batch contract in ``docs/architecture.md``:
 | response_mask | [B, T] | 1 exactly on tokens the policy generated |
 | token_level_rewards | [B, T] | each turn's reward on its last generated token |
 | uid, traj_uid | [B] int64 | group id / trajectory id |
+| tag_ids | [B] int64 | env tag index within the batch |
+| turn_ids | [B, T] int64 | 0 on the prompt, k on turn k's reply and the observation after it |
+| anchor_obs_ids | [B, T] int64 (one row per turn: [B]) | hashed observation each turn answered (GiGPO) |
+| reward_baselines | [B] | ReMax only: reward of the group's greedy episode |
 | rollout_log_probs | [B, T] | logprobs the rollout engine reported (0 elsewhere) |
 | old_log_probs, ref_log_prob, values, advantages, returns | [B, T] | filled later |
 

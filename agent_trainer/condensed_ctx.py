@@ -18,7 +18,8 @@ which is the point of condensation (multi-conversation GRPO as in MemAgent,
 Yu et al. 2025, arXiv:2507.02259).
 
 Every row of an episode has ``traj_uid`` = the episode id and ``uid`` = its
-group id; ``turn_ids`` is k on o_k and 0 on c_k. Each turn's reward (env reward
+group id; ``turn_ids`` is k on o_k and 0 on c_k; ``anchor_obs_ids`` [B] is the
+hashed observation the row's turn answered (GiGPO's one-row-per-step layout). Each turn's reward (env reward
 plus format penalty) sits on the last generated token of its row, so the sum
 of an episode's token rewards over its rows is the episode's total reward:
 exactly the trajectory score S_j that ``compute_grpo_multiturn_advantage``
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from agent_trainer import prompts
 from agent_trainer.batch import TensorBatch
-from agent_trainer.ctx_manager import ContextManager, EpisodeStatus, TrainingRow, collate_rows
+from agent_trainer.ctx_manager import ContextManager, EpisodeStatus, TrainingRow, anchor_id, collate_rows
 from agent_trainer.es_manager import EnvInput, EnvOutput
 
 NO_ANSWER = "(no <answer> block)"
@@ -46,6 +49,8 @@ class TurnRow:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]
+    anchor: int = 0
+    """Anchor id (``ctx_manager.anchor_id``) of the observation the turn answered (GiGPO's anchor state)."""
     reward: float = 0.0
 
     def training_row(self, group_id: int, traj_id: int, tag: str) -> TrainingRow:
@@ -60,6 +65,7 @@ class TurnRow:
             rewards=rewards,
             rollout_log_probs=[0.0] * n_prompt + list(self.logprobs),
             turn_ids=[0] * n_prompt + [self.turn] * n_reply,
+            anchor_ids=[0] * n_prompt + [self.anchor] * n_reply,
             group_id=group_id, traj_id=traj_id, tag=tag,
         )
 
@@ -155,7 +161,7 @@ class CondensedContextManager(ContextManager):
         """
         ctx.num_turns += 1
         ctx.rows.append(TurnRow(turn=ctx.num_turns, prompt_ids=ctx.next_prompt, response_ids=list(token_ids),
-                                logprobs=list(logprobs)))
+                                logprobs=list(logprobs), anchor=anchor_id(ctx.observation)))
         env_input, parsed = self._parse_reply(ctx, token_ids)
         ctx.pending_answer = parsed.answer or NO_ANSWER
         return env_input
@@ -180,11 +186,18 @@ class CondensedContextManager(ContextManager):
 
     def build_update_batch(self, episodes: list[CondensedEpisode],  # type: ignore[override]
                            uid_offset: int = 0) -> TensorBatch:
-        """One row per played turn, episodes in order and each episode's turns in order."""
+        """One row per played turn, episodes in order and each episode's turns in order.
+
+        ``anchor_obs_ids`` is [B] here (one row per step, GiGPO's verl-agent layout):
+        the anchor id of the observation each row's turn answered.
+        """
+        turns = [row for e in episodes for row in e.rows]
         rows = [row.training_row(e.group_id, e.env_id, e.tag) for e in episodes for row in e.rows]
         if not rows:
             raise RuntimeError("no episode played a turn, so the condensed batch has no row")
-        return collate_rows(rows, self.pad_id, uid_offset)
+        batch = collate_rows(rows, self.pad_id, uid_offset)
+        batch["anchor_obs_ids"] = torch.tensor([t.anchor for t in turns], dtype=torch.long)
+        return batch
 
     def _render_prompt(self, ctx: CondensedEpisode) -> list[int]:
         n = self.keep_last_n_turns

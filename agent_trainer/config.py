@@ -1,9 +1,10 @@
 """Typed configuration: one dataclass per component, defaults in one place.
 
-The YAML files under ``config/`` (hydra) are merged onto these dataclasses, so
-an unknown key or a value of the wrong type fails at start-up naming the key.
-Cross-field rules live in :func:`validate_config` and run before ``ray.init``;
-each error gives the values, the rule and the fix.
+The YAML files under ``config/`` (hydra) are merged onto these dataclasses by
+:func:`load_config`: an unknown key (also in hydra's ``+key=value`` form) or a value
+of the wrong type fails at start-up naming the key (``config_errors``), and every
+value that cannot work is refused by ``config_checks.validate_config``, all before
+``ray.init``, each with one line giving the key, the value and the fix.
 
 Section names follow RAGEN's ``base.yaml``: ``model_path``,
 ``actor_rollout_ref``, ``critic``, ``algorithm``, ``trainer``, ``agent_proxy``,
@@ -13,16 +14,22 @@ Section names follow RAGEN's ``base.yaml``: ``model_path``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import core_algos
-from agent_trainer.ctx_manager import CTX_MODES
+from agent_trainer import config_errors, core_algos
+from agent_trainer.config_checks import CONDENSED_ESTIMATORS, validate_config  # noqa: F401 (re-exported)
 from agent_trainer.es_manager import EsManagerConfig
 
-CONDENSED_ESTIMATORS = ("grpo_multiturn",)
-"""Estimators that read the per-turn rows of ``ctx_manager.mode=condensed`` as trajectories (via ``traj_uid``)."""
+POLICY_LOSS_DEFAULTS: dict[str, tuple[float, float, str]] = {
+    "vanilla": (0.2, 0.28, "token-mean"),
+    "gspo": (3e-4, 4e-4, "seq-mean-token-mean"),
+}
+"""Per policy loss: (clip_ratio_low, clip_ratio_high, loss_agg_mode) where the config leaves them unset.
+vanilla: StarPO-S's clip-higher; gspo: the GSPO paper's sequence-level ranges (verl's GSPO recipe)."""
 
 
 @dataclass
@@ -73,16 +80,19 @@ class ActorConfig:
     """Rows per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
     ppo_epochs: int = 1
     """Passes over the rollout batch per training step."""
-    clip_ratio: float = 0.2
-    """Symmetric PPO clip range, used where clip_ratio_low/high are unset."""
-    clip_ratio_low: float = 0.2
-    """Lower clip range (1 - low); StarPO-S uses 0.2."""
-    clip_ratio_high: float = 0.28
-    """Upper clip range (1 + high); StarPO-S uses 0.28 (clip-higher)."""
+    clip_ratio: float | None = None
+    """Symmetric clip range: the value of clip_ratio_low and clip_ratio_high where those are unset (verl).
+    None = the policy loss's own defaults: vanilla 0.2 low / 0.28 high (StarPO-S clip-higher), gspo 3e-4 /
+    4e-4 (the GSPO paper)."""
+    clip_ratio_low: float | None = None
+    """Lower clip range: the ratio is clipped at 1 - low. None = clip_ratio, else the policy loss's default."""
+    clip_ratio_high: float | None = None
+    """Upper clip range: the ratio is clipped at 1 + high. None = clip_ratio, else the policy loss's default."""
     clip_ratio_c: float = 3.0
     """Dual-clip bound for negative advantages (must be > 1)."""
-    loss_agg_mode: str = "token-mean"
-    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    loss_agg_mode: str | None = None
+    """token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm. None = the policy loss's
+    default: token-mean (vanilla), seq-mean-token-mean (gspo, as in verl's GSPO recipe)."""
     policy_loss_mode: str = "vanilla"
     """vanilla (PPO clip, token ratio) | gspo (sequence-level ratio)."""
     entropy_coeff: float = 0.0
@@ -97,6 +107,19 @@ class ActorConfig:
     """Max global gradient norm."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = field(default_factory=lambda: FSDPConfig(world_size=2))
+
+    def clip_ratios(self) -> tuple[float, float]:
+        """(low, high) clip ranges of the policy loss: each side as set, else clip_ratio, else the loss's default."""
+        default_low, default_high, _ = POLICY_LOSS_DEFAULTS.get(self.policy_loss_mode, POLICY_LOSS_DEFAULTS["vanilla"])
+        low = next(v for v in (self.clip_ratio_low, self.clip_ratio, default_low) if v is not None)
+        high = next(v for v in (self.clip_ratio_high, self.clip_ratio, default_high) if v is not None)
+        return low, high
+
+    def loss_agg(self) -> str:
+        """The loss aggregation in use: loss_agg_mode as set, else the policy loss's default."""
+        if self.loss_agg_mode is not None:
+            return self.loss_agg_mode
+        return POLICY_LOSS_DEFAULTS.get(self.policy_loss_mode, POLICY_LOSS_DEFAULTS["vanilla"])[2]
 
 
 @dataclass
@@ -131,7 +154,8 @@ class RolloutConfig:
     top_k: int = -1
     """Top-k sampling (-1 = off)."""
     response_length: int = 100
-    """Max new tokens per turn."""
+    """Max new tokens per turn, for every env tag: the global cap. A tag's max_tokens (config/envs.yaml) is its
+    own per-turn budget, so a turn of that tag generates at most min(max_tokens, response_length) tokens."""
     max_model_len: int = 2048
     """Max tokens of a whole episode (prompt and every turn); longer episodes are truncated and end."""
     num_workers: int = 1
@@ -202,6 +226,19 @@ class KLCtrlConfig:
 
 
 @dataclass
+class GiGPOConfig:
+    """GiGPO's options (verl-agent's ``algorithm.gigpo``); used with adv_estimator=gigpo."""
+
+    step_advantage_w: float = 1.0
+    """Weight w of the step-level (anchor-state) advantage: A = A_episode + w * A_step."""
+    mode: str = "mean_norm"
+    """mean_norm (subtract the group mean, verl-agent's default) | mean_std_norm (also divide by the std),
+    at both the episode and the step level."""
+    epsilon: float = 1e-6
+    """Added to the std in mean_std_norm."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and KL-in-reward."""
 
@@ -222,10 +259,22 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     """KL estimator for KL-in-reward."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
+    nonfinite_reward: str = "error"
+    """What a NaN or infinite episode reward does (checked right after each rollout, before shaping):
+    error (stop, naming the env tag, env_id and group seed) | drop (leave the episode, all its rows, out of
+    the step; counted in rollout/nonfinite_dropped). Non-finite advantages always stop the step."""
 
     def estimator(self) -> str:
         """The estimator actually used (``bi_level_gae: true`` upgrades ``gae``)."""
         return core_algos.resolve_adv_estimator(self.adv_estimator, self.bi_level_gae)
+
+    def estimator_options(self) -> dict:
+        """Extra keyword options of the estimator in use (``core_algos.ESTIMATOR_OPTIONS``)."""
+        if self.estimator() == "gigpo":
+            return {"step_advantage_w": self.gigpo.step_advantage_w, "mode": self.gigpo.mode,
+                    "epsilon": self.gigpo.epsilon}
+        return {}
 
 
 @dataclass
@@ -263,7 +312,7 @@ class CtxManagerConfig:
     mode: str = "full"
     """full: every turn is appended to one token sequence (one training row per episode). condensed: each
     turn's prompt is rebuilt from the instruction, a text summary of the last keep_last_n_turns turns and the
-    current observation; one training row per turn (needs algorithm.adv_estimator=grpo_multiturn)."""
+    current observation; one training row per turn (needs algorithm.adv_estimator=grpo_multiturn or gigpo)."""
     keep_last_n_turns: int = 2
     """condensed mode: how many previous turns (answer, reward, observation) the summary in each prompt keeps."""
 
@@ -283,7 +332,17 @@ class TrainerConfig:
     val_before_train: bool = False
     """Validate once before the first step."""
     save_freq: int = -1
-    """Save a checkpoint every N steps; <= 0 disables."""
+    """Save a full checkpoint every N steps (and after the last); <= 0 disables. See docs/checkpointing.md."""
+    resume_mode: str = "auto"
+    """auto: continue from the latest complete checkpoint in default_local_dir (a fresh start when there is
+    none) | disable: start from model_path (an earlier run's files in the folder are archived first, never
+    overwritten) | resume_path: continue from trainer.resume_from_path."""
+    resume_from_path: str | None = None
+    """A ``global_step_N`` checkpoint folder to resume from (with resume_mode=resume_path)."""
+    max_actor_ckpt_to_keep: int | None = None
+    """Keep at most this many checkpoints' actor states (oldest pruned first; None keeps all)."""
+    max_critic_ckpt_to_keep: int | None = None
+    """Keep at most this many checkpoints' critic states (oldest pruned first; None keeps all)."""
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     """Run directory: metrics.jsonl, tensorboard events, checkpoints."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
@@ -291,9 +350,17 @@ class TrainerConfig:
     device: str = "auto"
     """auto | cpu | cuda. auto picks cuda when available."""
     seed: int = 0
-    """Seeds torch, the rollout engine and the environments."""
+    """Seeds everything random: python/numpy/torch on the driver and every worker rank, the rollout
+    engine's sampling (reseeded from (seed, step, turn) every turn, so a resumed run samples what an
+    uninterrupted one would) and the environments (es_manager.seed)."""
     ray_num_cpus: float | None = None
     """CPUs for a local Ray cluster (None = all). Ignored when joining RAY_ADDRESS."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface the Ray dashboard of a local run listens on (127.0.0.1: this machine only; 0.0.0.0 exposes
+    it, and the job API, to the network). Ignored when joining RAY_ADDRESS. See docs/cluster.md."""
+    dashboard_port: int | None = None
+    """Port of the local run's Ray dashboard; None = 8265, or the next free port when it is taken.
+    Ignored when joining RAY_ADDRESS."""
     progress_bar: bool = True
     """Show a tqdm progress bar over training steps."""
 
@@ -313,7 +380,9 @@ class AgentTrainerConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     agent_proxy: AgentProxyConfig = field(default_factory=AgentProxyConfig)
-    es_manager: EsManagerConfig = field(default_factory=EsManagerConfig)
+    # One source of truth for the env seeds: es_manager.seed follows trainer.seed unless set.
+    es_manager: EsManagerConfig = field(
+        default_factory=lambda: EsManagerConfig(seed="${trainer.seed}"))  # type: ignore[arg-type]
     ctx_manager: CtxManagerConfig = field(default_factory=CtxManagerConfig)
     envs_file: str = ""
     """YAML with the env tags (RAGEN's custom_envs); empty = config/envs.yaml of this project."""
@@ -331,130 +400,28 @@ class AgentTrainerConfig:
         return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
 
 
-def load_config(cfg: DictConfig | dict[str, Any]) -> AgentTrainerConfig:
-    """Merge a (hydra) config onto the typed schema, resolve ``${...}``, validate.
+@lru_cache(maxsize=1)
+def config_schema() -> DictConfig:
+    """The typed schema as an OmegaConf node: every key, its type and default (callers must not modify it)."""
+    return OmegaConf.structured(AgentTrainerConfig)
 
-    Raises ``ValueError`` naming the offending key for unknown keys, wrong
-    types and broken cross-field rules.
+
+def load_config(cfg: DictConfig | Mapping[str, Any]) -> AgentTrainerConfig:
+    """Check the keys against the typed schema, merge, resolve ``${...}``, validate.
+
+    The keys are checked on the plain key tree first: hydra's ``+key=value`` adds a key
+    that the schema lacks, and a merge onto the schema would keep it (config_errors).
+    Raises ``ValueError`` with one line naming the key, the value and the fix.
     """
-    schema = OmegaConf.structured(AgentTrainerConfig)
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    schema = config_schema()
+    config_errors.check_known_keys(raw, schema)
+    merged = None
     try:
-        merged = OmegaConf.merge(schema, cfg)
+        merged = OmegaConf.merge(schema, raw)
         OmegaConf.resolve(merged)
         typed: AgentTrainerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
-    except Exception as err:  # omegaconf's errors name the full key; keep that text
-        raise ValueError(f"invalid config: {err}") from err
+    except OmegaConfBaseException as err:
+        raise ValueError(config_errors.one_line(err, schema, config=merged)) from None
     validate_config(typed)
     return typed
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def validate_config(cfg: AgentTrainerConfig) -> None:
-    """Cross-field checks, run before any worker starts."""
-    actor = cfg.actor_rollout_ref.actor
-    rollout = cfg.actor_rollout_ref.rollout
-    core_algos.validate_algorithm_choices(
-        adv_estimator=cfg.algorithm.adv_estimator,
-        loss_agg_mode=actor.loss_agg_mode,
-        kl_loss_type=actor.kl_loss_type,
-        policy_loss_mode=actor.policy_loss_mode,
-        kl_ctrl_type=cfg.algorithm.kl_ctrl.type,
-        bi_level_gae=cfg.algorithm.bi_level_gae,
-        gamma=cfg.algorithm.gamma,
-        lam=cfg.algorithm.lam,
-        high_level_gamma=cfg.algorithm.high_level_gamma,
-    )
-    core_algos.check_choice("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES)
-    core_algos.check_choice("actor_rollout_ref.rollout.name", rollout.name, ("vllm", "hf"))
-    core_algos.check_choice("trainer.device", cfg.trainer.device, ("auto", "cpu", "cuda"))
-    for name in cfg.trainer.logger:
-        _check(name in ("console", "jsonl", "tensorboard"),
-               f"trainer.logger contains {name!r}; allowed: console, jsonl, tensorboard")
-    _check(cfg.agent_proxy.max_turn >= 1, f"agent_proxy.max_turn = {cfg.agent_proxy.max_turn} must be >= 1")
-    _check(rollout.response_length < rollout.max_model_len,
-           f"actor_rollout_ref.rollout.response_length ({rollout.response_length}) must be smaller than "
-           f"max_model_len ({rollout.max_model_len})")
-    _check(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c = {actor.clip_ratio_c} must be > 1")
-    _validate_ctx_manager(cfg)
-    _validate_rollout_shaping(cfg)
-
-    # Condensed mode makes one row per turn, so the row count varies per step and only the per-rank
-    # split of a mini-batch can be checked here. The trainer pads every update to whole mini-batches
-    # (trainer.pad_for_update), which also covers batches that rollout filtering shrank.
-    train = cfg.es_manager.train
-    rows = None if cfg.ctx_manager.mode == "condensed" else train.env_groups * train.group_size
-    _check_batching("actor_rollout_ref.actor", rows, actor.ppo_mini_batch_size,
-                    actor.ppo_micro_batch_size_per_gpu, actor.fsdp.world_size)
-    if cfg.critic_enabled:
-        _check_batching("critic", rows, cfg.critic.ppo_mini_batch_size,
-                        cfg.critic.ppo_micro_batch_size_per_gpu, cfg.critic.fsdp.world_size)
-    elif cfg.algorithm.estimator() in core_algos.CRITIC_ESTIMATORS:
-        raise ValueError(f"algorithm.adv_estimator = {cfg.algorithm.estimator()} needs values but critic.enable is "
-                         "false; set critic.enable=true or pick a critic-free estimator such as grpo")
-
-
-def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
-    """Context mode and estimator must agree: per-turn rows need a trajectory-level estimator, and back."""
-    mode, estimator = cfg.ctx_manager.mode, cfg.algorithm.estimator()
-    core_algos.check_choice("ctx_manager.mode", mode, CTX_MODES)
-    _check(cfg.ctx_manager.keep_last_n_turns >= 0,
-           f"ctx_manager.keep_last_n_turns = {cfg.ctx_manager.keep_last_n_turns} must be >= 0 (0 = no history)")
-    # Raise rather than fall back: with one row per episode grpo_multiturn computes exactly grpo, and a
-    # verl/RAGEN user who picks it expects condensed per-turn rows; a silent equivalence hides the mistake.
-    _check(not (estimator == "grpo_multiturn" and mode == "full"),
-           "algorithm.adv_estimator = 'grpo_multiturn' needs one training row per turn, but ctx_manager.mode = "
-           "'full' makes one row per episode (grpo_multiturn would silently equal grpo); set ctx_manager.mode="
-           "condensed (see config/frozenlake_grpo_multiturn.yaml) or algorithm.adv_estimator=grpo")
-    # Per-turn rows of one episode only form a trajectory for estimators that group them by traj_uid:
-    # GAE / bi-level GAE would lose the value bootstrap between rows, and per-row outcome estimators
-    # (grpo, rloo, reinforce_plus_plus*, remax) would score each turn as if it were a whole episode.
-    _check(mode != "condensed" or estimator in CONDENSED_ESTIMATORS,
-           f"ctx_manager.mode = 'condensed' makes one row per turn, which only {list(CONDENSED_ESTIMATORS)} reads as "
-           f"trajectories, but algorithm.adv_estimator = {estimator!r} (critic estimators would lose the value "
-           "bootstrap across rows; per-row outcome estimators would score each turn alone); set "
-           "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
-
-
-def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
-    """Reward normalisation and rollout filtering choices (names come from core_algos)."""
-    norm = cfg.agent_proxy.reward_normalization
-    rollout = cfg.actor_rollout_ref.rollout
-    core_algos.check_choice("agent_proxy.reward_normalization.grouping", norm.grouping,
-                            core_algos.REWARD_NORM_GROUPINGS)
-    core_algos.check_choice("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS)
-    strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
-    core_algos.check_choice("actor_rollout_ref.rollout.rollout_filter_strategy", strategy,
-                            core_algos.ROLLOUT_FILTER_STRATEGIES)
-    low_ok = value >= 0.0 if strategy == "min_p" else value > 0.0
-    _check(low_ok and value <= 1.0,
-           f"actor_rollout_ref.rollout.rollout_filter_value = {value} must lie in "
-           f"{'[0, 1]' if strategy == 'min_p' else '(0, 1]'} for rollout_filter_strategy {strategy!r}; "
-           "use 1.0 to keep every group (StarPO-S uses top_k 0.25)")
-    # top_k ranks groups by in-group reward std; with one episode per group every std is 0 and the
-    # kept groups would be an arbitrary prefix.
-    _check(not (strategy == "top_k" and value < 1.0 and cfg.es_manager.train.group_size < 2),
-           f"actor_rollout_ref.rollout.rollout_filter_value = {value} filters groups by their reward std, which is "
-           f"0 for groups of one (es_manager.train.group_size = {cfg.es_manager.train.group_size}); set "
-           "es_manager.train.group_size >= 2 or rollout_filter_value=1.0")
-
-
-def _check_batching(section: str, rows: int | None, mini: int, micro: int, world: int) -> None:
-    """Every rank must run the same number of micro-batches, or FSDP collectives hang.
-
-    ``rows`` is the number of rows per step, or None when it varies (condensed mode).
-    """
-    _check(mini >= 1 and micro >= 1 and world >= 1,
-           f"{section}: ppo_mini_batch_size ({mini}), ppo_micro_batch_size_per_gpu ({micro}) and "
-           f"fsdp.world_size ({world}) must all be >= 1")
-    _check(rows is None or rows % mini == 0,
-           f"{section}.ppo_mini_batch_size ({mini}) must divide the rows per step "
-           f"(es_manager.train.env_groups x group_size = {rows}); pick a divisor of {rows}")
-    _check(mini % world == 0,
-           f"{section}.ppo_mini_batch_size ({mini}) must be divisible by fsdp.world_size ({world})")
-    _check((mini // world) % micro == 0,
-           f"{section}.ppo_micro_batch_size_per_gpu ({micro}) must divide ppo_mini_batch_size / fsdp.world_size "
-           f"({mini} / {world} = {mini // world})")

@@ -20,6 +20,7 @@ from a text summary) lives in ``agent_trainer.condensed_ctx`` and shares
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,8 @@ class TrainingRow:
     rewards: list[float]
     rollout_log_probs: list[float]
     turn_ids: list[int]
+    anchor_ids: list[int]
+    """Per token: the anchor id (:func:`anchor_id`) of the observation its turn answered; 0 on turn 0."""
     group_id: int
     traj_id: int
     tag: str
@@ -49,9 +52,10 @@ class TrainingRow:
 def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> TensorBatch:
     """Right-pad ``rows`` into the batch contract of ``agent_trainer.batch``.
 
-    ``uid`` = uid_offset + group id, ``traj_uid`` = uid_offset + episode id, and
+    ``uid`` = uid_offset + group id, ``traj_uid`` = uid_offset + episode id,
     ``tag_ids`` [B] int64 = the index of the row's env tag among the sorted tags
-    of this batch (the grouping of ``reward_normalization.grouping=inductive``).
+    of this batch (the grouping of ``reward_normalization.grouping=inductive``), and
+    ``anchor_obs_ids`` [B, T] int64 = each token's ``anchor_ids`` (GiGPO's anchor states).
     """
     length = max(len(r.token_ids) for r in rows)
     n = len(rows)
@@ -61,6 +65,7 @@ def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> T
     rewards = torch.zeros((n, length), dtype=torch.float32)
     logprobs = torch.zeros((n, length), dtype=torch.float32)
     turn_ids = torch.zeros((n, length), dtype=torch.long)
+    anchor_ids = torch.zeros((n, length), dtype=torch.long)
     for i, r in enumerate(rows):
         t = len(r.token_ids)
         input_ids[i, :t] = torch.tensor(r.token_ids, dtype=torch.long)
@@ -69,6 +74,7 @@ def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> T
         rewards[i, :t] = torch.tensor(r.rewards, dtype=torch.float32)
         logprobs[i, :t] = torch.tensor(r.rollout_log_probs, dtype=torch.float32)
         turn_ids[i, :t] = torch.tensor(r.turn_ids, dtype=torch.long)
+        anchor_ids[i, :t] = torch.tensor(r.anchor_ids, dtype=torch.long)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     tag_index = {tag: k for k, tag in enumerate(sorted({r.tag for r in rows}))}
     return TensorBatch(
@@ -80,6 +86,7 @@ def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> T
             "token_level_rewards": rewards,
             "rollout_log_probs": logprobs,
             "turn_ids": turn_ids,
+            "anchor_obs_ids": anchor_ids,
             "uid": torch.tensor([uid_offset + r.group_id for r in rows], dtype=torch.long),
             "traj_uid": torch.tensor([uid_offset + r.traj_id for r in rows], dtype=torch.long),
             "tag_ids": torch.tensor([tag_index[r.tag] for r in rows], dtype=torch.long),
@@ -110,6 +117,10 @@ class EpisodeContext(EpisodeStatus):
     rewards: list[float] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
     """0 on the prompt; k on the tokens of turn k (reply and the observation after it)."""
+    anchor: int = 0
+    """Anchor id of the current observation, the one the next turn answers (:func:`anchor_id`)."""
+    turn_anchors: list[int] = field(default_factory=lambda: [0])
+    """turn_anchors[k]: the anchor id of the observation turn k answered (0 for the prompt, k = 0)."""
 
     @property
     def total_reward(self) -> float:
@@ -155,7 +166,7 @@ class ContextManager:
     # -- prompts -------------------------------------------------------------------------
     def start(self, out: EnvOutput) -> EpisodeContext:
         """A new episode from its reset output: the first prompt (mask 0)."""
-        ctx = EpisodeContext(env_id=out.env_id, group_id=out.group_id, tag=out.tag)
+        ctx = EpisodeContext(env_id=out.env_id, group_id=out.group_id, tag=out.tag, anchor=anchor_id(out.observation))
         user = prompts.first_user_message(out.instruction, out.observation, self.enable_think)
         ctx.extend(self._chat_prompt_ids(user), generated=False)
         return ctx
@@ -171,6 +182,7 @@ class ContextManager:
         policy did not generate it) so the next turn's template lines up.
         """
         ctx.num_turns += 1
+        ctx.turn_anchors.append(ctx.anchor)
         ctx.extend(list(token_ids), generated=True, logprobs=list(logprobs))
         if not token_ids or token_ids[-1] != self.eos_token_id:
             ctx.extend([self.eos_token_id], generated=False)
@@ -196,6 +208,7 @@ class ContextManager:
         if out.done:
             ctx.done = True
             return
+        ctx.anchor = anchor_id(out.observation)
         msg = prompts.next_user_message(out.observation, out.reward, self.enable_think)
         ids = self._observation_ids(msg)
         if len(ctx.token_ids) + len(ids) + response_length > self.max_model_len:
@@ -207,7 +220,8 @@ class ContextManager:
     def build_update_batch(self, episodes: list[EpisodeContext], uid_offset: int = 0) -> TensorBatch:
         """One row per episode, right-padded: the batch contract of ``agent_trainer.batch``."""
         rows = [TrainingRow(token_ids=e.token_ids, response_mask=e.response_mask, rewards=e.rewards,
-                            rollout_log_probs=e.rollout_log_probs, turn_ids=e.turn_ids, group_id=e.group_id,
+                            rollout_log_probs=e.rollout_log_probs, turn_ids=e.turn_ids,
+                            anchor_ids=[e.turn_anchors[k] for k in e.turn_ids], group_id=e.group_id,
                             traj_id=e.env_id, tag=e.tag) for e in episodes]
         return collate_rows(rows, self.pad_id, uid_offset)
 
@@ -252,6 +266,16 @@ class ContextManager:
                 f"the tokenizer's chat template must end assistant messages with the eos token {eos_text!r} and "
                 "render a conversation as a prefix of its continuation; multi-turn token-in/token-out relies on it"
             )
+
+
+def anchor_id(observation: str) -> int:
+    """GiGPO anchor-state id of an observation text: its blake2b digest, 63 bits (a non-negative int64).
+
+    Equal texts give equal ids in every process and run (Python's ``hash`` of a str is
+    salted per process); distinct texts collide with probability about 2**-63 per pair.
+    """
+    digest = hashlib.blake2b(observation.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _as_ids(ids) -> list[int]:

@@ -1,68 +1,179 @@
 """Hydra entry point: ``python -m agent_trainer.main --config-name frozenlake key=value ...``.
 
-The config is merged onto the typed schema and validated before Ray starts;
-``ray.init()`` starts a local cluster, or joins ``RAY_ADDRESS`` when it is set
-(``ray job submit`` sets it).
+The config is merged onto the typed schema and validated before Ray starts: a
+mistake exits non-zero with one line on stderr naming the key, the value and the fix
+(:func:`main`). ``ray.init()`` starts a local cluster, or joins ``RAY_ADDRESS`` when
+it is set (``ray job submit`` sets it).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
+from typing import Sequence
 
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer.config import AgentTrainerConfig, load_config
+from agent_trainer import config_errors
+from agent_trainer.config import AgentTrainerConfig, config_schema, load_config
 
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 # base.yaml lists this schema first in its defaults, so every typed key can be overridden
-# without "+" and hydra rejects unknown keys while composing.
+# without "+" and hydra rejects unknown keys and wrong types while composing. "+key=value"
+# still adds a key the schema lacks; load_config refuses it (agent_trainer/config_errors.py).
 ConfigStore.instance().store(name="agent_trainer_schema", node=AgentTrainerConfig)
+
+CONFIG_ERRORS = (ValueError, HydraException, OmegaConfBaseException)
+"""What a config mistake raises before Ray starts: hydra's composition, OmegaConf's typing, the checks."""
+LOCAL_PATH_PREFIXES = ("/", "./", "../", "~", "models/")
+"""A model path starting like this is a local folder, never a hub id."""
 
 
 def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
-    """Checks that need the file system or the env registry, still before any worker starts."""
-    for path_key, path in (("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path),
-                           ("critic.model.path", cfg.critic.model.path)):
-        if not Path(path).exists() and "/" in path and path.startswith((".", "/", "models")):
-            raise ValueError(f"{path_key} = {path!r} does not exist; build the tiny model with "
-                             "`make model` (python -m launch.build_tiny_model --out models/tiny-qwen2) "
-                             "or set model_path to a Hugging Face folder")
+    """Checks that need the file system, the model's config.json or the env tags, still before Ray starts."""
     for split in ("train", "val"):
         for tag in getattr(cfg.es_manager, split).env_configs.tags:
             if tag not in env_tags:
                 raise ValueError(f"es_manager.{split}.env_configs.tags names {tag!r}, which is not a tag in "
                                  f"{cfg.envs_file}; known tags: {sorted(env_tags)}")
+    resume = cfg.trainer.resume_from_path
+    if resume is not None and not Path(resume).is_dir():
+        raise ValueError(f"trainer.resume_from_path = {resume!r} is not a folder; point it at a checkpoint "
+                         "folder (<run dir>/global_step_N)")
+    model = resolve_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    if cfg.critic_enabled and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
+        resolve_model("critic.model.path", cfg.critic.model.path)
+    text_config = model.get_text_config() if hasattr(model, "get_text_config") else model
+    max_positions = getattr(text_config, "max_position_embeddings", None)
+    max_model_len = cfg.actor_rollout_ref.rollout.max_model_len
+    if isinstance(max_positions, int) and max_model_len > max_positions:
+        raise ValueError(f"actor_rollout_ref.rollout.max_model_len = {max_model_len} is more than the model's "
+                         f"max_position_embeddings = {max_positions} ({cfg.actor_rollout_ref.model.path}); set "
+                         f"actor_rollout_ref.rollout.max_model_len={max_positions} or less")
+
+
+def resolve_model(key: str, path: str):
+    """The model's ``PretrainedConfig``, loaded in the driver: a local folder, or a hub id (hub or cache)."""
+    if not path.strip():
+        raise ValueError(f"{key} = {path!r} is empty; set model_path to a Hugging Face folder or hub id (org/name)")
+    if not Path(path).expanduser().exists():
+        if "/" not in path:
+            raise ValueError(f"{key} = {path!r} is not a local folder, and a name without 'org/' is not a Hugging "
+                             "Face hub id; give the folder's path (e.g. models/tiny-qwen2) or org/name")
+        if path.startswith(LOCAL_PATH_PREFIXES) or path.count("/") > 1:
+            raise ValueError(f"{key} = {path!r} does not exist; build the tiny model with `make model` "
+                             "(python -m launch.build_tiny_model --out models/tiny-qwen2) or set model_path "
+                             "to a Hugging Face folder or hub id (org/name)")
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 - any failure (missing, offline, malformed) is a config error
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise ValueError(f"{key} = {path!r} cannot be loaded as a Hugging Face model ({reason}); set model_path "
+                         "to a folder with a config.json or a reachable (or cached) hub id") from None
+
+
+def load_envs_file(path: str) -> dict:
+    """The env tags of ``envs_file``; a missing or malformed file is a config error naming the key."""
+    import yaml
+
+    from envs import load_env_tags
+
+    if not Path(path).is_file():
+        raise ValueError(f"envs_file = {path!r} is not a file; point it at a YAML of env tags (like "
+                         "config/envs.yaml) or leave it empty for config/envs.yaml")
+    try:
+        return load_env_tags(path)
+    except (ValueError, OSError, ImportError, yaml.YAMLError) as err:
+        raise ValueError(f"envs_file = {path!r}: {' '.join(str(err).split())}") from None
 
 
 def init_ray(cfg: AgentTrainerConfig) -> None:
-    """Start a local Ray cluster, or join the one in ``RAY_ADDRESS``."""
+    """Start a local Ray cluster on loopback, or join the one in ``RAY_ADDRESS``; log the dashboard URL.
+
+    The run gets its own namespace, ``agent_trainer.<experiment_name>.<time>-<random>``, in which every
+    worker is a named actor (``actor_rank0``, ``rollout_0``, ``env_train_3``, ...; docs/cluster.md).
+    A local cluster is one node whose address is 127.0.0.1: GCS, raylet, workers, the dashboard (on
+    ``trainer.dashboard_host``) and the torch rendezvous listen on loopback only.
+    """
+    import time
+    import uuid
+
     import ray
 
     if ray.is_initialized():
         return
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    namespace = f"agent_trainer.{cfg.trainer.experiment_name}.{stamp}"
+    # Ray's own INFO lines (its dashboard line among them) stay quiet; the run logs one line below.
     if os.environ.get("RAY_ADDRESS"):
-        ray.init()  # joins the cluster in RAY_ADDRESS (set for drivers started by `ray job submit`)
+        # joins the cluster in RAY_ADDRESS (set for drivers started by `ray job submit`)
+        ctx = ray.init(namespace=namespace, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=False, log_to_driver=True)
+        _single_node_on_loopback()
+        ctx = ray.init(address="local", num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=True,
+                       dashboard_host=cfg.trainer.dashboard_host, dashboard_port=cfg.trainer.dashboard_port,
+                       namespace=namespace, log_to_driver=True, logging_level=logging.WARNING)
+    url = f"http://{ctx.dashboard_url}" if ctx.dashboard_url else "not running on this cluster"
+    token_auth = os.environ.get("RAY_AUTH_MODE") == "token"  # Ray's default for a new local cluster
+    sign_in = " (sign in with the token `ray get-auth-token` prints)" if token_auth else ""
+    logger.info("Ray dashboard: %s%s; workers are named actors in namespace %s", url, sign_in, namespace)
+
+
+def _single_node_on_loopback() -> None:
+    """Make the next local ``ray.init`` use 127.0.0.1 as the node address, so Ray listens on loopback only.
+
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is Ray's switch for a single-node, loopback cluster (its
+    default on macOS and Windows). Ray reads it when ``ray`` is imported, so the constant is set too;
+    the environment variable reaches the processes Ray starts.
+    """
+    from ray._private import ray_constants
+
+    if not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        raise RuntimeError("this Ray version has no ray_constants.ENABLE_RAY_CLUSTER; "
+                           "agent_trainer cannot keep a local cluster on 127.0.0.1 (see init_ray)")
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def prepare(raw_cfg: DictConfig | dict) -> tuple[AgentTrainerConfig, dict]:
-    """Validate the config and the env tags (raises ValueError naming the key and the fix)."""
-    from envs import load_env_tags
-
+    """Validate the config, the env tags and the model (raises ValueError naming the key and the fix)."""
     cfg = load_config(raw_cfg)
     if not cfg.envs_file:
         cfg.envs_file = str(CONFIG_DIR / "envs.yaml")
-    env_tags = load_env_tags(cfg.envs_file)
+    env_tags = load_envs_file(cfg.envs_file)
     check_inputs(cfg, env_tags)
     return cfg, env_tags
+
+
+def compose_and_prepare(overrides: Sequence[str] = (), config_name: str = "frozenlake",
+                        ) -> tuple[AgentTrainerConfig, dict]:
+    """What :func:`main` does before ``ray.init``, for a config name and overrides (tests, notebooks).
+
+    A mistake raises SystemExit with the same one line the command line prints.
+    """
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            raw = compose(config_name, overrides=list(overrides))
+        return prepare(raw)
+    except CONFIG_ERRORS as err:
+        raise SystemExit(refusal(err, overrides)) from None
+
+
+def refusal(err: BaseException, overrides: Sequence[str] = ()) -> str:
+    """The one line a config mistake exits with."""
+    return f"agent-trainer: {config_errors.one_line(err, config_schema(), overrides)}"
 
 
 def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
@@ -71,25 +182,65 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
 
     from agent_trainer.trainer import AgentTrainer
 
-    init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    trainer = AgentTrainer(cfg, tokenizer, env_tags)
-    Path(cfg.trainer.default_local_dir).mkdir(parents=True, exist_ok=True)
+    try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts
+        trainer = AgentTrainer(cfg, tokenizer, env_tags)
+    except ValueError as err:
+        raise SystemExit(refusal(err)) from None
     OmegaConf.save(OmegaConf.structured(cfg), Path(cfg.trainer.default_local_dir) / "config.yaml")
+    init_ray(cfg)
     trainer.init_workers()
     return trainer.fit()
 
 
-@hydra.main(version_base=None, config_path="../config", config_name="frozenlake")
-def main(cfg: DictConfig) -> None:
-    """Console entry point (hydra parses ``--config-name`` and ``key=value`` overrides)."""
+_RAISE_COMPOSE_ERRORS = "HYDRA_FULL_ERROR"
+_raise_set_by_main = False
+
+
+# An absolute path: "../config" would name the package "config" when main is imported rather than run as a script.
+@hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="frozenlake")
+def _run(cfg: DictConfig) -> None:
+    """The run, once hydra composed the config."""
+    global _raise_set_by_main
+    if _raise_set_by_main:  # errors of the run itself get hydra's usual report again
+        os.environ.pop(_RAISE_COMPOSE_ERRORS, None)
+        _raise_set_by_main = False
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         typed, env_tags = prepare(cfg)
-    except ValueError as err:
-        # Config errors: one clear line, no traceback wall.
-        raise SystemExit(f"agent-trainer: {err}") from None
+    except CONFIG_ERRORS as err:
+        raise SystemExit(refusal(err, _cli_overrides())) from None
     train(typed, env_tags)
+
+
+def main() -> None:
+    """Console entry point (hydra parses ``--config-name`` and ``key=value`` overrides).
+
+    Every config mistake exits non-zero with one line on stderr, before Ray starts. hydra prints
+    its composition errors (a key that does not exist, a value of the wrong type) as a multi-line
+    report and exits, unless ``HYDRA_FULL_ERROR=1``, in which case it raises them: main sets it
+    while hydra composes (``_run`` takes it back) and turns those errors into the one line. A
+    user who sets HYDRA_FULL_ERROR=1 gets hydra's full traceback, as hydra documents.
+    """
+    global _raise_set_by_main
+    _raise_set_by_main = _RAISE_COMPOSE_ERRORS not in os.environ
+    if _raise_set_by_main:
+        os.environ[_RAISE_COMPOSE_ERRORS] = "1"
+    user_wants_traceback = not _raise_set_by_main
+    try:
+        _run()
+    except (HydraException, OmegaConfBaseException) as err:
+        if user_wants_traceback:
+            raise
+        raise SystemExit(refusal(err, _cli_overrides())) from None
+    finally:
+        if _raise_set_by_main:
+            os.environ.pop(_RAISE_COMPOSE_ERRORS, None)
+            _raise_set_by_main = False
+
+
+def _cli_overrides() -> list[str]:
+    return [arg for arg in sys.argv[1:] if "=" in arg and not arg.startswith("-")]
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ charges ``es_manager.format_penalty``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 SYSTEM_PROMPT = "You are a helpful agent that solves tasks by acting in an environment."
@@ -21,9 +20,31 @@ SYSTEM_PROMPT = "You are a helpful agent that solves tasks by acting in an envir
 THINK_ANSWER_FORMAT = "Reply exactly as <think>your reasoning</think><answer>your action</answer>."
 ANSWER_ONLY_FORMAT = "Reply exactly as <answer>your action</answer>."
 
-# Non-greedy, DOTALL: the first complete <answer> block wins; stray text around it is allowed.
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+
+@dataclass
+class _Block:
+    """A ``<tag>inner</tag>`` span: where it starts and ends in the text, and its inner text."""
+
+    start: int
+    end: int
+    inner: str
+
+
+def _first_block(text: str, tag: str) -> _Block | None:
+    """The first complete ``<tag>...</tag>`` block (the shortest one from the first opening tag).
+
+    Two ``str.find`` calls, so linear in the text's length whatever it holds. The
+    same result as a non-greedy DOTALL regex search, which instead backtracks
+    quadratically on many unclosed opening tags. Stray text around the block is allowed.
+    """
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    start = text.find(opening)
+    if start < 0:
+        return None
+    end = text.find(closing, start + len(opening))
+    if end < 0:  # no closing tag after the first opening one, so none after any later one either
+        return None
+    return _Block(start, end + len(closing), text[start + len(opening) : end])
 
 
 def format_instruction(enable_think: bool) -> str:
@@ -65,16 +86,16 @@ def parse_response(text: str, action_sep: str = "||", enable_think: bool = True)
     """
     if not isinstance(text, str):
         return ParsedResponse()
-    answer_match = _ANSWER_RE.search(text)
-    if answer_match is None:
+    answer_block = _first_block(text, "answer")
+    if answer_block is None:
         return ParsedResponse()
     think = ""
     if enable_think:
-        think_match = _THINK_RE.search(text)
-        if think_match is None or think_match.end() > answer_match.start():
-            return ParsedResponse(answer=answer_match.group(1).strip())
-        think = think_match.group(1).strip()
-    answer = answer_match.group(1).strip()
+        think_block = _first_block(text, "think")
+        if think_block is None or think_block.end > answer_block.start:
+            return ParsedResponse(answer=answer_block.inner.strip())
+        think = think_block.inner.strip()
+    answer = answer_block.inner.strip()
     actions = [a.strip() for a in answer.split(action_sep)] if action_sep else [answer]
     actions = [a for a in actions if a]
     return ParsedResponse(think=think, answer=answer, actions=actions, format_ok=bool(actions))

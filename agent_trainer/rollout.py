@@ -22,11 +22,13 @@ restarts the actor (``max_restarts``), so the next reset finds it again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import ray
@@ -36,9 +38,14 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import ContextManager, EpisodeContext
-from agent_trainer.es_manager import EnvInput, EnvOutput, EpisodeSpec, group_seeds, plan_episodes
+from agent_trainer.es_manager import EnvGroupsConfig, EnvInput, EpisodeSpec, group_seeds, plan_episodes
+from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "remax_baseline")
+"""Which episodes a rollout plays: the training groups, the validation groups, or one greedy
+episode per training group replaying the training step's group seeds (ReMax's baseline)."""
 
 
 @dataclass
@@ -58,15 +65,21 @@ class RolloutResult:
     batch: TensorBatch
     metrics: dict[str, float]
     states: list[dict]
+    group_seeds: list[int] = field(default_factory=list)
+    """The seed each group (``uid``) was reset with; the remax_baseline split replays them."""
 
 
 class SyncMultiTurnRollout:
-    """Plays one split's (train or val) episodes against the policy's rollout engines.
+    """Plays one split's episodes (:data:`SPLITS`) against the policy's rollout engines.
 
     ``engines`` are Ray actor handles exposing ``generate(prompts, **sampling)``
     (``workers.rollout``); ``env_worker_cls`` is the ``ray.remote`` env-state
     manager (``workers.env_worker.EnvWorker``), of which ``num_env_actors``
     are started, each hosting a contiguous shard of episodes.
+
+    Each turn of an episode generates at most ``min(max_tokens of its env tag,
+    actor_rollout_ref.rollout.response_length)`` tokens (:attr:`turn_budget`): the tag's
+    ``max_tokens`` is its per-turn budget, ``response_length`` the global cap (verl/RAGEN).
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
@@ -76,7 +89,12 @@ class SyncMultiTurnRollout:
         self.engines = engines
         self.on_engine_restart = on_engine_restart
         """Called after an engine died (Ray restarts it from the checkpoint on disk): re-sync the weights."""
-        self.split_cfg = cfg.es_manager.train if split == "train" else cfg.es_manager.val
+        self.split_cfg = split_config(cfg, split)
+        tag_cfgs = normalize_tags(env_tags)
+        response_length = cfg.actor_rollout_ref.rollout.response_length
+        self.turn_budget: dict[str, int] = {tag: min(tag_cfgs[tag].max_tokens, response_length)
+                                            for tag in self.split_cfg.tags}
+        """Per env tag: the most tokens one turn may generate."""
         self.ctx = make_context_manager(cfg, tokenizer)
         self.episodes: list[EpisodeSpec] = plan_episodes(self.split_cfg)
         # Whole groups per actor, so pass@group and group seeds stay local to one actor.
@@ -84,54 +102,105 @@ class SyncMultiTurnRollout:
         shards = [[i for i, e in enumerate(self.episodes) if e.group_id in set(g.tolist())] for g in group_shards]
         shards = [s for s in shards if s]
         self.env_actors = [
-            env_worker_cls.remote(
+            # named per split and shard (env_train_0, env_val_1, ...) in the run's Ray namespace
+            env_worker_cls.options(name=f"env_{split}_{shard_id}").remote(
                 tags=env_tags,
                 episodes=[self.episodes[i] for i in shard],
                 format_penalty=cfg.es_manager.format_penalty,
                 action_sep=cfg.es_manager.action_sep,
                 max_actions_per_turn=cfg.es_manager.max_actions_per_turn,
             )
-            for shard in shards
+            for shard_id, shard in enumerate(shards)
         ]
         self.actor_of_env = {int(self.episodes[i].env_id): a for a, shard in zip(self.env_actors, shards) for i in shard}
         self.num_resets = 0
+        self.last_seeds: list[int] = []
+        """The group seeds of the last rollout (group id -> seed), for error messages."""
         self.last_generations: dict[int, list[list[int]]] = defaultdict(list)
         """The engine's raw token ids per episode and turn in the last rollout (for checks and debugging)."""
 
     def sampling_params(self) -> SamplingParams:
-        """Training sampling, or the greedy ``val_kwargs`` for the val split."""
+        """Training sampling, the ``val_kwargs`` for the val split, greedy for the ReMax baseline."""
         r = self.cfg.actor_rollout_ref.rollout
         if self.split == "train":
             return SamplingParams(max_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+        if self.split == "remax_baseline":
+            return SamplingParams(max_tokens=r.response_length, temperature=0.0)
         return SamplingParams(max_tokens=r.response_length, temperature=r.val_kwargs.temperature,
                               top_p=r.val_kwargs.top_p)
 
-    # -- the turn loop -------------------------------------------------------------------
-    def rollout(self) -> RolloutResult:
-        """Play every episode of the split once; return the batch and metrics."""
-        sampling = self.sampling_params()
+    def next_group_seeds(self) -> list[int]:
+        """The split's seeds for its next reset (``es_manager.group_seeds``)."""
+        if self.split == "remax_baseline":
+            raise ValueError("the remax_baseline split replays the training groups' initial states; "
+                             "call rollout(step, seeds=<the training rollout's group_seeds>)")
         seeds = group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
         self.num_resets += 1
-        failures = 0
+        return seeds
+
+    def describe_episode(self, env_id: int) -> str:
+        """Where an episode of the last rollout came from: tag, env_id, group and group seed."""
+        spec = next((e for e in self.episodes if e.env_id == env_id), None)
+        if spec is None:
+            return f"env_id {env_id} ({self.split} split)"
+        seed = self.last_seeds[spec.group_id] if spec.group_id < len(self.last_seeds) else "unknown"
+        return f"env tag {spec.tag!r}, env_id {env_id}, group {spec.group_id} (group seed {seed}), {self.split} split"
+
+    # -- the turn loop -------------------------------------------------------------------
+    def rollout(self, step: int = 0, seeds: list[int] | None = None) -> RolloutResult:
+        """Play every episode of the split once; return the batch and metrics.
+
+        ``step`` (the trainer's global step) seeds the engines' sampling together with
+        ``trainer.seed``, each turn afresh (:func:`sampling_seed`), so the same step of a
+        resumed run samples what the uninterrupted run sampled. ``seeds`` (one per group)
+        replays given initial states instead of the split's next ones: the remax_baseline
+        split replays the training rollout's ``group_seeds``.
+
+        An episode whose total reward is not finite stops the rollout with an error naming
+        it, or is left out of the batch and counted in ``<prefix>/nonfinite_dropped``
+        (``algorithm.nonfinite_reward`` = error | drop).
+        """
+        seeds = self.next_group_seeds() if seeds is None else list(seeds)
+        self.last_seeds = seeds
+        sampling = self.sampling_params()
         self.engine_failures = 0
         self.last_generations = defaultdict(list)
-        ctxs: dict[int, EpisodeContext | CondensedEpisode] = {}
+        ctxs, failures = self._reset(seeds)
+        failures += self._play(ctxs, sampling, step)
+        states, failed = self._call_env_actors("get_rollout_states", {a: None for a in self.env_actors})
+        failures += len(failed)
+        episodes, dropped = screen_nonfinite([ctxs[k] for k in sorted(ctxs)], self.cfg.algorithm.nonfinite_reward,
+                                             self.describe_episode)
+        batch = self.ctx.build_update_batch(episodes)
+        batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
+        prefix = METRIC_PREFIX[self.split]
+        metrics = rollout_metrics(episodes, states, prefix=prefix)
+        metrics[f"{prefix}/env_actor_failures"] = float(failures)
+        metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
+        metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
+        return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
+
+    def _reset(self, seeds: list[int]) -> tuple[dict[int, EpisodeContext | CondensedEpisode], int]:
+        """Reset every env actor with the group seeds; returns the episodes' contexts and the failures."""
         group_seed_map = dict(enumerate(seeds))
         reset_outputs, failed = self._call_env_actors("reset", {a: group_seed_map for a in self.env_actors})
-        failures += len(failed)
         if failed:  # Ray restarts a dead env actor (max_restarts); its episodes start again there
             retried, still_failed = self._call_env_actors("reset", {a: group_seed_map for a in failed})
             reset_outputs += retried
             if still_failed:
                 raise RuntimeError(f"{len(still_failed)} env actor(s) failed to reset twice; see the errors above")
-        for out in reset_outputs:
-            ctxs[out.env_id] = self.ctx.start(out)
+        return {out.env_id: self.ctx.start(out) for out in reset_outputs}, len(failed)
 
-        for _ in range(self.cfg.agent_proxy.max_turn):
+    def _play(self, ctxs: dict[int, EpisodeContext | CondensedEpisode], sampling: SamplingParams, step: int) -> int:
+        """The turn loop: generate for every active episode, step the envs; returns the env-actor failures."""
+        failures = 0
+        for turn in range(self.cfg.agent_proxy.max_turn):
             active = [c for c in ctxs.values() if not c.done]
             if not active:
                 break
-            generations = self._generate([self.ctx.prompt_ids(c) for c in active], sampling)
+            seed = sampling_seed(self.cfg.trainer.seed, self.split, step, turn)
+            generations = self._generate([self.ctx.prompt_ids(c) for c in active], sampling, seed,
+                                         budgets=[self.turn_budget[c.tag] for c in active])
             inputs_by_actor: dict = defaultdict(list)
             for ctx, (ids, logprobs) in zip(active, generations):
                 self.last_generations[ctx.env_id].append(ids)
@@ -141,34 +210,36 @@ class SyncMultiTurnRollout:
             failures += len(failed)
             stepped = set()
             for out in outputs:
-                self.ctx.append_env_output(ctxs[out.env_id], out, sampling.max_tokens)
+                self.ctx.append_env_output(ctxs[out.env_id], out, self.turn_budget[out.tag])
                 stepped.add(out.env_id)
             for ctx in active:  # episodes whose actor failed end here
                 if ctx.env_id not in stepped:
                     ctx.done = True
+        return failures
 
-        states, failed = self._call_env_actors("get_rollout_states", {a: None for a in self.env_actors})
-        failures += len(failed)
-        episodes = [ctxs[k] for k in sorted(ctxs)]
-        batch = self.ctx.build_update_batch(episodes)
-        batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
-        prefix = "rollout" if self.split == "train" else "val"
-        metrics = rollout_metrics(episodes, states, prefix=prefix)
-        metrics[f"{prefix}/env_actor_failures"] = float(failures)
-        metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
-        return RolloutResult(batch=batch, metrics=metrics, states=states)
-
-    def _generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[tuple[list[int], list[float]]]:
+    def _generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int,
+                  budgets: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
         """Split prompts across the engines, generate, keep the order.
+
+        ``budgets[k]`` is prompt k's max new tokens (``sampling.max_tokens`` for all when
+        None). Each engine gets one call per distinct budget; call j of engine i samples
+        with ``seed + i + j * len(engines)``, so with one budget engine i samples with ``seed + i``.
 
         An engine that dies mid-turn is restarted by Ray (``max_restarts``) from
         the checkpoint on disk; ``on_engine_restart`` re-syncs the policy weights
         and the turn is generated once more. A second failure raises.
         """
-        chunks = [c for c in np.array_split(np.arange(len(prompts)), len(self.engines)) if len(c)]
+        budgets = budgets or [sampling.max_tokens] * len(prompts)
+        calls = []  # (engine, prompt indices, sampling, seed)
+        for j, budget in enumerate(sorted(set(budgets))):
+            same_budget = [k for k, b in enumerate(budgets) if b == budget]
+            for i, chunk in enumerate(np.array_split(same_budget, len(self.engines))):
+                if len(chunk):
+                    calls.append((self.engines[i], chunk.tolist(), dataclasses.replace(sampling, max_tokens=budget),
+                                  seed + i + j * len(self.engines)))
         for attempt in range(2):
-            refs = [engine.generate.remote([prompts[i] for i in chunk], **vars(sampling))
-                    for engine, chunk in zip(self.engines, chunks)]
+            refs = [engine.generate.remote([prompts[k] for k in chunk], **vars(params), seed=call_seed)
+                    for engine, chunk, params, call_seed in calls]
             try:
                 outputs = ray.get(refs)
                 break
@@ -179,7 +250,11 @@ class SyncMultiTurnRollout:
                 logger.error("rollout engine failed (%s); re-syncing weights into its restart and retrying", err)
                 wait_until_ready(self.engines)
                 self.on_engine_restart()
-        return [(list(o.token_ids), list(o.logprobs)) for chunk_outputs in outputs for o in chunk_outputs]
+        results: list = [None] * len(prompts)
+        for (_, chunk, _, _), chunk_outputs in zip(calls, outputs):
+            for k, out in zip(chunk, chunk_outputs):
+                results[k] = (list(out.token_ids), list(out.logprobs))
+        return results
 
     def _call_env_actors(self, method: str, args_by_actor: dict) -> tuple[list, list]:
         """Call ``method`` on several env actors at once; return the results and the actors that failed.
@@ -199,6 +274,42 @@ class SyncMultiTurnRollout:
         return results, failed
 
 
+METRIC_PREFIX = {"train": "rollout", "val": "val", "remax_baseline": "remax_baseline"}
+"""Metric prefix of each split (the trainer reports the ReMax baseline as ``rollout/remax_baseline_*``)."""
+
+
+def split_config(cfg: AgentTrainerConfig, split: str) -> EnvGroupsConfig:
+    """The groups a split plays; remax_baseline: the training groups with one episode each."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if split == "remax_baseline":
+        return dataclasses.replace(cfg.es_manager.train, group_size=1)
+    return cfg.es_manager.train if split == "train" else cfg.es_manager.val
+
+
+def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]) -> tuple[list, int]:
+    """Keep the episodes whose total reward is finite; returns them and how many were dropped.
+
+    An episode's total reward is finite exactly when every turn's reward is (a NaN or inf
+    anywhere makes the sum NaN or inf). ``policy`` "error" raises naming the first such
+    episode (``describe(env_id)``); "drop" leaves them out (all rows of the episode).
+    """
+    bad = [e for e in episodes if not math.isfinite(e.total_reward)]
+    if not bad:
+        return episodes, 0
+    if policy != "drop":
+        raise RuntimeError(
+            f"non-finite episode reward {bad[0].total_reward} in {describe(bad[0].env_id)} ({len(bad)} of "
+            f"{len(episodes)} episodes); the environment returned it: fix the env's reward, or set "
+            "algorithm.nonfinite_reward=drop to leave such episodes out of training")
+    kept = [e for e in episodes if math.isfinite(e.total_reward)]
+    if not kept:
+        raise RuntimeError(f"all {len(episodes)} episodes of the rollout had a non-finite reward (first: "
+                           f"{describe(bad[0].env_id)}); nothing is left to train on: fix the env's reward")
+    logger.warning("dropped %d episode(s) with a non-finite reward, first: %s", len(bad), describe(bad[0].env_id))
+    return kept, len(bad)
+
+
 def make_context_manager(cfg: AgentTrainerConfig, tokenizer) -> ContextManager:
     """The context manager of ``ctx_manager.mode``: full (one row per episode) or condensed (one row per turn)."""
     common = dict(enable_think=cfg.agent_proxy.enable_think, action_sep=cfg.es_manager.action_sep,
@@ -206,6 +317,12 @@ def make_context_manager(cfg: AgentTrainerConfig, tokenizer) -> ContextManager:
     if cfg.ctx_manager.mode == "condensed":
         return CondensedContextManager(tokenizer, keep_last_n_turns=cfg.ctx_manager.keep_last_n_turns, **common)
     return ContextManager(tokenizer, **common)
+
+
+def sampling_seed(base_seed: int, split: str, step: int, turn: int) -> int:
+    """The engines' sampling seed for one turn: a pure function of (base seed, split, step, turn)."""
+    key = [base_seed, 0 if split == "train" else 1, step, turn]
+    return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x3FFFFFFF)
 
 
 def wait_until_ready(actors: list, timeout_s: float = 600.0) -> None:
@@ -246,7 +363,7 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
         for key, value in s.get("metrics", {}).items():
             if isinstance(value, (bool, int, float)):
                 by_tag[s["tag"]][key].append(float(value))
-    env_prefix = "env" if prefix == "rollout" else "val/env"
+    env_prefix = "env" if prefix == "rollout" else f"{prefix}/env"
     for tag, values in by_tag.items():
         for key, vals in values.items():
             m[f"{env_prefix}/{tag}/{key}"] = float(np.mean(vals))

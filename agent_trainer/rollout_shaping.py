@@ -16,6 +16,10 @@ prob is computed, in this order:
    raw score is added to its last generated token, so the episode's token rewards
    sum to the normalised score while earlier per-turn rewards keep their place.
 
+With ``algorithm.adv_estimator=remax`` the trainer first attaches ``reward_baselines``
+(:func:`attach_reward_baselines`: the reward of each group's greedy episode); filtering
+keeps it row-aligned.
+
 An episode is a trajectory (``traj_uid``): one row in full mode, one row per
 turn in condensed mode (rows of an episode in turn order, as the context
 managers build them). Its score is the sum of its token rewards on generated
@@ -111,6 +115,30 @@ def _last_generated_token(batch: TensorBatch, row_to_episode: torch.Tensor, n_ep
     row_index = torch.where(last_col >= 0, torch.arange(len(batch)), -1)
     row = torch.full((n_episodes,), -1, dtype=torch.long).scatter_reduce(0, row_to_episode, row_index, "amax")
     return row, last_col[row.clamp_min(0)]
+
+
+def attach_reward_baselines(batch: TensorBatch, baseline: TensorBatch) -> tuple[TensorBatch, int]:
+    """ReMax: ``batch["reward_baselines"]`` [B] = the total reward of the greedy episode of each row's group.
+
+    ``baseline`` is the remax_baseline rollout's batch: one greedy episode per training group,
+    reset with that group's seed and numbered with the same ``uid``. Its episode score (the sum
+    of its token rewards, as :func:`episode_scores` sums every episode) is the baseline of every
+    row of the group. A group whose baseline episode was dropped (a non-finite reward under
+    ``algorithm.nonfinite_reward=drop``) has no baseline: its rows are dropped too.
+    Returns the batch and the number of training episodes dropped that way.
+    """
+    base = episode_scores(baseline)
+    groups = base.group_ids.tolist()
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"the ReMax baseline batch must hold one episode per group, got groups {groups}")
+    by_group = dict(zip(groups, base.scores.tolist()))
+    has_baseline = torch.tensor([g in by_group for g in batch["uid"].tolist()], dtype=torch.bool)
+    dropped = int(torch.unique(batch["traj_uid"][~has_baseline]).numel())
+    if dropped:
+        batch = batch.index(has_baseline.nonzero().flatten())
+    batch["reward_baselines"] = torch.tensor([by_group[g] for g in batch["uid"].tolist()],
+                                             dtype=batch["token_level_rewards"].dtype)
+    return batch, dropped
 
 
 def shape_rollout(batch: TensorBatch, *, filter_strategy: str, filter_value: float, norm_grouping: str,

@@ -14,16 +14,18 @@ to a whole number of that group's mini-batches (:func:`pad_for_update`).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import ray
+import torch
 from tqdm import tqdm
 
-from agent_trainer import core_algos
+from agent_trainer import checkpoint, core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.rollout import SyncMultiTurnRollout
-from agent_trainer.rollout_shaping import shape_rollout
+from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout
+from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
 
 logger = logging.getLogger(__name__)
@@ -38,12 +40,18 @@ class AgentTrainer:
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict):
+        """Decide where the run starts (``trainer.resume_mode``) and open the metric sinks; no worker starts."""
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.env_tags = env_tags
         self.global_step = 0
         self.run_dir = Path(cfg.trainer.default_local_dir)
-        self.tracking = Tracking(self.run_dir, cfg.trainer.logger)
+        checkpoint.seed_everything(cfg.trainer.seed)
+        self.checkpoint_parts = ["actor"] + (["critic"] if cfg.critic_enabled else [])
+        self.resume_from = checkpoint.prepare_run_dir(self.run_dir, cfg.trainer.resume_mode,
+                                                      cfg.trainer.resume_from_path, self.checkpoint_parts)
+        resume_step = checkpoint.TrainerState.load(self.resume_from).global_step if self.resume_from else 0
+        self.tracking = Tracking(self.run_dir, cfg.trainer.logger, resume_step=resume_step)
         ctrl = cfg.algorithm.kl_ctrl
         self.kl_ctrl = None
         if cfg.algorithm.use_kl_in_reward:
@@ -57,13 +65,21 @@ class AgentTrainer:
 
         w = build_workers(self.cfg)
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
-        self.train_rollout, self.val_rollout = (
-            SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags, split=split,
-                                 num_env_actors=self.cfg.agent_proxy.num_env_actors,
-                                 on_engine_restart=self.sync_weights)
-            for split in ("train", "val")
-        )
-        # The engines start from the checkpoint on disk; sync once so they hold exactly the actor's weights.
+        splits = ("train", "val") + (("remax_baseline",) if self.cfg.algorithm.estimator() == "remax" else ())
+        rollouts = {
+            split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
+                                        split=split, num_env_actors=self.cfg.agent_proxy.num_env_actors,
+                                        on_engine_restart=self.sync_weights)
+            for split in splits
+        }
+        self.rollouts = rollouts
+        """Every split's rollout; their env seed counters go into checkpoints."""
+        self.train_rollout, self.val_rollout = rollouts["train"], rollouts["val"]
+        self.remax_rollout = rollouts.get("remax_baseline")
+        """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
+        if self.resume_from is not None:
+            self.load_checkpoint(self.resume_from)
+        # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
         self.sync_weights()
 
     # -- the loop ------------------------------------------------------------------------
@@ -71,10 +87,16 @@ class AgentTrainer:
         """Train for ``trainer.total_training_steps`` steps; return every step's metrics."""
         cfg = self.cfg.trainer
         history = []
-        if cfg.val_before_train and cfg.test_freq > 0:
+        if cfg.val_before_train and cfg.test_freq > 0 and self.global_step == 0:
             self.tracking.log(self.validate(), step=0)
-        steps = range(1, cfg.total_training_steps + 1)
-        for step in tqdm(steps, desc="training", disable=not cfg.progress_bar, dynamic_ncols=True):
+        steps = range(self.global_step + 1, cfg.total_training_steps + 1)
+        if not steps:
+            logger.warning("%s already holds step %d of %d: nothing to train (raise trainer.total_training_steps, "
+                           "or start over with trainer.resume_mode=disable)", self.run_dir, self.global_step,
+                           cfg.total_training_steps)
+        bar = tqdm(steps, desc="training", disable=not cfg.progress_bar, dynamic_ncols=True,
+                   initial=self.global_step, total=cfg.total_training_steps)
+        for step in bar:
             self.global_step = step
             metrics = self.train_step()
             is_last = step == cfg.total_training_steps
@@ -83,7 +105,7 @@ class AgentTrainer:
                     metrics.update(self.validate())
             if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last):
                 with timer("save", metrics):
-                    self.save_checkpoint()
+                    self.save_checkpoint(metrics)
             self.tracking.log(metrics, step=step)
             history.append(metrics)
         self.tracking.close()
@@ -94,8 +116,11 @@ class AgentTrainer:
         metrics: dict[str, float] = {}
         with timer("step", metrics):
             with timer("rollout", metrics):
-                result = self.train_rollout.rollout()
+                result = self.train_rollout.rollout(self.global_step)
             metrics.update(result.metrics)
+            if self.remax_rollout is not None:
+                with timer("remax_baseline", metrics):
+                    self.add_remax_baselines(result, metrics)
             with timer("shape", metrics):
                 batch = self.shape(result.batch, metrics)
             with timer("log_prob", metrics):
@@ -131,6 +156,17 @@ class AgentTrainer:
         metrics.update(shape_metrics)
         return batch
 
+    def add_remax_baselines(self, result: RolloutResult, metrics: dict[str, float]) -> None:
+        """ReMax: replay every training group's seed greedily; the episode's reward is the group's baseline.
+
+        Sets ``result.batch["reward_baselines"]`` [B]; the greedy episodes are never trained on.
+        """
+        baseline = self.remax_rollout.rollout(self.global_step, seeds=result.group_seeds)
+        result.batch, dropped = attach_reward_baselines(result.batch, baseline.batch)
+        metrics["rollout/remax_baseline_reward_mean"] = baseline.metrics["remax_baseline/episode_reward_mean"]
+        metrics["rollout/remax_baseline_success_rate"] = baseline.metrics["remax_baseline/success_rate"]
+        metrics["rollout/nonfinite_dropped"] += float(dropped)  # groups left without a (finite) baseline
+
     def run_update(self, group, method: str, batch: TensorBatch, mini_batch_size: int) -> dict[str, float]:
         """Run ``method`` on every rank with the batch padded to whole mini-batches; average the metrics."""
         padded, n_pad = pad_for_update(batch, mini_batch_size)
@@ -151,13 +187,25 @@ class AgentTrainer:
             metrics.update(kl_metrics)
         advantages, returns = core_algos.compute_advantage(
             batch.tensors, alg.estimator(), gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **alg.estimator_options(),
         )
+        self.check_finite(batch, advantages, returns)
         batch["advantages"], batch["returns"] = advantages, returns
         mask = batch["response_mask"].float()
         metrics["critic/advantages_mean"] = core_algos.masked_mean(advantages, mask).item()
         metrics["critic/returns_mean"] = core_algos.masked_mean(returns, mask).item()
         return metrics
+
+    def check_finite(self, batch: TensorBatch, advantages: torch.Tensor, returns: torch.Tensor) -> None:
+        """Stop the step when an advantage or return on a generated token is NaN or infinite, naming the episode."""
+        mask = batch["response_mask"].bool()
+        bad = ((~torch.isfinite(advantages) | ~torch.isfinite(returns)) & mask).any(-1)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            raise RuntimeError(
+                f"non-finite advantages or returns in {int(bad.sum())} of {len(batch)} rows, the first in "
+                f"{self.train_rollout.describe_episode(int(batch['traj_uid'][row]))}; every reward was finite after "
+                "the rollout, so look at the critic's values, the KL-in-reward term and the estimator's inputs")
 
     def sync_weights(self) -> float:
         """Ship the actor's full weights to every engine; returns the reload seconds of engine 0.
@@ -171,14 +219,54 @@ class AgentTrainer:
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on the held-out validation seeds."""
-        return self.val_rollout.rollout().metrics
+        return self.val_rollout.rollout(self.global_step).metrics
 
-    def save_checkpoint(self) -> Path:
-        """Save the actor as a Hugging Face folder (loadable as ``model_path``) plus the tokenizer."""
-        path = self.run_dir / "checkpoints" / f"global_step_{self.global_step}" / "actor"
-        self.actor_wg.execute_all("save_hf_checkpoint", str(path))
-        self.tokenizer.save_pretrained(str(path))
-        return path
+    def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
+        """Save everything a resume needs into ``global_step_N/``, atomically; return that folder.
+
+        Actor and critic ranks write their parts concurrently into a temporary folder; the
+        driver adds the tokenizer (the actor folder is an HF model), the resolved config and
+        ``trainer_state.json``, then renames the folder into place and updates
+        ``latest_checkpointed_iteration.txt`` (``agent_trainer.checkpoint``). ``metrics``
+        (this step's) are kept so a resume can re-log them if the run died before logging.
+        """
+        from omegaconf import OmegaConf
+
+        tmp = checkpoint.begin_save(self.run_dir, self.global_step)
+        groups = {"actor": self.actor_wg, "critic": self.critic_wg}
+        ray.get([ref for part in self.checkpoint_parts
+                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part))])
+        self.tokenizer.save_pretrained(str(tmp / "actor"))
+        OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "config.yaml")
+        checkpoint.TrainerState(
+            global_step=self.global_step,
+            env_resets={split: rollout.num_resets for split, rollout in self.rollouts.items()},
+            kl_coef=self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            rng=checkpoint.rng_state(), parts=list(self.checkpoint_parts), metrics=dict(metrics or {}),
+            saved_at=time.time(),
+        ).save(tmp)
+        final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
+        trainer_cfg = self.cfg.trainer
+        checkpoint.prune(self.run_dir, "actor", trainer_cfg.max_actor_ckpt_to_keep)
+        checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
+        return final
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore workers and driver state from a ``global_step_N`` folder; the next step is N + 1."""
+        groups = {"actor": self.actor_wg, "critic": self.critic_wg}
+        ray.get([ref for part in self.checkpoint_parts
+                 for ref in groups[part].execute_all_async("load_checkpoint", str(Path(path) / part))])
+        state = checkpoint.TrainerState.load(Path(path))
+        self.global_step = state.global_step
+        for split, rollout in self.rollouts.items():
+            rollout.num_resets = state.env_resets.get(split, 0)
+        if self.kl_ctrl is not None and state.kl_coef is not None:
+            self.kl_ctrl.value = state.kl_coef
+        checkpoint.set_rng_state(state.rng)
+        if state.metrics:
+            self.tracking.ensure_logged(state.metrics, step=state.global_step)
+        logger.info("resumed from %s: step %d done, continuing at step %d of %d", path, state.global_step,
+                    state.global_step + 1, self.cfg.trainer.total_training_steps)
 
 
 def pad_for_update(batch: TensorBatch, mini_batch_size: int) -> tuple[TensorBatch, int]:

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, ModelConfig, RefConfig
-from workers.fsdp_base import FSDPWorker, micro_batches, micro_weight, token_entropy, token_log_probs
+from workers.fsdp_base import (FSDPWorker, greedy_hits, micro_batches, micro_weight, token_entropy,
+                                token_log_probs)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,8 +32,11 @@ def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
 class ReferenceWorker(FSDPWorker):
     """A frozen policy: ``compute_ref_log_prob`` only."""
 
-    def __init__(self, *, rank: int, world_size: int, model: ModelConfig, ref: RefConfig, device: str = "auto"):
-        super().__init__(rank=rank, world_size=world_size, fsdp=ref.fsdp, device=device)
+    hf_auto_class = AutoModelForCausalLM
+
+    def __init__(self, *, rank: int, world_size: int, model: ModelConfig, ref: RefConfig, device: str = "auto",
+                 seed: int = 0):
+        super().__init__(rank=rank, world_size=world_size, fsdp=ref.fsdp, device=device, seed=seed)
         self.model_config = model
         self.micro_batch_size = ref.log_prob_micro_batch_size_per_gpu
 
@@ -59,8 +63,9 @@ class ReferenceWorker(FSDPWorker):
 class ActorWorker(ReferenceWorker):
     """The trained policy: ``compute_log_prob``, ``update_actor``, ``full_state_dict``."""
 
-    def __init__(self, *, rank: int, world_size: int, model: ModelConfig, actor: ActorConfig, device: str = "auto"):
-        FSDPWorker.__init__(self, rank=rank, world_size=world_size, fsdp=actor.fsdp, device=device)
+    def __init__(self, *, rank: int, world_size: int, model: ModelConfig, actor: ActorConfig, device: str = "auto",
+                 seed: int = 0):
+        FSDPWorker.__init__(self, rank=rank, world_size=world_size, fsdp=actor.fsdp, device=device, seed=seed)
         self.model_config = model
         self.config = actor
         self.micro_batch_size = actor.ppo_micro_batch_size_per_gpu
@@ -70,14 +75,6 @@ class ActorWorker(ReferenceWorker):
         """Load, shard, and build the optimizer (every rank, concurrently)."""
         self.model = self.shard_model(load_causal_lm(self.model_config))
         self.build_optimizer(self.config.optim)
-
-    def save_hf_checkpoint(self, path: str) -> None:
-        """Write the full weights as a Hugging Face folder (every rank calls; rank 0 writes)."""
-        state = self.full_state_dict()
-        if self.rank == 0:
-            lm = AutoModelForCausalLM.from_config(self.model.config)
-            lm.load_state_dict(state)
-            lm.save_pretrained(path)
 
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``old_log_probs`` [B, T] under the current policy for this rank's shard."""
@@ -102,7 +99,7 @@ class ActorWorker(ReferenceWorker):
             for mini in batch.split(mini_size):
                 for micro in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu):
                     loss, step_metrics = self._micro_loss(micro, temperature)
-                    weight = micro_weight(micro["response_mask"], mini["response_mask"], cfg.loss_agg_mode)
+                    weight = micro_weight(micro["response_mask"], mini["response_mask"], cfg.loss_agg())
                     (loss * weight).backward()
                     for k, v in step_metrics.items():
                         metrics[k].append(v)
@@ -110,8 +107,50 @@ class ActorWorker(ReferenceWorker):
         metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
         return {k: sum(v) / len(v) for k, v in metrics.items()}
 
+    def update_sft(self, batch: TensorBatch) -> dict[str, float]:
+        """One supervised optimizer step on this rank's shard of a batch (``agent_trainer/sft.py``).
+
+        Loss: the token-mean negative log-likelihood of the ``response_mask`` tokens (each reply
+        and its eos, the tokens RL trains on), accumulated over micro-batches with
+        ``micro_weight``, so zero-mask padding rows count for nothing. Every rank holds the same
+        number of rows, so the collectives line up. Returns this rank's sums ``sft/nll_sum``,
+        ``sft/tokens``, ``sft/correct`` (the driver adds them over ranks), ``sft/grad_norm``
+        and the ``sft/lr`` of the step.
+        """
+        self.model.train()
+        totals: dict[str, float] = defaultdict(float)
+        for micro in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu):
+            loss, stats = self._sft_micro_loss(micro)
+            (loss * micro_weight(micro["response_mask"], batch["response_mask"], "token-mean")).backward()
+            for key, value in stats.items():
+                totals[key] += value
+        totals["sft/lr"] = self.lr_scheduler.get_last_lr()[0]
+        totals["sft/grad_norm"] = self.optimizer_step(self.config.grad_clip)
+        return dict(totals)
+
+    @torch.no_grad()
+    def compute_sft_loss(self, batch: TensorBatch) -> dict[str, float]:
+        """``sft/nll_sum``, ``sft/tokens``, ``sft/correct`` on this rank's shard, without an update (validation)."""
+        self.model.eval()
+        totals: dict[str, float] = defaultdict(float)
+        for micro in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu):
+            for key, value in self._sft_micro_loss(micro)[1].items():
+                totals[key] += value
+        return dict(totals)
+
+    def _sft_micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Token-mean NLL of the masked tokens, and the sums behind it (NLL, tokens, greedy-correct tokens)."""
+        inputs = self.model_inputs(micro)
+        mask = micro["response_mask"].to(self.device).float()
+        logits = self.model(**vars(inputs)).logits
+        nll = -token_log_probs(logits, inputs.input_ids)
+        stats = {"sft/nll_sum": _scalar((nll * mask).sum()), "sft/tokens": _scalar(mask.sum()),
+                 "sft/correct": _scalar((greedy_hits(logits, inputs.input_ids) * mask).sum())}
+        return core_algos.agg_loss(nll, mask, "token-mean"), stats
+
     def _micro_loss(self, micro: TensorBatch, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
+        (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
         inputs = self.model_inputs(micro)
         mask = micro["response_mask"].to(self.device).float()
         logits = self.model(**vars(inputs)).logits
@@ -121,11 +160,10 @@ class ActorWorker(ReferenceWorker):
             log_prob=log_prob,
             advantages=micro["advantages"].to(self.device),
             response_mask=mask,
-            cliprange=cfg.clip_ratio,
-            cliprange_low=cfg.clip_ratio_low,
-            cliprange_high=cfg.clip_ratio_high,
+            cliprange_low=clip_low,  # as set, else clip_ratio, else the policy loss's default (ActorConfig)
+            cliprange_high=clip_high,
             clip_ratio_c=cfg.clip_ratio_c,
-            loss_agg_mode=cfg.loss_agg_mode,
+            loss_agg_mode=agg_mode,
         )
         loss = pg_loss
         metrics = {
@@ -135,12 +173,12 @@ class ActorWorker(ReferenceWorker):
             "actor/pg_clipfrac_lower": _scalar(pg_clipfrac_lower),
         }
         if cfg.entropy_coeff:
-            entropy = core_algos.agg_loss(token_entropy(logits), mask, cfg.loss_agg_mode)
+            entropy = core_algos.agg_loss(token_entropy(logits), mask, agg_mode)
             loss = loss - cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = _scalar(entropy)
         if cfg.use_kl_loss:
             kl = core_algos.kl_penalty(log_prob, micro["ref_log_prob"].to(self.device), cfg.kl_loss_type)
-            kl_loss = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode)
+            kl_loss = core_algos.agg_loss(kl, mask, agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = _scalar(kl_loss)
         return loss, metrics

@@ -8,9 +8,9 @@ from typing import Any
 import ray
 
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.es_manager import EnvStateManager
 from workers.actor import ActorWorker, ReferenceWorker
 from workers.critic import CriticWorker
-from workers.env_worker import EnvWorker
 from workers.worker_group import WorkerGroup
 
 
@@ -24,7 +24,7 @@ class Workers:
     engines: list[Any]
     """Ray actor handles of the rollout engines."""
     env_worker_cls: Any
-    """The ``ray.remote`` env-state manager class (the rollout starts its own env actors)."""
+    """The ``ray.remote`` env-state manager class (the rollout starts and names its own env actors)."""
 
 
 def resolve_device(device: str) -> str:
@@ -46,26 +46,28 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     actor = WorkerGroup(
         ActorWorker, name="actor", world_size=arr.actor.fsdp.world_size, num_cpus_per_rank=arr.actor.fsdp.num_cpus_per_rank,
         num_gpus_per_rank=gpus, distributed=True,
-        init_kwargs={"model": arr.model, "actor": arr.actor, "device": device},
+        init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed},
     )
     critic = None
     if cfg.critic_enabled:
         critic = WorkerGroup(
             CriticWorker, name="critic", world_size=cfg.critic.fsdp.world_size,
             num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True,
-            init_kwargs={"critic": cfg.critic, "device": device},
+            init_kwargs={"critic": cfg.critic, "device": device, "seed": cfg.trainer.seed},
         )
     ref = None
     if cfg.ref_enabled:
         ref = WorkerGroup(
             ReferenceWorker, name="ref", world_size=arr.ref.fsdp.world_size, num_cpus_per_rank=arr.ref.fsdp.num_cpus_per_rank,
-            num_gpus_per_rank=gpus, distributed=True, init_kwargs={"model": arr.model, "ref": arr.ref, "device": device},
+            num_gpus_per_rank=gpus, distributed=True, init_kwargs={"model": arr.model, "ref": arr.ref, "device": device,
+                                                             "seed": cfg.trainer.seed},
         )
     engines = build_engines(cfg, device)
     # Load every model at once: the groups' collectives are independent of each other.
     ray.get([r for g in (actor, critic, ref) if g is not None for r in g.execute_all_async("init_model")])
-    # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it.
-    env_worker_cls = EnvWorker.options(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)
+    # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it. The rollout
+    # names each one (``env_train_0``, ``env_val_0``, ...) with ``.options(name=...)``.
+    env_worker_cls = ray.remote(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, env_worker_cls=env_worker_cls)
 
 

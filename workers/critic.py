@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from transformers import AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
@@ -31,14 +31,20 @@ def token_values(scores: torch.Tensor) -> torch.Tensor:
 class CriticWorker(FSDPWorker):
     """One rank of the critic group: ``compute_values``, ``update_critic``."""
 
-    def __init__(self, *, rank: int, world_size: int, critic: CriticConfig, device: str = "auto"):
-        super().__init__(rank=rank, world_size=world_size, fsdp=critic.fsdp, device=device)
+    hf_auto_class = AutoModelForTokenClassification
+
+    def __init__(self, *, rank: int, world_size: int, critic: CriticConfig, device: str = "auto", seed: int = 0):
+        super().__init__(rank=rank, world_size=world_size, fsdp=critic.fsdp, device=device, seed=seed)
         self.config = critic
 
     def init_model(self) -> None:
         """Load the backbone with a fresh value head, shard it, build the optimizer."""
+        # No dropout before the value head (transformers defaults it to 0.1): values must be a
+        # deterministic function of the state, as in verl's critic.
+        config = AutoConfig.from_pretrained(self.config.model.path, num_labels=1)
+        config.classifier_dropout = 0.0  # an attribute, not a from_pretrained kwarg: kwargs ignore unknown keys
         model = AutoModelForTokenClassification.from_pretrained(
-            self.config.model.path, num_labels=1, dtype=_DTYPES[self.config.model.dtype]
+            self.config.model.path, config=config, dtype=_DTYPES[self.config.model.dtype]
         )
         # A zero head starts every value at 0: no random initial baseline noise.
         head = getattr(model, "score", None)

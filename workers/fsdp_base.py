@@ -9,16 +9,26 @@ gloo on CPU, NCCL on GPU; the code path is the same.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import fully_shard
 
+from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig, OptimConfig
 
@@ -42,34 +52,48 @@ class ModelInputs:
 class FSDPWorker:
     """One rank of an FSDP2 worker group (base of the actor and critic workers)."""
 
-    def __init__(self, *, rank: int, world_size: int, fsdp: FSDPConfig, device: str = "auto") -> None:
+    hf_auto_class: type | None = None
+    """The transformers ``AutoModelFor...`` class a checkpoint of this role is written as."""
+
+    def __init__(self, *, rank: int, world_size: int, fsdp: FSDPConfig, device: str = "auto", seed: int = 0) -> None:
         self.rank = rank
         self.world_size = world_size
         self.fsdp_config = fsdp
         self.device = pick_device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, fsdp.num_threads))
+        checkpoint.seed_everything(seed + rank)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
     # -- process group -------------------------------------------------------------------
     def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a free port for the process-group rendezvous (rank 0 only)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        """This node's address and a port listening on it for the process-group rendezvous (rank 0 only).
+
+        The address is Ray's node address: 127.0.0.1 in a local run (``init_ray``), the node's IP on a
+        cluster, where other ranks may run on other nodes. The socket stays open and becomes the
+        TCPStore's listener in :meth:`init_distributed`: the store listens on that address only (torch's
+        own listener takes every interface) and no other process can take the port in between.
+        """
         import ray  # only meaningful inside a Ray worker
 
-        return ray.util.get_node_ip_address(), port
+        addr = ray.util.get_node_ip_address()
+        listener = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind((addr, 0))
+        listener.listen()
+        self._rendezvous_listener = listener
+        return addr, listener.getsockname()[1]
 
     def init_distributed(self, master_addr: str, master_port: int, backend: str) -> None:
         """Join the group's process group (every rank must call this concurrently)."""
-        os.environ["MASTER_ADDR"] = master_addr
-        os.environ["MASTER_PORT"] = str(master_port)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(minutes=10))
+        timeout = timedelta(minutes=10)
+        listener = getattr(self, "_rendezvous_listener", None)  # set on rank 0 by rendezvous_address
+        store = dist.TCPStore(master_addr, master_port, self.world_size, is_master=listener is not None,
+                              timeout=timeout, master_listen_fd=listener.detach() if listener else None)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     # -- model ---------------------------------------------------------------------------
     def shard_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -115,6 +139,71 @@ class FSDPWorker:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> None:
+        """Write this role's full state under ``path`` (every rank calls, concurrently).
+
+        Rank 0 writes the weights as a Hugging Face folder (safetensors; loadable by
+        ``from_pretrained`` and vLLM), the optimizer's full state (tensors in
+        ``optim/optimizer.safetensors``, the rest in ``optim/optimizer.json``) and the
+        LR scheduler (``optim/lr_scheduler.json``); every rank writes its RNG state
+        (``rng/rank_<r>.json``). Nothing is pickled.
+        """
+        assert self.model is not None and self.hf_auto_class is not None  # internal: after init_model
+        out = Path(path)
+        state = self.full_state_dict()
+        optim = self.full_optimizer_state_dict() if self.optimizer is not None else None
+        checkpoint.write_json(out / "rng" / f"rank_{self.rank}.json", checkpoint.rng_state())
+        if self.rank != 0:
+            return
+        with torch.random.fork_rng(devices=[]):  # building the HF shell draws random init: keep the run's RNG
+            model = self.hf_auto_class.from_config(self.model.config)
+        model.load_state_dict(state, strict=False)
+        model.save_pretrained(str(out))
+        if optim is not None:
+            tensors, meta = checkpoint.flatten_optimizer_state(optim)
+            (out / "optim").mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(out / "optim" / "optimizer.safetensors"))
+            checkpoint.write_json(out / "optim" / "optimizer.json", meta)
+            checkpoint.write_json(out / "optim" / "lr_scheduler.json", self.lr_scheduler.state_dict())
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (every rank calls, concurrently).
+
+        Each rank reads the full state dicts and keeps its shards
+        (``set_model_state_dict`` / ``set_optimizer_state_dict`` with
+        ``full_state_dict=True``), so the world size may differ from the saving run's.
+        On more than one node ``path`` must be on storage every node sees.
+        """
+        assert self.model is not None
+        src = Path(path)
+        weights = checkpoint.read_hf_weights(src)
+        expected = set(get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=False)))
+        missing = expected - set(weights) - self._tied_weight_names()
+        if missing:
+            raise ValueError(f"checkpoint {src} lacks weights {sorted(missing)[:8]} for this model")
+        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+        if self.optimizer is not None:
+            meta = checkpoint.read_json(src / "optim" / "optimizer.json")
+            tensors = load_file(str(src / "optim" / "optimizer.safetensors"))
+            set_optimizer_state_dict(self.model, self.optimizer, checkpoint.unflatten_optimizer_state(tensors, meta),
+                                     options=StateDictOptions(full_state_dict=True))
+            self.lr_scheduler.load_state_dict(checkpoint.read_json(src / "optim" / "lr_scheduler.json"))
+        rng_file = src / "rng" / f"rank_{self.rank}.json"
+        if rng_file.exists():  # a run resumed on more ranks than it saved keeps its fresh seeds there
+            checkpoint.set_rng_state(checkpoint.read_json(rng_file))
+
+    def full_optimizer_state_dict(self) -> dict:
+        """The optimizer's unsharded state on CPU, keyed by parameter name (collective, like the weights)."""
+        if not dist.is_initialized():
+            return get_optimizer_state_dict(self.model, self.optimizer)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def _tied_weight_names(self) -> set[str]:
+        """``lm_head.weight`` when it is tied to the embeddings (HF folders store it once)."""
+        return {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
 
     # -- batches -------------------------------------------------------------------------
     def model_inputs(self, batch: TensorBatch) -> ModelInputs:
@@ -178,3 +267,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits, dim=-1)
     ent = -(logp.exp() * logp).sum(-1)
     return torch.nn.functional.pad(ent, (1, 0))
+
+
+def greedy_hits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``out[b, t] = 1.0`` where ``argmax(logits[b, t-1]) == input_ids[b, t]``; aligned like :func:`token_log_probs`."""
+    hits = (logits[:, :-1].argmax(-1) == input_ids[:, 1:]).float()
+    return torch.nn.functional.pad(hits, (1, 0))

@@ -33,9 +33,16 @@ class WorkerGroup:
     ``worker_cls`` is a plain class whose constructor takes ``rank`` and
     ``world_size`` keyword arguments (unless ``pass_rank=False``) plus
     ``init_kwargs``; ``ray.remote`` is applied here. ``max_restarts`` lets Ray
-    restart a crashed rank (for stateless-between-calls workers such as engines). With ``distributed=True`` the group also starts a
-    ``torch.distributed`` process group (gloo on CPU, NCCL on GPU) by calling
-    each rank's ``init_distributed(master_addr, master_port, backend)``.
+    restart a crashed rank (for stateless-between-calls workers such as engines).
+    With ``distributed=True`` the group also starts a ``torch.distributed`` process
+    group (gloo on CPU, NCCL on GPU) by calling each rank's
+    ``init_distributed(master_addr, master_port, backend)``.
+
+    Every rank is a named actor in the driver's Ray namespace (one per run, see
+    ``agent_trainer.main.init_ray``), so the dashboard's Actors page and
+    ``ray list actors`` tell them apart: ``<name>_rank<i>`` for ranks, ``<name>_<i>``
+    for independent replicas (``pass_rank=False``, e.g. ``rollout_0``). A rank Ray
+    restarts keeps its name.
     """
 
     def __init__(
@@ -65,7 +72,7 @@ class WorkerGroup:
         runtime_env = {"env_vars": {**_default_env_vars(), **(env_vars or {})}}
         self.workers = [
             remote_cls.options(
-                name=None,
+                name=actor_name(name, rank, pass_rank),
                 num_cpus=num_cpus_per_rank,
                 num_gpus=num_gpus_per_rank,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
@@ -108,6 +115,11 @@ class WorkerGroup:
         for w in self.workers:
             ray.kill(w)
         remove_placement_group(self._pg)
+
+
+def actor_name(group: str, index: int, ranked: bool = True) -> str:
+    """The Ray actor name of a group member: ``actor_rank0`` for ranks, ``rollout_0`` for replicas."""
+    return f"{group}_rank{index}" if ranked else f"{group}_{index}"
 
 
 def split_for_ranks(batch: TensorBatch, world_size: int) -> tuple[list[TensorBatch], int]:

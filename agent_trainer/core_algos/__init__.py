@@ -2,8 +2,10 @@
 
 Per-token tensors are [B, T] over the WHOLE sequence (prompt, every turn, environment
 observations, padding); ``response_mask`` is 1 exactly on tokens the policy generated.
-Group / trajectory ids are int64 tensors of shape [B]. Function names and argument
-order follow verl's ``core_algos`` so a verl user reads them at once.
+Group / trajectory ids are [B]: int64 tensors, or (as verl's ``non_tensor_batch["uid"]``)
+numpy arrays / lists of hashable ids such as strings, converted in one place
+(``as_group_index``). Function names and argument order follow verl's ``core_algos``
+so a verl user reads them at once.
 
 Modules: advantages (GAE, GRPO, RLOO, REINFORCE++, ReMax), multiturn (bi-level GAE,
 multi-turn GRPO), gigpo, losses, kl, shaping (RAGEN reward normalisation and
@@ -11,7 +13,7 @@ rollout filtering), registry (name -> estimator, ``compute_advantage``, config c
 See docs/algorithms.md for the table of estimators and losses.
 """
 
-from ._masked import masked_mean, masked_sum, masked_var, masked_whiten
+from ._masked import as_group_index, masked_mean, masked_sum, masked_var, masked_whiten
 from .advantages import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -53,6 +55,7 @@ from .registry import (
     validate_algorithm_choices,
 )
 from .shaping import (
+    NONFINITE_REWARD_POLICIES,
     REWARD_NORM_GROUPINGS,
     REWARD_NORM_METHODS,
     ROLLOUT_FILTER_STRATEGIES,
@@ -62,9 +65,9 @@ from .shaping import (
 
 __all__ = [
     "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",
-    "LOSS_AGG_MODES", "POLICY_LOSS_MODES", "REWARD_NORM_GROUPINGS", "REWARD_NORM_METHODS",
+    "LOSS_AGG_MODES", "NONFINITE_REWARD_POLICIES", "POLICY_LOSS_MODES", "REWARD_NORM_GROUPINGS", "REWARD_NORM_METHODS",
     "ROLLOUT_FILTER_STRATEGIES",
-    "AdaptiveKLController", "FixedKLController", "agg_loss", "apply_kl_penalty",
+    "AdaptiveKLController", "FixedKLController", "agg_loss", "as_group_index", "apply_kl_penalty",
     "compute_advantage", "compute_bi_level_gae_advantage_return", "compute_entropy_loss",
     "compute_gae_advantage_return", "compute_gigpo_outcome_advantage", "compute_grpo_multiturn_advantage",
     "compute_grpo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_gspo",

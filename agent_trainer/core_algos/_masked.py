@@ -10,6 +10,7 @@ that a 1e-6 epsilon would blow up.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 WHITEN_EPS = 1e-8
@@ -86,6 +87,43 @@ def check_ids(name: str, ids: torch.Tensor, batch_size: int) -> None:
         raise ValueError(f"{name} must be an int64 tensor of shape [{batch_size}], got {shape}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer (int64) tensor, got dtype {ids.dtype}")
+
+
+def as_group_index(name: str, ids, batch_size: int, device: torch.device | None = None) -> torch.Tensor:
+    """Group / trajectory / anchor ids of any verl-accepted kind as an int64 tensor [batch_size].
+
+    ``ids`` may be an integer tensor [B] (returned as int64, values kept), or, like verl's
+    ``data.non_tensor_batch["uid"]``, a 1-D numpy array or a sequence of hashable ids
+    (strings, ints, tuples, ...). Non-integer ids are numbered in order of first appearance,
+    so two rows share an index exactly when their ids are equal; every estimator groups by
+    equality only, so string ids give the same advantages as the equivalent ints.
+    Float and bool ids are refused (NaN != NaN would split a group). Raises ValueError.
+    """
+    if isinstance(ids, torch.Tensor):
+        check_ids(name, ids, batch_size)
+        index = ids.long()
+    elif isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
+        index = torch.as_tensor(ids.astype(np.int64))
+    else:
+        index = _number_by_first_appearance(name, ids)
+    if tuple(index.shape) != (batch_size,):
+        raise ValueError(f"{name} must hold one id per row, shape [{batch_size}], got {tuple(index.shape)}")
+    return index if device is None else index.to(device)
+
+
+def _number_by_first_appearance(name: str, ids) -> torch.Tensor:
+    """[N] int64: 0 for the first distinct id, 1 for the next new one, ..."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") or getattr(ids, "ndim", 1) != 1:
+        raise ValueError(f"{name} must be a 1-D array or sequence with one id per row, got {type(ids).__name__}")
+    items = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+    if any(isinstance(v, (float, bool, np.floating, np.bool_)) for v in items):
+        raise ValueError(f"{name} must hold integer or other non-float hashable ids (e.g. verl's string uids); "
+                         "float and bool values are not ids")
+    numbering: dict = {}
+    try:
+        return torch.tensor([numbering.setdefault(v, len(numbering)) for v in items], dtype=torch.long)
+    except TypeError as err:  # an unhashable id (a list, a dict)
+        raise ValueError(f"{name} ids must be hashable: {err}") from err
 
 
 def check_same_shape(**tensors: torch.Tensor) -> None:

@@ -4,7 +4,8 @@ Shapes: B = batch rows, T = tokens of the WHOLE sequence (prompt, every turn,
 observations, padding). ``response_mask`` [B, T] is 1 exactly on tokens the
 policy generated. ``token_level_rewards`` [B, T] holds each turn's reward on
 the last generated token of that turn; rewards on mask-0 tokens are ignored.
-Group ids (``index``) are int64 [B]. Every estimator returns
+Group ids (``index``) are [B]: an int64 tensor, or verl-style numpy / list ids
+(``_masked.as_group_index``). Every estimator returns
 ``(advantages, returns)``, both [B, T], zero outside the mask.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._masked import check_ids, check_same_shape, group_mean_std, masked_whiten
+from ._masked import as_group_index, check_same_shape, group_mean_std, masked_whiten
 
 
 def gae_scan(
@@ -108,12 +109,12 @@ def compute_grpo_outcome_advantage(
     generated token (padding rows) get 0 and do not count in their group.
 
     Args:
-        token_level_rewards, response_mask: [B, T]. index: int64 [B] group ids.
+        token_level_rewards, response_mask: [B, T]. index: [B] group ids (int64, or hashable ids).
     Returns:
         (advantages, returns), both equal, [B, T], zeros outside the mask.
     """
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    check_ids("index", index, token_level_rewards.shape[0])
+    index = as_group_index("index", index, token_level_rewards.shape[0], token_level_rewards.device)
     with torch.no_grad():
         scores = torch.where(response_mask.bool(), token_level_rewards, 0.0).sum(-1)
         valid = response_mask.bool().any(-1)
@@ -169,7 +170,7 @@ def compute_rloo_outcome_advantage(
     Returns (advantages, returns), both equal, [B, T].
     """
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    check_ids("index", index, token_level_rewards.shape[0])
+    index = as_group_index("index", index, token_level_rewards.shape[0], token_level_rewards.device)
     with torch.no_grad():
         scores = torch.where(response_mask.bool(), token_level_rewards, 0.0).sum(-1)
         adv = _group_centred(scores, index, response_mask.bool().any(-1), leave_one_out=True)
@@ -214,7 +215,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     Returns (advantages, returns), both equal, [B, T].
     """
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    check_ids("index", index, token_level_rewards.shape[0])
+    index = as_group_index("index", index, token_level_rewards.shape[0], token_level_rewards.device)
     with torch.no_grad():
         scores = torch.where(response_mask.bool(), token_level_rewards, 0.0).sum(-1)
         centred = _group_centred(scores, index, response_mask.bool().any(-1), leave_one_out=False)

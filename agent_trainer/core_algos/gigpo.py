@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._masked import check_ids, check_same_shape, group_mean_std
+from ._masked import as_group_index, check_same_shape, group_mean_std
 from .advantages import normalize_by_group
 from .multiturn import trajectory_scores, turn_summary
 
@@ -64,7 +64,9 @@ def compute_gigpo_outcome_advantage(
     group, normalised like the episode level (a step group of one gives 0).
     Token advantage (eq. 8): A = A^E_j + step_advantage_w * A^S_s on each generated token.
 
-    Two layouts, chosen by the shape of ``anchor_obs`` (int64 ids, e.g. hashes of the text):
+    Two layouts, chosen by the shape of ``anchor_obs`` (int64 ids, e.g. hashes of the text; in the
+    [B] layout also verl-agent's numpy array of observation strings). ``index`` / ``traj_index``
+    are [B] int64 tensors or verl-style hashable ids (``_masked.as_group_index``):
       * [B, T]: one row per episode; steps are the row's turns (maximal runs of mask 1,
         or ``turn_ids``); a turn's anchor id is read at its first generated token;
         r_s = sum of the turn's rewards; each row is its own trajectory
@@ -78,8 +80,10 @@ def compute_gigpo_outcome_advantage(
     Returns (advantages, returns), both equal, [B, T], zeros outside the mask.
     """
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    batch_size = token_level_rewards.shape[0]
-    check_ids("index", index, batch_size)
+    batch_size, device = token_level_rewards.shape[0], token_level_rewards.device
+    index = as_group_index("index", index, batch_size, device)
+    if traj_index is not None:
+        traj_index = as_group_index("traj_index", traj_index, batch_size, device)
     if mode not in GIGPO_MODES:
         raise ValueError(f"gigpo mode = {mode!r} is not one of {list(GIGPO_MODES)}")
     divide = mode == "mean_std_norm"
@@ -87,7 +91,7 @@ def compute_gigpo_outcome_advantage(
     with torch.no_grad():
         row_scores = torch.where(mask, token_level_rewards, 0.0).sum(-1)
         row_valid = mask.any(-1)
-        if anchor_obs.dim() == 2:
+        if isinstance(anchor_obs, torch.Tensor) and anchor_obs.dim() == 2:
             if anchor_obs.shape != mask.shape:
                 raise ValueError(f"anchor_obs [B, T] must match response_mask {tuple(mask.shape)}, "
                                  f"got {tuple(anchor_obs.shape)}")
@@ -103,8 +107,7 @@ def compute_gigpo_outcome_advantage(
         else:
             if traj_index is None:
                 raise ValueError("with anchor_obs of shape [B] (one row per step) traj_index [B] is required")
-            check_ids("anchor_obs", anchor_obs, batch_size)
-            check_ids("traj_index", traj_index, batch_size)
+            anchor_obs = as_group_index("anchor_obs", anchor_obs, batch_size, device)
             _, row_to_traj = torch.unique(traj_index, return_inverse=True)
             if step_rewards is None:
                 step_rewards = _per_step_rows_returns(row_scores, row_to_traj, gamma)

@@ -1,7 +1,8 @@
 """Multi-turn estimators: bi-level GAE, multi-turn GRPO (one row per turn), GiGPO.
 
 Shapes as in advantages.py: per-token tensors are [B, T] over the whole
-sequence, ``response_mask`` is 1 on generated tokens, ids are int64 [B].
+sequence, ``response_mask`` is 1 on generated tokens, ids are [B] (int64 tensors, or
+verl-style numpy / list ids, see ``_masked.as_group_index``).
 
 A *turn* is a maximal run of mask-1 tokens (the observation tokens between two
 turns are mask 0). With explicit ``turn_ids`` ([B, T] int64) a new turn starts at
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._masked import check_ids, check_same_shape, masked_whiten
+from ._masked import as_group_index, check_same_shape, masked_whiten
 from .advantages import gae_scan, normalize_by_group
 
 
@@ -178,13 +179,14 @@ def compute_grpo_multiturn_advantage(
     a trajectory none of whose rows has a generated token (padding) does not count.
 
     Args:
-        token_level_rewards, response_mask: [B, T]; index, traj_index: int64 [B].
+        token_level_rewards, response_mask: [B, T]; index, traj_index: [B] ids (int64, or hashable ids).
     Returns:
         (advantages, returns), both equal, [B, T], zeros outside the mask.
     """
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    check_ids("index", index, token_level_rewards.shape[0])
-    check_ids("traj_index", traj_index, token_level_rewards.shape[0])
+    batch_size, device = token_level_rewards.shape[0], token_level_rewards.device
+    index = as_group_index("index", index, batch_size, device)
+    traj_index = as_group_index("traj_index", traj_index, batch_size, device)
     with torch.no_grad():
         row_scores = torch.where(response_mask.bool(), token_level_rewards, 0.0).sum(-1)
         row_valid = response_mask.bool().any(-1)

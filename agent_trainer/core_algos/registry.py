@@ -71,13 +71,15 @@ def compute_advantage(
     batch keys (per-token tensors are [B, T] over the whole sequence):
         "token_level_rewards", "response_mask"      always
         "values"            gae, bi_level_gae (critic values)
-        "uid"               int64 [B] group id: grpo, grpo_multiturn, rloo,
+        "uid"               [B] group id: grpo, grpo_multiturn, rloo,
                             reinforce_plus_plus_baseline, gigpo
-        "traj_uid"          int64 [B] trajectory id: grpo_multiturn, gigpo with one row per step
+        "traj_uid"          [B] trajectory id: grpo_multiturn, gigpo with one row per step
+                            (ids are int64 tensors, or, as verl's ``non_tensor_batch["uid"]``,
+                            numpy arrays / lists of hashable ids such as strings)
         "turn_ids"          optional int64 [B, T]: explicit turns for bi_level_gae / gigpo
         "anchor_obs_ids"    gigpo: int64 [B, T] (one row per episode: the hashed observation
-                            each turn answered, constant over the turn's tokens) or int64 [B]
-                            (one row per step)
+                            each turn answered, constant over the turn's tokens) or [B]
+                            (one row per step; int64 or hashable ids such as the observation text)
         "step_rewards"      optional float [B], gigpo with one row per step
         "reward_baselines"  remax: float [B], reward of the greedy response
     gamma / lam go to the estimators that discount (gae, bi_level_gae,
@@ -107,11 +109,11 @@ def compute_advantage(
         return fn(rewards, mask, gamma=gamma)
     if name == "remax":
         return fn(rewards, _need(batch, "reward_baselines", name, "[B] greedy-response reward"), mask)
-    uid = _need(batch, "uid", name, "int64 [B] group id")
+    uid = _need(batch, "uid", name, "[B] group id")
     if name == "grpo":
         return fn(rewards, mask, uid, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, **estimator_kwargs)
     if name == "grpo_multiturn":
-        traj = _need(batch, "traj_uid", name, "int64 [B] trajectory id")
+        traj = _need(batch, "traj_uid", name, "[B] trajectory id")
         return fn(rewards, mask, uid, traj, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, **estimator_kwargs)
     if name == "gigpo":
         anchors = _need(batch, "anchor_obs_ids", name, "int64 [B, T] or [B] hashed anchor observation")

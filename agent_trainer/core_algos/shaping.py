@@ -16,6 +16,8 @@ from ._masked import check_ids, group_mean_std
 REWARD_NORM_GROUPINGS = ("state", "batch", "inductive")
 REWARD_NORM_METHODS = ("identity", "mean", "mean_std", "asym_clip")
 ROLLOUT_FILTER_STRATEGIES = ("top_k", "top_p", "min_p")
+NONFINITE_REWARD_POLICIES = ("error", "drop")
+"""``algorithm.nonfinite_reward``: stop at an episode with a NaN/inf reward, or drop the episode."""
 STD_EPS = 1e-6
 """A group whose standard deviation is at most this counts as constant."""
 

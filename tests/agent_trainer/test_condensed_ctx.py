@@ -5,7 +5,7 @@ import torch
 
 from agent_trainer import core_algos
 from agent_trainer.condensed_ctx import NO_ANSWER, CondensedContextManager
-from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.ctx_manager import ContextManager, anchor_id
 
 
 def _rows_in_order(played):
@@ -106,3 +106,16 @@ def test_an_episode_ends_when_the_next_prompt_would_not_fit(tokenizer, play_mixe
     ep = played.episodes[1]
     assert ep.done and ep.truncated and ep.num_turns == 1
     assert all(len(p) + 32 <= first_prompt + 40 for p in played.prompts[1])
+
+
+def test_each_row_carries_the_anchor_of_the_observation_its_turn_answered(tokenizer, play_mixed, mixed_manager):
+    ctx_mgr = CondensedContextManager(tokenizer, max_model_len=4096)
+    played = play_mixed(ctx_mgr)
+    batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
+    history = {s["env_id"]: s["history"] for s in mixed_manager.get_rollout_states()}
+    expected = [anchor_id(history[env_id][k]["observation"]) for env_id, k in _rows_in_order(played)]
+    assert batch["anchor_obs_ids"].shape == (len(batch),)  # one row per step: GiGPO's verl-agent layout
+    assert batch["anchor_obs_ids"].tolist() == expected
+    adv, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=1.0)
+    episode_only, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=0.0)
+    assert torch.isfinite(adv).all() and not torch.equal(adv, episode_only)

@@ -1,4 +1,9 @@
-"""Config loading: typed schema, interpolation, clear errors naming the key and the fix."""
+"""Config loading: typed schema, interpolation, resolved defaults, clear errors naming the key and the fix.
+
+The table of malformed configs is tests/agent_trainer/test_config_errors.py."""
+
+import contextlib
+import logging
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -119,3 +124,98 @@ def test_shaping_values_that_load():
     with pytest.raises(ValueError, match="group_size >= 2"):
         load_config(_compose("es_manager.train.group_size=1", "actor_rollout_ref.rollout.rollout_filter_value=0.25",
                              "ppo_mini_batch_size=8"))
+
+
+@pytest.mark.parametrize("overrides, ratios, agg", [
+    ([], (0.2, 0.28), "token-mean"),  # StarPO-S clip-higher
+    (["actor_rollout_ref.actor.clip_ratio=0.1"], (0.1, 0.1), "token-mean"),  # verl: both sides fall back to it
+    (["actor_rollout_ref.actor.clip_ratio=0.1", "actor_rollout_ref.actor.clip_ratio_high=0.3"], (0.1, 0.3),
+     "token-mean"),
+    (["actor_rollout_ref.actor.policy_loss_mode=gspo"], (3e-4, 4e-4), "seq-mean-token-mean"),  # the GSPO paper
+    (["actor_rollout_ref.actor.policy_loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_high=1e-3",
+      "actor_rollout_ref.actor.loss_agg_mode=token-mean"], (3e-4, 1e-3), "token-mean"),  # set values are kept
+])
+def test_clip_ratios_and_loss_aggregation_resolve(overrides, ratios, agg):
+    actor = load_config(_compose(*overrides)).actor_rollout_ref.actor
+    assert actor.clip_ratios() == pytest.approx(ratios) and actor.loss_agg() == agg
+
+
+def test_env_seed_follows_the_run_seed_unless_set():
+    assert load_config(_compose("trainer.seed=7")).es_manager.seed == 7
+    assert load_config(_compose("trainer.seed=7", "es_manager.seed=3")).es_manager.seed == 3
+    assert load_config({"trainer": {"seed": 5}}).es_manager.seed == 5  # the dataclass default, without base.yaml
+
+
+def test_plus_form_and_dicts_are_checked_against_the_schema():
+    with pytest.raises(ValueError, match=r"^trainer.totl_steps is not a config key .*did you mean "
+                                         r"trainer.total_training_steps\?$"):
+        load_config(_compose("+trainer.totl_steps=3"))
+    with pytest.raises(ValueError, match=r"^critic.optim.learning_rate is not a config key"):
+        load_config({"critic": {"optim": {"learning_rate": 1e-3}}})
+
+
+def test_the_actor_passes_the_resolved_clip_ratios_to_its_loss(tiny_model_path):
+    """workers/actor.py hands the policy loss clip_ratios() and loss_agg(), not the raw (possibly null) keys."""
+    import torch
+
+    from agent_trainer.batch import TensorBatch
+    from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig
+    from workers.actor import ActorWorker
+
+    actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, policy_loss_mode="gspo",
+                        clip_ratio_high=1e-3, fsdp=FSDPConfig(world_size=1))
+    worker = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=actor, device="cpu")
+    worker.init_model()
+    seen = []
+
+    def spy(**kwargs):
+        seen.append(kwargs)
+        return real_loss(**kwargs)
+
+    real_loss, worker.policy_loss_fn = worker.policy_loss_fn, spy
+    B, T = 2, 8
+    mask = torch.zeros(B, T, dtype=torch.long)
+    mask[:, 4:] = 1
+    batch = TensorBatch({"input_ids": torch.randint(3, 200, (B, T)),
+                         "attention_mask": torch.ones(B, T, dtype=torch.long),
+                         "position_ids": torch.arange(T).expand(B, T).clone(), "response_mask": mask,
+                         "advantages": torch.ones(B, T) * mask})
+    worker.update_actor(batch.update(worker.compute_log_prob(batch)))
+    assert seen and all(k["cliprange_low"] == 3e-4 and k["cliprange_high"] == 1e-3 for k in seen)
+    assert all(k["loss_agg_mode"] == "seq-mean-token-mean" for k in seen)
+
+
+def test_the_hydra_entry_point_runs_a_valid_config(tiny_model_path, tmp_path, monkeypatch):
+    """main() composes, validates and calls train; HYDRA_FULL_ERROR is back to unset for the run."""
+    import os
+    import sys
+
+    from agent_trainer import main as entry
+
+    calls = []
+    monkeypatch.setattr(entry, "train", lambda cfg, tags: calls.append((cfg, "HYDRA_FULL_ERROR" in os.environ)))
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["agent_trainer.main", f"hydra.run.dir={tmp_path}", "hydra.output_subdir=null",
+                                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled",
+                                      f"model_path={tiny_model_path}", "trainer.total_training_steps=3"])
+    with _logging_restored():  # hydra reconfigures logging (here: disables it) for the process
+        entry.main()
+    assert len(calls) == 1 and calls[0][0].trainer.total_training_steps == 3 and calls[0][1] is False
+    assert "HYDRA_FULL_ERROR" not in os.environ
+
+
+@contextlib.contextmanager
+def _logging_restored():
+    """Undo what hydra's logging set-up changes: root level and handlers, loggers' disabled flags and levels."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    loggers = {name: (lg.disabled, lg.level, lg.propagate) for name, lg in logging.Logger.manager.loggerDict.items()
+               if isinstance(lg, logging.Logger)}
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
+        for name, lg in logging.Logger.manager.loggerDict.items():
+            if isinstance(lg, logging.Logger):
+                lg.disabled, lg.level, lg.propagate = loggers.get(name, (False, logging.NOTSET, True))

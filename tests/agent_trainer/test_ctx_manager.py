@@ -1,12 +1,21 @@
 """Batch building: token-in/token-out sequences, loss masks and reward placement over real episodes."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agent_trainer.ctx_manager import ContextManager
+from agent_trainer import core_algos
+from agent_trainer.ctx_manager import ContextManager, anchor_id
 from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
 from envs import load_env_tags
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +109,38 @@ def test_episode_truncates_when_the_next_turn_would_not_fit(tokenizer, manager):
     step_out = [o for o in manager.step([env_in]) if o.env_id == 0][0]
     ctx_mgr.append_env_output(ctx, step_out, response_length=32)
     assert ctx.done and (ctx.truncated or step_out.done)
+
+
+def test_anchor_ids_are_stable_across_processes_and_tell_texts_apart():
+    texts = ["_ P _\n_ O G", "_ P _\n_ O G ", "P _ _\n_ O G", "grille ☃ ü", ""]
+    ids = [anchor_id(t) for t in texts]
+    assert len(set(ids)) == len(texts) and all(0 <= i < 2**63 for i in ids)
+    assert [anchor_id(t) for t in texts] == ids
+    code = ("import json, sys; from agent_trainer.ctx_manager import anchor_id; "
+            "print(json.dumps([anchor_id(t) for t in json.loads(sys.argv[1])]))")
+    for hash_seed in ("1", "2"):  # python's own str hash differs between these two processes
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(texts)], cwd=REPO, capture_output=True,
+                              text=True, check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert json.loads(proc.stdout) == ids
+
+
+def test_full_rows_carry_each_turns_anchor_on_all_its_tokens(tokenizer, play_mixed, mixed_manager):
+    ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
+    played = play_mixed(ctx_mgr)
+    batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
+    history = {s["env_id"]: s["history"] for s in mixed_manager.get_rollout_states()}
+    assert batch["anchor_obs_ids"].shape == batch["input_ids"].shape
+    for row, env_id in enumerate(sorted(played.episodes)):
+        turns, anchors = batch["turn_ids"][row], batch["anchor_obs_ids"][row]
+        n = int(batch["attention_mask"][row].sum())
+        assert (anchors[:n][turns[:n] == 0] == 0).all() and (anchors[n:] == 0).all()  # prompt, padding
+        assert len(history[env_id]) == int(turns.max()) >= 1
+        for k, turn in enumerate(history[env_id], start=1):  # turn k: the observation it answered
+            assert set(anchors[:n][turns[:n] == k].tolist()) == {anchor_id(turn["observation"])}
+    # episodes 0 and 1 share their group's seed, so their first turns answered the same state
+    first = [int(batch["anchor_obs_ids"][row][batch["turn_ids"][row] == 1][0]) for row in (0, 1)]
+    assert first[0] == first[1]
+    # GiGPO reads these anchors: the step-level term changes the advantages
+    adv, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=1.0)
+    episode_only, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=0.0)
+    assert torch.isfinite(adv).all() and not torch.equal(adv, episode_only)

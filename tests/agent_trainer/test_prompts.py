@@ -1,6 +1,8 @@
 """The reply parser: well-formed replies give actions; anything else gives none, never an exception."""
 
 import random
+import re
+import time
 
 from agent_trainer.prompts import first_user_message, next_user_message, parse_response
 
@@ -41,3 +43,23 @@ def test_messages_contain_the_observation_and_the_format():
     m = first_user_message("Solve it.", "P_\n_G")
     assert "Solve it." in m and "P_\n_G" in m and "<answer>" in m
     assert "Reward: 0.5" in next_user_message("obs", 0.5)
+
+
+def test_parser_equals_the_non_greedy_regex_on_random_text():
+    """The linear parser returns what ``<answer>(.*?)</answer>`` (DOTALL) would."""
+    rng = random.Random(1)
+    pieces = ["<answer>", "</answer>", "<think>", "</think>", "Up", " || ", "x", "\n", "<", ">"]
+    regex = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        match = regex.search(text)
+        assert parse_response(text, enable_think=False).answer == (match.group(1).strip() if match else "")
+
+
+def test_unclosed_tags_parse_in_linear_time():
+    """A collapsed model's reply of 100,000 unclosed <answer> tags (800,000 characters): a regex takes minutes."""
+    text = "<answer>" * 100_000
+    start = time.perf_counter()
+    assert not parse_response(text).format_ok
+    assert not parse_response("<think>" * 100_000 + "<answer>a</answer>").format_ok
+    assert time.perf_counter() - start < 1.0

@@ -6,7 +6,13 @@ import torch
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.rollout_shaping import episode_scores, filter_rollout, normalize_episode_rewards, shape_rollout
+from agent_trainer.rollout_shaping import (
+    attach_reward_baselines,
+    episode_scores,
+    filter_rollout,
+    normalize_episode_rewards,
+    shape_rollout,
+)
 from agent_trainer.trainer import pad_for_update
 
 # One row per episode, two turns each: prompt (2), reply 1 (2), observation (1), reply 2 (2), padding (1).
@@ -125,3 +131,34 @@ def test_shape_filters_on_raw_scores_then_normalises_the_kept_episodes():
     assert _totals(shaped).sum() == pytest.approx(0.0, abs=1e-6)  # batch mean over the kept episodes only
     assert metrics["rollout/score_raw_mean"] == pytest.approx((1 + 0 + 1 - 0.1) / 4)
     assert metrics["rollout/score_normalized_mean"] == pytest.approx(0.0, abs=1e-6)
+
+
+def _baseline_batch(group_rewards: dict[int, float]) -> TensorBatch:
+    """A remax_baseline rollout's batch: one greedy episode per group, its reward on its last token."""
+    groups = list(group_rewards)
+    rewards = torch.zeros(len(groups), len(MASK))
+    rewards[:, TURN2_LAST] = torch.tensor([group_rewards[g] for g in groups])
+    return TensorBatch({"response_mask": torch.tensor([MASK] * len(groups)), "token_level_rewards": rewards,
+                        "uid": torch.tensor(groups), "traj_uid": torch.tensor(groups)})
+
+
+def test_remax_baseline_is_the_greedy_episode_reward_of_each_rows_group():
+    batch, dropped = attach_reward_baselines(_full_batch(), _baseline_batch({2: 0.75, 0: 0.5, 1: -0.1}))
+    assert dropped == 0
+    torch.testing.assert_close(batch["reward_baselines"], torch.tensor([0.5, 0.5, -0.1, -0.1, 0.75, 0.75]))
+    adv, returns = core_algos.compute_advantage(batch.tensors, "remax")
+    mask = batch["response_mask"].bool()
+    # advantage = reward-to-go - the group's greedy reward, on every generated token
+    torch.testing.assert_close(adv[mask], (returns - batch["reward_baselines"][:, None])[mask])
+    totals = torch.tensor([r1 + r2 for r1, r2 in TURN_REWARDS])
+    torch.testing.assert_close(adv[:, 2], totals - batch["reward_baselines"])  # first generated token
+
+
+def test_rows_of_a_group_without_baseline_are_dropped_and_duplicates_refused():
+    batch, dropped = attach_reward_baselines(_full_batch(), _baseline_batch({0: 1.0, 2: 0.0}))
+    assert dropped == 2 and batch["traj_uid"].tolist() == [0, 1, 4, 5]
+    assert batch["reward_baselines"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    twice = TensorBatch.concat([_baseline_batch({0: 1.0}), _baseline_batch({0: 0.0})])
+    twice["traj_uid"] = torch.tensor([0, 1])  # two greedy episodes of group 0
+    with pytest.raises(ValueError, match="one episode per group"):
+        attach_reward_baselines(_full_batch(), twice)

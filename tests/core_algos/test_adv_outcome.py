@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,12 +57,11 @@ def test_grpo_padding_row_gets_zero_and_does_not_count():
     assert not adv.isnan().any()
 
 
-def test_grpo_rejects_non_tensor_ids():
+def test_grpo_rejects_float_and_misshaped_ids():
     rewards, mask = _rows([1.0, 2.0])
-    with pytest.raises(ValueError, match="index"):
-        core_algos.compute_grpo_outcome_advantage(rewards, mask, torch.tensor([0.0, 1.0]))
-    with pytest.raises(ValueError, match="index"):
-        core_algos.compute_grpo_outcome_advantage(rewards, mask, ["a", "b"])
+    for bad in (torch.tensor([0.0, 1.0]), [0.5, 1.5], np.array([0.0, 1.0]), ["a"], "ab", [["a"], ["b"]]):
+        with pytest.raises(ValueError, match="index"):
+            core_algos.compute_grpo_outcome_advantage(rewards, mask, bad)
 
 
 def test_rloo_hand_computed():

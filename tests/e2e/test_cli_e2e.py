@@ -1,6 +1,7 @@
 """The command line: hydra config, overrides, validation errors, the metrics file (real workers)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
                                        "agent_proxy.reward_normalization.method=mean_std"], False),
         # the example environment of docs/writing_an_environment.md, trained by config only
         ("frozenlake", ["es_manager.train.env_configs.tags=[GuessNumber]"], True),
+        # GiGPO (anchor states hashed by the rollout) and ReMax (a greedy baseline episode per group),
+        # two steps each by config only
+        ("frozenlake_gigpo", ["trainer.total_training_steps=2"], False),
+        ("frozenlake_remax", ["trainer.total_training_steps=2"], False),
     ],
 )
 def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_critic):
@@ -36,8 +41,11 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
            "actor_rollout_ref.rollout.response_length=16", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["step"] == 1 and "actor/pg_loss" in record
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    record = records[-1]
+    steps = 2 if "trainer.total_training_steps=2" in extra else 1
+    assert [r["step"] for r in records] == list(range(1, steps + 1)) and "actor/pg_loss" in record
+    assert all(math.isfinite(r["critic/advantages_mean"]) and r["rollout/nonfinite_dropped"] == 0 for r in records)
     assert ("critic/vf_loss" in record) == expect_critic
     assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
     assert ("actor/reward_kl_penalty" in record) == (config_name == "frozenlake_grpo")
@@ -47,6 +55,10 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
         assert record["rollout/filter_kept_ratio"] == 0.5
         rows, padding = record["perf/num_rows"], record["perf/update_actor_padding_rows"]
         assert 4 <= rows <= 8 and (rows + padding) % 8 == 0  # 1 group x 4 episodes x 1..2 turns, padded
+    if config_name == "frozenlake_remax":
+        for r in records:  # the greedy baseline ran in its own phase and was not trained on
+            assert r["timing_s/remax_baseline"] > 0 and math.isfinite(r["rollout/remax_baseline_reward_mean"])
+            assert r["perf/num_rows"] == 8  # 2 groups x 4 sampled episodes
 
 
 def test_bad_config_names_the_key(tiny_model_path, tmp_path):

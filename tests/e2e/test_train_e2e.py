@@ -129,7 +129,8 @@ def test_checkpoint_is_a_loadable_hf_model(trained):
     from transformers import AutoModelForCausalLM
 
     trainer, _, _ = trained
-    path = trainer.save_checkpoint()
+    path = trainer.save_checkpoint() / "actor"
+    assert (trainer.run_dir / "latest_checkpointed_iteration.txt").read_text() == str(trainer.global_step)
     model = AutoModelForCausalLM.from_pretrained(path)
     state = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
     for key, value in model.state_dict().items():

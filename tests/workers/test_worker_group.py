@@ -1,6 +1,7 @@
 """Worker-group dispatch on a real local Ray cluster: ONE_TO_ALL and data-parallel split/concat."""
 
 import sys
+import time
 
 import pytest
 import ray.cloudpickle
@@ -46,3 +47,37 @@ def test_dp_compute_keeps_order_and_drops_padding(ray_cluster, rows):
         assert set(out["rank"].tolist()) == ({0, 1} if rows > 1 else {0})
     finally:
         group.shutdown()
+
+
+class Replica:
+    """A plain worker without ranks (like a rollout engine)."""
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def test_members_are_named_and_a_restarted_one_keeps_its_name(ray_cluster):
+    from ray.exceptions import ActorUnavailableError
+
+    ranks = WorkerGroup(RankEcho, name="named", world_size=2, num_cpus_per_rank=0.1)
+    replicas = WorkerGroup(Replica, name="replica", world_size=1, num_cpus_per_rank=0.1, pass_rank=False,
+                           max_restarts=1)
+    try:
+        assert ray.get(ray.get_actor("named_rank1").whoami.remote("")) == "1/2"
+        first_pid = ray.get(ray.get_actor("replica_0").pid.remote())
+        ray.kill(replicas.workers[0], no_restart=False)  # Ray restarts it (max_restarts=1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the name answers again, from a new process
+            try:
+                if ray.get(ray.get_actor("replica_0").pid.remote()) != first_pid:
+                    break
+            except ActorUnavailableError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("replica_0 did not come back under its name within 60 s")
+    finally:
+        ranks.shutdown()
+        replicas.shutdown()

@@ -1,0 +1,32 @@
+"""Context condensers for multi-turn GRPO: build each step's context c_{k+1} within a token budget.
+
+Strategies: ``full``, ``simple``, ``truncate``, ``summary`` (register your own
+with ``@register_condenser`` or name it by import path). Not wired into the
+rollout yet: see docs/multiturn_grpo.md.
+"""
+
+from agent_trainer.condensers.base import (
+    STEP_VIEWS,
+    CondensedContext,
+    ContextCondenser,
+    ContextCondenserConfig,
+    Draft,
+    GenerateFn,
+    StepRecord,
+    SummaryCall,
+    TrajectorySoFar,
+    fit_to_budget,
+    get_condenser_cls,
+    list_condensers,
+    make_condenser,
+    register_condenser,
+)
+from agent_trainer.condensers.strategies import FullCondenser, SimpleCondenser, TruncateCondenser
+from agent_trainer.condensers.summary import SummaryCondenser
+
+__all__ = [
+    "STEP_VIEWS", "CondensedContext", "ContextCondenser", "ContextCondenserConfig", "Draft", "GenerateFn",
+    "StepRecord", "SummaryCall", "TrajectorySoFar", "fit_to_budget", "get_condenser_cls", "list_condensers",
+    "make_condenser", "register_condenser", "FullCondenser", "SimpleCondenser", "TruncateCondenser",
+    "SummaryCondenser",
+]

@@ -1,0 +1,78 @@
+"""The two context layouts the strategies build on.
+
+- Conversation (``full``, ``truncate``): the episode as ``ctx_manager.mode=full``
+  lays it out, rendered by :class:`agent_trainer.ctx_manager.ContextManager`
+  itself: the first prompt (system, instruction, first observation, assistant
+  header), then per step its output ids verbatim (plus an eos when cut) and the
+  next observation as a user message ending in the assistant header. Each
+  step's (output, observation) segment starts right after an assistant header,
+  so whole segments can be dropped and the rest stays a well-formed chat.
+- Recap (``simple``, ``summary``): one fresh prompt whose user message holds the
+  instruction, a text recap of recent steps and the current observation,
+  rendered by ``condensed_ctx.condensed_user_message``: the layout of
+  ``ctx_manager.mode=condensed``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from agent_trainer import prompts
+from agent_trainer.condensed_ctx import NO_ANSWER, TurnSummary, condensed_user_message
+from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.es_manager import EnvOutput
+
+
+class ConversationLayout:
+    """The full conversation of a trajectory as token ids: the task prompt and one segment per step."""
+
+    def __init__(self, tokenizer, enable_think: bool, action_sep: str):
+        self.ctx = ContextManager(tokenizer, enable_think=enable_think, action_sep=action_sep,
+                                  max_model_len=sys.maxsize)
+
+    def segments(self, traj) -> tuple[list[int], list[list[int]]]:
+        """(first prompt ids, [o_k (+ eos) + observation-after-k ids for every step k])."""
+        ep = self.ctx.start(_env_output(traj.instruction, traj.first_observation, 0.0))
+        task = list(ep.token_ids)
+        segments, mark = [], len(task)
+        for step in traj.steps:
+            self.ctx.append_reply(ep, step.output_ids, [0.0] * len(step.output_ids))
+            self.ctx.append_env_output(ep, _env_output(traj.instruction, step.observation, step.reward),
+                                       response_length=0)
+            segments.append(list(ep.token_ids[mark:]))
+            mark = len(ep.token_ids)
+        return task, segments
+
+
+def _env_output(instruction: str, observation: str, reward: float) -> EnvOutput:
+    return EnvOutput(env_id=0, group_id=0, tag="", observation=observation, instruction=instruction,
+                     reward=reward, done=False, info={})
+
+
+def step_recaps(condenser, traj) -> list[TurnSummary]:
+    """What a text layout shows of each past step: the observation it answered, its answer (or reply), its reward."""
+    out = []
+    for k, step in enumerate(traj.steps, start=1):
+        text = condenser.decode(step.output_ids)
+        if condenser.config.step_view == "reply":
+            shown = text.strip() or NO_ANSWER
+        else:
+            shown = prompts.parse_response(text, condenser.action_sep, condenser.enable_think).answer or NO_ANSWER
+        out.append(TurnSummary(turn=k, observation=traj.observation_before(k), answer=shown, reward=step.reward))
+    return out
+
+
+def recap_prompt_ids(condenser, instruction: str, recent: list[TurnSummary], traj) -> list[int]:
+    """The recap layout's prompt: instruction, the ``recent`` steps, the current observation, the reply format."""
+    user = condensed_user_message(instruction, recent, traj.current_observation, len(traj.steps) + 1,
+                                  condenser.enable_think)
+    return condenser.chat_prompt_ids(user)
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,351 @@
+"""Start-up checks of the typed config: a value that cannot work is refused before ``ray.init``.
+
+Each error is one line naming the key, the value, the rule and the fix, e.g.
+``actor_rollout_ref.rollout.temperature = -0.5 must be >= 0 (0 = greedy); e.g. actor_rollout_ref.rollout.temperature=1.0``.
+Single-key ranges and choices are tables (:data:`RANGES`, :func:`choices`); rules that
+relate several keys are functions below them. Checks that need the file system or the
+model's config.json (model paths, ``envs_file``, ``max_position_embeddings``) run in
+``agent_trainer.main.check_inputs``, still before Ray starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import reduce
+from typing import TYPE_CHECKING, Any, Callable
+
+from agent_trainer import core_algos
+from agent_trainer.ctx_manager import CTX_MODES
+
+if TYPE_CHECKING:
+    from agent_trainer.config import AgentTrainerConfig
+
+GROUP_ESTIMATORS = ("grpo", "grpo_multiturn", "rloo", "reinforce_plus_plus_baseline", "gigpo")
+"""Estimators whose baseline is the other episodes of a group (es_manager.train.group_size >= 2)."""
+CONDENSED_ESTIMATORS = ("grpo_multiturn", "gigpo")
+"""Estimators that read the per-turn rows of ``ctx_manager.mode=condensed`` as trajectories (via ``traj_uid``)."""
+MULTI_TURN_ESTIMATORS = ("gigpo",)
+"""Estimators that compare turns (anchor states) and so need episodes of several turns."""
+DTYPES = ("float32", "bfloat16", "float16")
+LOGGERS = ("console", "jsonl", "tensorboard")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A range rule for one numeric key: the test and how it reads in an error."""
+
+    test: Callable[[float], bool]
+    text: str
+    allow_none: bool = False
+
+
+def at_least(n: float, note: str = "") -> Rule:
+    """value >= n."""
+    return Rule(lambda v: v >= n, f"must be >= {n}{note}")
+
+
+def above(n: float, note: str = "") -> Rule:
+    """value > n."""
+    return Rule(lambda v: v > n, f"must be > {n}{note}")
+
+
+def at_most(n: float, note: str = "") -> Rule:
+    """value <= n."""
+    return Rule(lambda v: v <= n, f"must be <= {n}{note}")
+
+
+def between(low: float, high: float, low_open: bool, high_open: bool) -> Rule:
+    """value in the interval, each end open or closed."""
+    text = f"must lie in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    return Rule(lambda v: (v > low if low_open else v >= low) and (v < high if high_open else v <= high), text)
+
+
+def optional(rule: Rule) -> Rule:
+    """The rule, or null."""
+    return Rule(rule.test, f"{rule.text} (or null)", allow_none=True)
+
+
+def _sections(template: list[tuple[str, Rule, str]], *prefixes: str) -> list[tuple[str, Rule, str]]:
+    """The same rules for a sub-section (optim, fsdp) of several sections."""
+    return [(f"{p}.{key}", rule, example) for p in prefixes for key, rule, example in template]
+
+
+_OPTIM = [("optim.lr", above(0), "1e-5"), ("optim.weight_decay", at_least(0), "0.0"),
+          ("optim.warmup_steps", at_least(0), "0")]
+_FSDP = [("fsdp.world_size", at_least(1), "1"), ("fsdp.num_cpus_per_rank", at_least(0), "0.25"),
+         ("fsdp.num_threads", at_least(1), "1")]
+_ROLLOUT = "actor_rollout_ref.rollout"
+
+RANGES: list[tuple[str, Rule, str]] = [
+    # key, rule, an example of a value that works
+    ("micro_batch_size_per_gpu", at_least(1), "4"),
+    ("ppo_mini_batch_size", at_least(1), "8"),
+    ("actor_rollout_ref.actor.ppo_epochs", at_least(1), "1"),
+    ("actor_rollout_ref.actor.clip_ratio", optional(between(0, 1, True, True)), "0.2"),
+    ("actor_rollout_ref.actor.clip_ratio_low", optional(between(0, 1, True, True)), "0.2"),
+    ("actor_rollout_ref.actor.clip_ratio_high", optional(above(0)), "0.28"),
+    ("actor_rollout_ref.actor.clip_ratio_c", above(1, " (dual-clip bound)"), "3.0"),
+    ("actor_rollout_ref.actor.entropy_coeff", at_least(0), "0.0"),
+    ("actor_rollout_ref.actor.kl_loss_coef", at_least(0), "0.001"),
+    ("actor_rollout_ref.actor.grad_clip", above(0), "1.0"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", at_least(1), "4"),
+    (f"{_ROLLOUT}.temperature", at_least(0, " (0 = greedy)"), "1.0"),
+    (f"{_ROLLOUT}.top_p", between(0, 1, True, False), "1.0"),
+    (f"{_ROLLOUT}.top_k", Rule(lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"), "-1"),
+    (f"{_ROLLOUT}.response_length", at_least(1), "100"),
+    (f"{_ROLLOUT}.max_model_len", at_least(2), "2048"),
+    (f"{_ROLLOUT}.num_workers", at_least(1), "1"),
+    (f"{_ROLLOUT}.kv_cache_space_gib", above(0), "1.0"),
+    (f"{_ROLLOUT}.gpu_memory_utilization", between(0, 1, True, False), "0.5"),
+    (f"{_ROLLOUT}.tensor_model_parallel_size", at_least(1), "1"),
+    (f"{_ROLLOUT}.num_cpus_per_worker", at_least(0), "0.5"),
+    (f"{_ROLLOUT}.val_kwargs.temperature", at_least(0, " (0 = greedy)"), "0.0"),
+    (f"{_ROLLOUT}.val_kwargs.top_p", between(0, 1, True, False), "1.0"),
+    ("critic.ppo_epochs", at_least(1), "1"),
+    ("critic.cliprange_value", above(0), "0.5"),
+    ("critic.grad_clip", above(0), "1.0"),
+    ("algorithm.kl_ctrl.kl_coef", at_least(0), "0.001"),
+    ("algorithm.kl_ctrl.target_kl", above(0), "0.1"),
+    ("algorithm.kl_ctrl.horizon", at_least(1), "10000"),
+    ("agent_proxy.max_turn", at_least(1), "5"),
+    ("agent_proxy.num_env_actors", at_least(1), "2"),
+    ("agent_proxy.num_cpus_per_env_actor", at_least(0), "0.1"),
+    ("ctx_manager.keep_last_n_turns", at_least(0, " (0 = no history)"), "2"),
+    ("trainer.total_training_steps", at_least(1), "10"),
+    ("trainer.seed", at_least(0), "0"),
+    ("trainer.ray_num_cpus", optional(above(0)), "null"),
+    ("trainer.max_actor_ckpt_to_keep", optional(at_least(1)), "null"),
+    ("trainer.max_critic_ckpt_to_keep", optional(at_least(1)), "null"),
+    ("trainer.dashboard_port", optional(between(1, 65535, False, False)), "null"),
+    ("es_manager.format_penalty", at_most(0, " (a penalty; a positive value would reward bad answers)"), "-0.1"),
+    ("es_manager.seed", at_least(0), "0"),
+    *_sections(_OPTIM, "actor_rollout_ref.actor", "critic"),
+    *_sections(_FSDP, "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"),
+]
+"""Single-key numeric ranges; a non-finite number (nan, inf) never passes."""
+
+
+def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
+    """Single-key choices: (key, value, allowed)."""
+    norm = cfg.agent_proxy.reward_normalization
+    return [  # the estimator, policy loss and KL choices are in core_algos.validate_algorithm_choices
+        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, core_algos.KL_PENALTY_TYPES),
+        ("actor_rollout_ref.model.dtype", cfg.actor_rollout_ref.model.dtype, DTYPES),
+        ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ("vllm", "hf")),
+        ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
+         core_algos.ROLLOUT_FILTER_STRATEGIES),
+        ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
+        ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES),
+        ("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS),
+        ("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS),
+        ("ctx_manager.mode", cfg.ctx_manager.mode, CTX_MODES),
+        ("trainer.device", cfg.trainer.device, ("auto", "cpu", "cuda")),
+        ("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES),
+    ]
+
+
+def validate_config(cfg: AgentTrainerConfig) -> None:
+    """Every start-up rule; raises ValueError with one line naming the key, the value and the fix."""
+    actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
+    core_algos.validate_algorithm_choices(
+        adv_estimator=alg.adv_estimator, loss_agg_mode=actor.loss_agg(), kl_loss_type=actor.kl_loss_type,
+        policy_loss_mode=actor.policy_loss_mode, kl_ctrl_type=alg.kl_ctrl.type, bi_level_gae=alg.bi_level_gae,
+        gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
+    )
+    for key, rule, example in RANGES:
+        value = _get(cfg, key)
+        ok = rule.allow_none if value is None else _is_number(value) and rule.test(value)
+        if not ok:
+            raise ValueError(f"{key} = {value!r} {rule.text}; e.g. {key}={example}")
+    for key, value, allowed in choices(cfg):
+        if value == "float64" and allowed is DTYPES:
+            raise ValueError(f"{key} = 'float64' is not supported (FSDP mixed precision and vLLM run float32 at "
+                             f"most); set {key}=float32 (or bfloat16 / float16 on GPUs)")
+        core_algos.check_choice(key, value, allowed)
+    _check_optimizers(cfg)
+    _check_trainer(cfg)
+    _check_rollout(cfg)
+    _check_estimator(cfg)
+    _validate_algorithm_options(cfg)
+    _validate_ctx_manager(cfg)
+    _validate_rollout_shaping(cfg)
+    _check_all_batching(cfg)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _get(cfg: Any, key: str) -> Any:
+    return reduce(getattr, key.split("."), cfg)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_optimizers(cfg: AgentTrainerConfig) -> None:
+    for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
+                       ("critic.optim", cfg.critic.optim)):
+        betas = list(optim.betas)
+        _check(len(betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in betas),
+               f"{key}.betas = {betas} must be two numbers in [0, 1); e.g. {key}.betas=[0.9,0.999]")
+
+
+def _check_trainer(cfg: AgentTrainerConfig) -> None:
+    t = cfg.trainer
+    for key in ("project_name", "experiment_name", "default_local_dir"):
+        _check(bool(str(getattr(t, key)).strip()), f"trainer.{key} = {getattr(t, key)!r} must not be empty; "
+                                                   "give it a name")
+    for name in t.logger:
+        core_algos.check_choice("trainer.logger", name, LOGGERS)
+    _check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+           f"trainer.resume_mode = 'resume_path' needs trainer.resume_from_path (got {t.resume_from_path!r}); set "
+           "trainer.resume_from_path=<run dir>/global_step_N, or use trainer.resume_mode=auto")
+    _check(t.resume_from_path is None or t.resume_mode == "resume_path",
+           f"trainer.resume_from_path = {t.resume_from_path!r} is only read with trainer.resume_mode=resume_path "
+           f"(got {t.resume_mode!r}); add trainer.resume_mode=resume_path or drop resume_from_path")
+    if t.device == "cuda":
+        import torch
+
+        _check(torch.cuda.is_available(), "trainer.device = 'cuda' but torch sees no CUDA device; "
+                                          "use trainer.device=auto (or cpu)")
+
+
+def _check_rollout(cfg: AgentTrainerConfig) -> None:
+    r = cfg.actor_rollout_ref.rollout
+    _check(r.response_length < r.max_model_len,
+           f"actor_rollout_ref.rollout.response_length = {r.response_length} must be smaller than "
+           f"actor_rollout_ref.rollout.max_model_len = {r.max_model_len} (the whole episode, prompt included); "
+           "raise max_model_len or lower response_length")
+    if r.tensor_model_parallel_size > 1:
+        _check(r.name == "vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
+                                 f"{r.tensor_model_parallel_size} needs rollout.name=vllm (got {r.name!r}); "
+                                 "set it to 1")
+        _check(_cuda_run(cfg), f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size}"
+                               " splits the engine over GPUs, and this run has none; set it to 1")
+    for split in ("train", "val"):
+        groups = getattr(cfg.es_manager, split).env_groups
+        _check(cfg.agent_proxy.num_env_actors <= groups,
+               f"agent_proxy.num_env_actors = {cfg.agent_proxy.num_env_actors} is more than es_manager.{split}."
+               f"env_groups = {groups} (each actor holds whole groups, so some would hold none); "
+               f"set agent_proxy.num_env_actors <= {groups}")
+
+
+def _cuda_run(cfg: AgentTrainerConfig) -> bool:
+    if cfg.trainer.device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _check_estimator(cfg: AgentTrainerConfig) -> None:
+    """The estimator's preconditions: groups to compare, turns to compare, values when it needs them."""
+    estimator = cfg.algorithm.estimator()
+    group_size = cfg.es_manager.train.group_size
+    _check(estimator not in GROUP_ESTIMATORS or group_size >= 2,
+           f"algorithm.adv_estimator = {estimator!r} compares the episodes of a group, but es_manager.train.group_size"
+           f" = {group_size}: a group of one has nothing to compare with, so the estimator would silently become "
+           "REINFORCE without a baseline; set es_manager.train.group_size >= 2 (e.g. 4) or pick a critic "
+           "estimator such as gae")
+    _check(estimator not in MULTI_TURN_ESTIMATORS or cfg.agent_proxy.max_turn >= 2,
+           f"algorithm.adv_estimator = {estimator!r} compares turns from the same state across episodes, but "
+           f"agent_proxy.max_turn = {cfg.agent_proxy.max_turn} gives one-turn episodes (it would equal grpo); "
+           "set agent_proxy.max_turn >= 2 or algorithm.adv_estimator=grpo")
+    needs_values = estimator in core_algos.CRITIC_ESTIMATORS
+    _check(cfg.critic.enable is not False or not needs_values,
+           f"algorithm.adv_estimator = {estimator!r} needs values but critic.enable = False; set critic.enable=true "
+           "(or null) or pick a critic-free estimator such as grpo")
+    _check(cfg.critic.enable is not True or needs_values,
+           f"critic.enable = True trains a critic whose values algorithm.adv_estimator = {estimator!r} never reads; "
+           "set critic.enable=null (on exactly for gae / bi_level_gae) or algorithm.adv_estimator=gae")
+
+
+def _validate_algorithm_options(cfg: AgentTrainerConfig) -> None:
+    """algorithm.nonfinite_reward, algorithm.gigpo.*, and what ReMax's greedy baseline can be compared with."""
+    alg = cfg.algorithm
+    core_algos.check_choice("algorithm.nonfinite_reward", alg.nonfinite_reward, core_algos.NONFINITE_REWARD_POLICIES)
+    core_algos.check_choice("algorithm.gigpo.mode", alg.gigpo.mode, core_algos.GIGPO_MODES)
+    _check(_is_number(alg.gigpo.epsilon) and alg.gigpo.epsilon > 0,
+           f"algorithm.gigpo.epsilon = {alg.gigpo.epsilon} must be > 0 (it keeps the division by a zero std "
+           "finite); use e.g. 1e-6")
+    _check(_is_number(alg.gigpo.step_advantage_w) and alg.gigpo.step_advantage_w >= 0,
+           f"algorithm.gigpo.step_advantage_w = {alg.gigpo.step_advantage_w} must be >= 0 (0 = episode-level "
+           "advantage only); e.g. algorithm.gigpo.step_advantage_w=1.0")
+    # The greedy episode's raw reward is the baseline; normalised episode rewards would sit on another scale.
+    method = cfg.agent_proxy.reward_normalization.method
+    _check(alg.estimator() != "remax" or method == "identity",
+           f"algorithm.adv_estimator = 'remax' subtracts the raw reward of a greedy episode, but "
+           f"agent_proxy.reward_normalization.method = {method!r} rescales the sampled episodes' rewards; set "
+           "agent_proxy.reward_normalization.method=identity or pick algorithm.adv_estimator=grpo")
+
+
+def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
+    """Context mode and estimator must agree: per-turn rows need a trajectory-level estimator, and back."""
+    mode, estimator = cfg.ctx_manager.mode, cfg.algorithm.estimator()
+    # Raise rather than fall back: with one row per episode grpo_multiturn computes exactly grpo, and a
+    # verl/RAGEN user who picks it expects condensed per-turn rows; a silent equivalence hides the mistake.
+    _check(not (estimator == "grpo_multiturn" and mode == "full"),
+           "algorithm.adv_estimator = 'grpo_multiturn' needs one training row per turn, but ctx_manager.mode = "
+           "'full' makes one row per episode (grpo_multiturn would silently equal grpo); set ctx_manager.mode="
+           "condensed (see config/frozenlake_grpo_multiturn.yaml) or algorithm.adv_estimator=grpo")
+    # Per-turn rows of one episode only form a trajectory for estimators that group them by traj_uid:
+    # GAE / bi-level GAE would lose the value bootstrap between rows, and per-row outcome estimators
+    # (grpo, rloo, reinforce_plus_plus*, remax) would score each turn as if it were a whole episode.
+    _check(mode != "condensed" or estimator in CONDENSED_ESTIMATORS,
+           f"ctx_manager.mode = 'condensed' makes one row per turn, which only {list(CONDENSED_ESTIMATORS)} reads as "
+           f"trajectories, but algorithm.adv_estimator = {estimator!r} (critic estimators would lose the value "
+           "bootstrap across rows; per-row outcome estimators would score each turn alone); set "
+           "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
+
+
+def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
+    """Rollout filtering thresholds (the names are checked in :func:`choices`)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
+    low_ok = value >= 0.0 if strategy == "min_p" else value > 0.0
+    _check(_is_number(value) and low_ok and value <= 1.0,
+           f"actor_rollout_ref.rollout.rollout_filter_value = {value} must lie in "
+           f"{'[0, 1]' if strategy == 'min_p' else '(0, 1]'} for rollout_filter_strategy {strategy!r}; "
+           "use 1.0 to keep every group (StarPO-S uses top_k 0.25)")
+    # top_k ranks groups by in-group reward std; with one episode per group every std is 0 and the
+    # kept groups would be an arbitrary prefix.
+    _check(not (strategy == "top_k" and value < 1.0 and cfg.es_manager.train.group_size < 2),
+           f"actor_rollout_ref.rollout.rollout_filter_value = {value} filters groups by their reward std, which is "
+           f"0 for groups of one (es_manager.train.group_size = {cfg.es_manager.train.group_size}); set "
+           "es_manager.train.group_size >= 2 or rollout_filter_value=1.0")
+
+
+def _check_all_batching(cfg: AgentTrainerConfig) -> None:
+    # Condensed mode makes one row per turn, so the row count varies per step and only the per-rank
+    # split of a mini-batch can be checked here. The trainer pads every update to whole mini-batches
+    # (trainer.pad_for_update), which also covers batches that rollout filtering shrank.
+    train = cfg.es_manager.train
+    rows = None if cfg.ctx_manager.mode == "condensed" else train.env_groups * train.group_size
+    actor = cfg.actor_rollout_ref.actor
+    _check_batching("actor_rollout_ref.actor", rows, actor.ppo_mini_batch_size,
+                    actor.ppo_micro_batch_size_per_gpu, actor.fsdp.world_size)
+    if cfg.critic_enabled:
+        _check_batching("critic", rows, cfg.critic.ppo_mini_batch_size,
+                        cfg.critic.ppo_micro_batch_size_per_gpu, cfg.critic.fsdp.world_size)
+
+
+def _check_batching(section: str, rows: int | None, mini: int, micro: int, world: int) -> None:
+    """Every rank must run the same number of micro-batches, or FSDP collectives hang.
+
+    ``rows`` is the number of rows per step, or None when it varies (condensed mode).
+    """
+    for key, value in (("ppo_mini_batch_size", mini), ("ppo_micro_batch_size_per_gpu", micro)):
+        _check(value >= 1, f"{section}.{key} = {value} must be >= 1; e.g. {section}.{key}=4")
+    _check(rows is None or rows % mini == 0,
+           f"{section}.ppo_mini_batch_size ({mini}) must divide the rows per step "
+           f"(es_manager.train.env_groups x group_size = {rows}); pick a divisor of {rows}")
+    _check(mini % world == 0,
+           f"{section}.ppo_mini_batch_size ({mini}) must be divisible by fsdp.world_size ({world})")
+    _check((mini // world) % micro == 0,
+           f"{section}.ppo_micro_batch_size_per_gpu ({micro}) must divide ppo_mini_batch_size / fsdp.world_size "
+           f"({mini} / {world} = {mini // world})")

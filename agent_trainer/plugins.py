@@ -1,0 +1,54 @@
+"""A name -> class registry for plug-ins (context condensers, trajectory reward computers).
+
+A plug-in is found by the name it registered (``@registry.register("simple")``)
+or by an import path "package.module:ClassName", so a user's class needs no
+edit of this project. Unknown names raise ValueError naming the config key and
+the known names, as estimators and environments do.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class PluginRegistry(Generic[T]):
+    """Subclasses of ``base`` by name; ``key`` is the config key named in errors."""
+
+    def __init__(self, base: type[T], key: str):
+        self.base = base
+        self.key = key
+        self._classes: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator registering ``cls`` as ``name`` (re-registering replaces it)."""
+
+        def wrap(cls: type[T]) -> type[T]:
+            if not (isinstance(cls, type) and issubclass(cls, self.base)):
+                raise ValueError(f"{self.key}: cannot register {cls!r} as {name!r}: not a {self.base.__name__}")
+            self._classes[name] = cls
+            return cls
+
+        return wrap
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type[T]:
+        """The class registered as ``name``, or the one at "package.module:ClassName"."""
+        if name in self._classes:
+            return self._classes[name]
+        if not isinstance(name, str) or ":" not in name:
+            raise ValueError(f"{self.key} = {name!r} is unknown; known: {self.names()}, "
+                             "or give an import path 'package.module:ClassName'")
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"{self.key} = {name!r} could not be imported ({exc}); known: {self.names()}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise ValueError(f"{self.key} = {name!r} is not a subclass of {self.base.__name__}")
+        return cls

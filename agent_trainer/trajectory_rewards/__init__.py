@@ -1,0 +1,34 @@
+"""Trajectory reward computers for multi-turn GRPO (seed 004), and the coding sandbox.
+
+Not wired into the trainer yet: see docs/multiturn_grpo.md.
+"""
+
+from agent_trainer.trajectory_rewards.base import (
+    DOMAINS,
+    FinishedTrajectory,
+    FormatValidationConfig,
+    GroundTruth,
+    IOCase,
+    RewardComputationConfig,
+    TrajectoryReward,
+    TrajectoryRewardComputer,
+    get_reward_computer_cls,
+    list_reward_computers,
+    longest_row,
+    register_reward_computer,
+)
+from agent_trainer.trajectory_rewards.computers import (
+    BatchRewards,
+    BatchTrajectoryRewardComputer,
+    GRPOTrajectoryRewardComputer,
+    load_ground_truth,
+    make_reward_computer,
+)
+from agent_trainer.trajectory_rewards.sandbox import SandboxLimits, SandboxResult, run_python
+
+__all__ = [
+    "DOMAINS", "FinishedTrajectory", "FormatValidationConfig", "GroundTruth", "IOCase", "RewardComputationConfig",
+    "TrajectoryReward", "TrajectoryRewardComputer", "get_reward_computer_cls", "list_reward_computers", "longest_row",
+    "register_reward_computer", "BatchRewards", "BatchTrajectoryRewardComputer", "GRPOTrajectoryRewardComputer",
+    "load_ground_truth", "make_reward_computer", "SandboxLimits", "SandboxResult", "run_python",
+]

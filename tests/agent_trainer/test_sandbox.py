@@ -1,0 +1,148 @@
+"""The coding sandbox: real subprocesses running hostile programs, each reward 0 in time, the host unaffected."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from agent_trainer.trajectory_rewards import (
+    FinishedTrajectory,
+    GroundTruth,
+    RewardComputationConfig,
+    SandboxLimits,
+    make_reward_computer,
+    run_python,
+)
+from agent_trainer.trajectory_rewards.sandbox import SANDBOX_UID_BASE, isolation
+
+LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, mem_mb=256, max_output_bytes=64 * 1024)
+SLACK_S = 2.0
+"""Start-up and teardown on top of the wall limit (2 busy shared cores)."""
+
+
+def sandbox_processes() -> list[psutil.Process]:
+    """Processes still running under a sandbox uid, or under this test process."""
+    leftovers = psutil.Process().children(recursive=True)
+    for p in psutil.process_iter(["uids"]):
+        uids = p.info["uids"]
+        if uids and SANDBOX_UID_BASE <= uids.real < SANDBOX_UID_BASE + 4096:
+            leftovers.append(p)
+    return leftovers
+
+
+@pytest.fixture(scope="module")
+def coding():
+    return make_reward_computer(RewardComputationConfig(domain="coding", sandbox=LIMITS))
+
+
+def reward_of(coding, program: str, tests: str):
+    traj = FinishedTrajectory("q", [f"<answer>```python\n{program}\n```</answer>"], max_context_length=100,
+                              ground_truth=GroundTruth(tests=tests))
+    return coding.compute(traj)
+
+
+def test_a_correct_program_passes_and_wrong_or_evasive_ones_do_not():
+    ok = run_python("def f(x):\n    return x + 1\nprint('hi')", "assert f(1) == 2", limits=LIMITS)
+    assert ok.passed and ok.exit_code == 0 and ok.stdout_tail == "hi\n" and not ok.timed_out
+    assert ok.isolation in ("netns", "userns", "sockets")
+    wrong = run_python("def f(x):\n    return x", "assert f(1) == 2", limits=LIMITS)
+    assert not wrong.passed and wrong.exit_code == 1 and "AssertionError" in wrong.stderr_tail
+    # sys.exit(0) does not skip the tests; os._exit(0) before them is not a pass
+    exits = run_python("import sys\nsys.exit(0)\ndef f(x):\n    return x + 1", "assert f(1) == 2", limits=LIMITS)
+    assert not exits.passed and "NameError" in exits.stderr_tail
+    hard_exit = run_python("import os\nos._exit(0)", "assert False", limits=LIMITS)
+    assert not hard_exit.passed and hard_exit.exit_code == 0
+    echo = run_python("print(int(input()) * 2)", stdin="21\n", limits=LIMITS)
+    assert echo.passed and echo.stdout_tail == "42\n"
+
+
+HOSTILE = {
+    "infinite loop": ("while True:\n    pass", "timed out"),
+    "sleeping forever": ("import time\nwhile True:\n    time.sleep(1)", "timed out"),
+    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n        os.setsid()\n"
+                  "    except OSError:\n        pass", "timed out"),
+    "10 GB allocation": ("x = bytearray(10 * 1024 ** 3)", "failed"),
+    "huge print": ("while True:\n    print('x' * 100000)", "output limit exceeded"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_programs_get_reward_0_in_time_and_leave_the_host_alone(coding, name):
+    program, reason = HOSTILE[name]
+    rss_before = psutil.Process().memory_info().rss
+    start = time.monotonic()
+    result = reward_of(coding, program, "assert True")
+    elapsed = time.monotonic() - start
+    assert result.reward == 0.0 and not result.correct and result.format_ok
+    assert reason in result.reason, result.reason
+    assert elapsed < LIMITS.wall_s + SLACK_S
+    assert sandbox_processes() == []  # the fork bomb's children died with the run
+    assert psutil.Process().memory_info().rss - rss_before < 64 * 1024 * 1024
+
+
+def test_the_raw_results_say_which_limit_stopped_the_program():
+    mem = run_python("x = bytearray(10 * 1024 ** 3)", limits=LIMITS)
+    assert "MemoryError" in mem.stderr_tail and mem.seconds < 2
+    loop = run_python("while True:\n    pass", limits=LIMITS)
+    assert loop.timed_out and loop.seconds < LIMITS.wall_s + SLACK_S
+    printer = run_python("while True:\n    print('x' * 100000)", limits=LIMITS)
+    assert printer.output_exceeded and len(printer.stdout_tail.encode()) <= LIMITS.max_output_bytes
+
+
+def test_a_network_connect_fails_and_nothing_reaches_the_host(coding):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    received: list[bytes] = []
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except (socket.timeout, OSError):
+                continue
+            received.append(conn.recv(16))
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    program = ("import socket\ntry:\n"
+               f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'leak')\n"
+               "    connected = True\nexcept OSError:\n    connected = False")
+    try:
+        result = reward_of(coding, program, "assert connected")
+        socket.create_connection(("127.0.0.1", port), timeout=1).sendall(b"control")  # the server does listen
+        deadline = time.monotonic() + 2
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+    assert result.reward == 0.0 and "failed" in result.reason
+    assert received == [b"control"]  # only the host's own connection arrived
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root host drops the program to an unprivileged uid")
+def test_as_root_the_program_cannot_write_outside_its_directory(tmp_path):
+    assert isolation().drop_root
+    target = tmp_path / "owned_by_root.txt"
+    result = run_python(f"open({str(target)!r}, 'w').write('x')", limits=LIMITS)
+    assert not result.passed and "PermissionError" in result.stderr_tail and not target.exists()
+    local = run_python("open('scratch.txt', 'w').write('x')\nprint(open('scratch.txt').read())", limits=LIMITS)
+    assert local.passed and local.stdout_tail == "x\n"
+
+
+def test_with_namespaces_the_program_sees_only_its_own_processes():
+    if isolation().mode == "sockets":
+        pytest.skip("no namespaces on this host: the socket-blocking fallback is in use")
+    result = run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", limits=LIMITS)
+    assert result.passed and result.stdout_tail == "[1, 2]\n"  # the launcher (init) and the program

@@ -1,0 +1,95 @@
+"""Exact resume through the real command line: kill -9 a run mid-save, start the same command, compare.
+
+Run A trains 4 steps uninterrupted. Run B is the same command in another folder; it is
+SIGKILLed (its whole process group: driver and the Ray cluster it started) while it writes
+step 3's checkpoint, after step 2's is complete. Starting the same command again resumes at
+step 3 from global_step_2 and must end where A ended.
+
+Tolerance: exact equality. On CPU every phase is deterministic given its inputs: the engine
+samples from a seed that is a pure function of (trainer.seed, step, turn), the environments
+are seeded by (es_manager.seed, reset count), FSDP2's gloo all-reduce sums in a fixed order,
+one torch thread per worker, and the checkpoint restores weights, Adam moments, the LR
+schedule, RNG states and env seed counters bit for bit (safetensors, JSON). Only wall-clock
+metrics (``timing_s/*``, ``perf/tokens_per_s``) may differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+WALL_CLOCK = ("timing_s/", "perf/tokens_per_s")
+
+
+def _command(model_path: str, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake",
+            f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
+            "trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.test_freq=0",
+            "trainer.progress_bar=false", "agent_proxy.max_turn=2",
+            "es_manager.train.env_groups=2", "es_manager.train.group_size=4",
+            "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]", "es_manager.train.env_configs.n_groups=[1,1]",
+            "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3"]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _kill_during_save(cmd: list[str], run_dir: Path, step: int) -> None:
+    """Start ``cmd`` in its own session; SIGKILL the session as soon as step ``step``'s save begins."""
+    log = run_dir.parent / f"{run_dir.name}.killed.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    partial = run_dir / f".tmp_global_step_{step}"
+    deadline = time.monotonic() + 900
+    while not partial.exists():
+        assert proc.poll() is None, f"the run ended before step {step}'s save: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "step's save never started"
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    # the kill landed mid-save: the partial folder is there, the step's checkpoint is not
+    assert partial.exists() and not (run_dir / f"global_step_{step}").exists()
+
+
+def _metrics(run_dir: Path) -> dict[int, dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in lines]
+    assert steps == sorted(set(steps)), f"duplicate or unordered steps: {steps}"
+    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(WALL_CLOCK)} for m in lines}
+
+
+def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_path, tmp_path):
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    _run(_command(tiny_model_path, run_a))
+    _kill_during_save(_command(tiny_model_path, run_b), run_b, step=3)
+    assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "2"
+
+    resumed = _run(_command(tiny_model_path, run_b))
+    assert f"resumed from {run_b / 'global_step_2'}" in resumed.stdout + resumed.stderr
+    assert not list(run_b.glob(".tmp_*"))
+
+    a, b = _metrics(run_a), _metrics(run_b)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert a[step] == b[step], {k: (a[step][k], b[step].get(k)) for k in a[step] if a[step][k] != b[step].get(k)}
+    for part in ("actor", "critic"):
+        final_a = load_file(str(run_a / "global_step_4" / part / "model.safetensors"))
+        final_b = load_file(str(run_b / "global_step_4" / part / "model.safetensors"))
+        assert final_a.keys() == final_b.keys()
+        assert all((final_a[k] == final_b[k]).all() for k in final_a), part
+    state = json.loads((run_b / "global_step_4" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4 and state["env_resets"]["train"] == 4
