@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 MODEL  := models/tiny-qwen2
+RM     := models/tiny-qwen2-rm
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: install install-gpu model shellcheck train test test-fast bench clean
+.PHONY: install install-gpu model shellcheck chromium train test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +27,11 @@ install-gpu:
 $(MODEL)/build_info.json: $(STAMP)
 	$(PY) -m launch.build_tiny_model --out $(MODEL)
 
-model: $(MODEL)/build_info.json
+# The tiny reward model (docs/rewards.md): the policy's backbone under a seeded score head.
+$(RM)/config.json: $(MODEL)/build_info.json
+	$(PY) -m launch.build_tiny_model --out $(MODEL) --reward-model-out $(RM)
+
+model: $(MODEL)/build_info.json $(RM)/config.json
 
 # tests/launch/test_scripts.py runs shellcheck (a distribution package) over every shell script:
 # installed with apt-get when missing and we are root; otherwise that half of the test is skipped.
@@ -37,13 +42,22 @@ shellcheck:
 	      || echo "apt-get could not install shellcheck; tests/launch/test_scripts.py skips shellcheck"; \
 	  else echo "shellcheck missing (apt-get install shellcheck); tests/launch/test_scripts.py skips it"; fi; }
 
+# tests/agent_trainer/test_viewer.py and tests/e2e/test_operations_e2e.py look at the trajectory viewer in
+# headless Chromium (a distribution package): installed the same way; those checks are skipped without it.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	      || echo "apt-get could not install chromium; the viewer's browser tests are skipped"; \
+	  else echo "chromium missing (apt-get install chromium); the viewer's browser tests are skipped"; fi; }
+
 train: model
 	$(PY) -m agent_trainer.main --config-name frozenlake $(ARGS)
 
-test: model shellcheck
+test: model shellcheck chromium
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider $(ARGS)
 
-test-fast: model shellcheck
+test-fast: model shellcheck chromium
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(ARGS)
 
 bench: model

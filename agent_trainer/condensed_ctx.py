@@ -171,7 +171,7 @@ class CondensedContextManager(ContextManager):
         """Put the turn's reward on its row; summarise the turn and render the next prompt.
 
         The episode ends when the env says done, or when the next prompt plus
-        ``response_length`` would not fit in ``max_model_len`` (``truncated``).
+        ``response_length`` would not fit in ``max_model_len`` (``truncated`` and ``context_overflow``).
         """
         ctx.rows[-1].reward += float(out.reward)
         ctx.history.append(TurnSummary(turn=ctx.num_turns, observation=ctx.observation, answer=ctx.pending_answer,
@@ -182,7 +182,7 @@ class CondensedContextManager(ContextManager):
             return
         ctx.next_prompt = self._render_prompt(ctx)
         if len(ctx.next_prompt) + response_length > self.max_model_len:
-            ctx.done = ctx.truncated = True
+            ctx.done = ctx.truncated = ctx.context_overflow = True
 
     def build_update_batch(self, episodes: list[CondensedEpisode],  # type: ignore[override]
                            uid_offset: int = 0) -> TensorBatch:

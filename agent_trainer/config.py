@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from agent_trainer import config_errors, core_algos
 from agent_trainer.config_checks import CONDENSED_ESTIMATORS, validate_config  # noqa: F401 (re-exported)
 from agent_trainer.es_manager import EsManagerConfig
+from agent_trainer.reward_config import DataConfig, RewardConfig, RewardModelConfig
 
 POLICY_LOSS_DEFAULTS: dict[str, tuple[float, float, str]] = {
     "vanilla": (0.2, 0.28, "token-mean"),
@@ -160,6 +161,9 @@ class RolloutConfig:
     """Max tokens of a whole episode (prompt and every turn); longer episodes are truncated and end."""
     num_workers: int = 1
     """Rollout engines; episodes are split across them."""
+    generate_timeout_s: float = 600.0
+    """Seconds one generate call (one turn of an engine's share of the episodes) may take; past it the engine
+    is killed, restarted and re-synced, and the turn is generated once more (rollout/engine_failures)."""
     kv_cache_space_gib: float = 1.0
     """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = 0.5
@@ -346,7 +350,8 @@ class TrainerConfig:
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     """Run directory: metrics.jsonl, tensorboard events, checkpoints."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
-    """console | jsonl | tensorboard."""
+    """console | jsonl | tensorboard | wandb (``pip install -e '.[wandb]'``; WANDB_MODE=offline works without
+    network; a resumed run continues the same wandb run). See docs/operations.md."""
     device: str = "auto"
     """auto | cpu | cuda. auto picks cuda when available."""
     seed: int = 0
@@ -363,6 +368,36 @@ class TrainerConfig:
     Ignored when joining RAY_ADDRESS."""
     progress_bar: bool = True
     """Show a tqdm progress bar over training steps."""
+    log_trajectories_freq: int = 10
+    """Every N training steps (and the last), write a sample of episodes to
+    ``<run dir>/trajectories/step_N.jsonl`` and regenerate ``trajectories/viewer.html``; 0 disables.
+    See docs/operations.md."""
+    log_trajectories_per_tag: int = 4
+    """Episodes per env tag in each trajectory sample: half successes, half failures when both exist."""
+    max_restarts: int = 0
+    """How often a run whose actor, critic or reference rank died is restarted in place: every worker is
+    torn down and started again, and training continues from the latest checkpoint in default_local_dir
+    (from model_path when there is none). 0: the run exits non-zero naming the group and rank."""
+    collective_timeout_s: float = 600.0
+    """Timeout of the FSDP ranks' torch.distributed collectives (gloo/NCCL process group): a peer lost
+    mid-collective fails its group after this long instead of blocking forever."""
+    placement_timeout_s: float = 120.0
+    """How long a worker group's Ray placement group may take to be placed before the run fails naming
+    every group's demand and what the cluster has (the demand is also checked up front)."""
+    save_on_signal: bool = True
+    """On SIGINT/SIGTERM save a checkpoint at the next step boundary before shutting down (exit 130/143);
+    false shuts down without saving. A second signal exits at once."""
+
+
+@dataclass
+class EvalConfig:
+    """``python -m agent_trainer.eval``: validation only, no optimizer or critic. See docs/operations.md."""
+
+    k: int = 4
+    """Sampled episodes per validation seed (actor_rollout_ref.rollout.temperature/top_p/top_k); pass@k counts
+    a seed solved when any of its k succeeds. 0 = greedy only."""
+    output_dir: str = "${trainer.default_local_dir}/eval"
+    """Where eval_report.json, the trajectories and their viewer.html go."""
 
 
 @dataclass
@@ -384,6 +419,10 @@ class AgentTrainerConfig:
     es_manager: EsManagerConfig = field(
         default_factory=lambda: EsManagerConfig(seed="${trainer.seed}"))  # type: ignore[arg-type]
     ctx_manager: CtxManagerConfig = field(default_factory=CtxManagerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     envs_file: str = ""
     """YAML with the env tags (RAGEN's custom_envs); empty = config/envs.yaml of this project."""
 
@@ -413,15 +452,22 @@ def load_config(cfg: DictConfig | Mapping[str, Any]) -> AgentTrainerConfig:
     that the schema lacks, and a merge onto the schema would keep it (config_errors).
     Raises ``ValueError`` with one line naming the key, the value and the fix.
     """
+    typed: AgentTrainerConfig = merge_onto_schema(cfg, config_schema())
+    validate_config(typed)
+    return typed
+
+
+def merge_onto_schema(cfg: DictConfig | Mapping[str, Any], schema: DictConfig) -> Any:
+    """Refuse unknown keys, merge ``cfg`` onto a structured ``schema``, resolve ``${...}``; the typed object.
+
+    Shared by every entry point's config (RL, SFT). Raises ``ValueError`` with one line.
+    """
     raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
-    schema = config_schema()
     config_errors.check_known_keys(raw, schema)
     merged = None
     try:
         merged = OmegaConf.merge(schema, raw)
         OmegaConf.resolve(merged)
-        typed: AgentTrainerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        return OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ValueError(config_errors.one_line(err, schema, config=merged)) from None
-    validate_config(typed)
-    return typed

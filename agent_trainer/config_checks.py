@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from agent_trainer import core_algos
 from agent_trainer.ctx_manager import CTX_MODES
+from agent_trainer.reward_config import RM_INPUTS
 
 if TYPE_CHECKING:
     from agent_trainer.config import AgentTrainerConfig
@@ -28,7 +29,7 @@ CONDENSED_ESTIMATORS = ("grpo_multiturn", "gigpo")
 MULTI_TURN_ESTIMATORS = ("gigpo",)
 """Estimators that compare turns (anchor states) and so need episodes of several turns."""
 DTYPES = ("float32", "bfloat16", "float16")
-LOGGERS = ("console", "jsonl", "tensorboard")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 
@@ -97,6 +98,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     (f"{_ROLLOUT}.response_length", at_least(1), "100"),
     (f"{_ROLLOUT}.max_model_len", at_least(2), "2048"),
     (f"{_ROLLOUT}.num_workers", at_least(1), "1"),
+    (f"{_ROLLOUT}.generate_timeout_s", above(0), "600"),
     (f"{_ROLLOUT}.kv_cache_space_gib", above(0), "1.0"),
     (f"{_ROLLOUT}.gpu_memory_utilization", between(0, 1, True, False), "0.5"),
     (f"{_ROLLOUT}.tensor_model_parallel_size", at_least(1), "1"),
@@ -119,8 +121,26 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("trainer.max_actor_ckpt_to_keep", optional(at_least(1)), "null"),
     ("trainer.max_critic_ckpt_to_keep", optional(at_least(1)), "null"),
     ("trainer.dashboard_port", optional(between(1, 65535, False, False)), "null"),
+    ("trainer.max_restarts", at_least(0), "0"),
+    ("trainer.collective_timeout_s", above(0), "600"),
+    ("trainer.placement_timeout_s", above(0), "120"),
+    ("trainer.log_trajectories_freq", at_least(0, " (0 = off)"), "10"),
+    ("trainer.log_trajectories_per_tag", at_least(1), "4"),
+    ("eval.k", at_least(0, " (0 = greedy only)"), "4"),
     ("es_manager.format_penalty", at_most(0, " (a penalty; a positive value would reward bad answers)"), "-0.1"),
     ("es_manager.seed", at_least(0), "0"),
+    ("data.max_prompt_length", at_least(1), "1024"),
+    ("data.max_turns", at_least(1, " (1 = single-turn)"), "1"),
+    ("reward_model.max_length", at_least(1), "2048"),
+    ("reward_model.micro_batch_size_per_gpu", at_least(1), "4"),
+    ("reward_model.world_size", at_least(1), "1"),
+    ("reward_model.num_cpus_per_rank", at_least(0), "0.25"),
+    ("reward_model.reward_weight", Rule(lambda v: v != 0, "must not be 0 (the scores would be ignored; use "
+                                                          "reward_model.enable=false)"), "1.0"),
+    ("es_manager.env_step_timeout_s", above(0), "60"),
+    ("es_manager.env_reset_timeout_s", above(0), "60"),
+    ("es_manager.max_failed_reset_fraction", between(0, 1, False, False), "0.5"),
+    ("es_manager.max_observation_chars", at_least(100), "20000"),
     *_sections(_OPTIM, "actor_rollout_ref.actor", "critic"),
     *_sections(_FSDP, "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"),
 ]
@@ -143,6 +163,8 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         ("ctx_manager.mode", cfg.ctx_manager.mode, CTX_MODES),
         ("trainer.device", cfg.trainer.device, ("auto", "cpu", "cuda")),
         ("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES),
+        ("reward_model.input", cfg.reward_model.input, RM_INPUTS),
+        ("reward_model.model.dtype", cfg.reward_model.model.dtype, DTYPES),
     ]
 
 
@@ -172,6 +194,8 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _validate_ctx_manager(cfg)
     _validate_rollout_shaping(cfg)
     _check_all_batching(cfg)
+    _check_datasets(cfg)
+    _check_reward_model(cfg)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -202,6 +226,12 @@ def _check_trainer(cfg: AgentTrainerConfig) -> None:
                                                    "give it a name")
     for name in t.logger:
         core_algos.check_choice("trainer.logger", name, LOGGERS)
+    if "wandb" in t.logger:
+        import importlib.util
+
+        _check(importlib.util.find_spec("wandb") is not None,
+               f"trainer.logger = {list(t.logger)} names 'wandb', which is not installed; "
+               "pip install -e '.[wandb]' (or drop wandb from trainer.logger)")
     _check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
            f"trainer.resume_mode = 'resume_path' needs trainer.resume_from_path (got {t.resume_from_path!r}); set "
            "trainer.resume_from_path=<run dir>/global_step_N, or use trainer.resume_mode=auto")
@@ -213,6 +243,14 @@ def _check_trainer(cfg: AgentTrainerConfig) -> None:
 
         _check(torch.cuda.is_available(), "trainer.device = 'cuda' but torch sees no CUDA device; "
                                           "use trainer.device=auto (or cpu)")
+
+
+def check_eval(cfg: AgentTrainerConfig) -> None:
+    """The evaluation entry's own rule (``python -m agent_trainer.eval``): k samples must be able to differ."""
+    temperature = cfg.actor_rollout_ref.rollout.temperature
+    _check(cfg.eval.k <= 1 or temperature > 0,
+           f"eval.k = {cfg.eval.k} samples per seed with actor_rollout_ref.rollout.temperature = {temperature} would "
+           "all be the greedy episode; set actor_rollout_ref.rollout.temperature=1.0 or eval.k=0 (greedy only)")
 
 
 def _check_rollout(cfg: AgentTrainerConfig) -> None:
@@ -349,3 +387,52 @@ def _check_batching(section: str, rows: int | None, mini: int, micro: int, world
     _check((mini // world) % micro == 0,
            f"{section}.ppo_micro_batch_size_per_gpu ({micro}) must divide ppo_mini_batch_size / fsdp.world_size "
            f"({mini} / {world} = {mini // world})")
+
+
+def _check_datasets(cfg: AgentTrainerConfig) -> None:
+    """data.* and reward.custom_reward_function.*: each has an effect, or the run is refused (docs/rewards.md)."""
+    from agent_trainer.reward_config import TRAIN_TAG, VAL_TAG
+
+    data, fn = cfg.data, cfg.reward.custom_reward_function
+    train_tags, val_tags = cfg.es_manager.train.env_configs.tags, cfg.es_manager.val.env_configs.tags
+    _check(not data.train_files or TRAIN_TAG in train_tags,
+           f"data.train_files = {list(data.train_files)} is never played: es_manager.train.env_configs.tags = "
+           f"{list(train_tags)} does not name {TRAIN_TAG!r}; add it (e.g. es_manager.train.env_configs.tags="
+           f"[{TRAIN_TAG}]) or drop data.train_files")
+    _check(TRAIN_TAG not in [*train_tags, *val_tags] or bool(data.train_files),
+           f"es_manager.*.env_configs.tags name {TRAIN_TAG!r} but data.train_files is empty; list the data files "
+           "(e.g. data.train_files=[data/arith/train.jsonl])")
+    _check(not data.val_files or VAL_TAG in val_tags,
+           f"data.val_files = {list(data.val_files)} is never played: es_manager.val.env_configs.tags = "
+           f"{list(val_tags)} does not name {VAL_TAG!r}; add it or drop data.val_files")
+    _check(VAL_TAG not in [*train_tags, *val_tags] or bool(data.val_files or data.train_files),
+           f"es_manager.*.env_configs.tags name {VAL_TAG!r} but data.val_files and data.train_files are empty; "
+           "set data.val_files")
+    _check(not fn.path or bool(data.train_files),
+           f"reward.custom_reward_function.path = {fn.path!r} scores prompt-dataset answers, but data.train_files "
+           "is empty (environment rewards come from the environments); set data.train_files or drop the path")
+    _check(bool(fn.name.strip()), f"reward.custom_reward_function.name = {fn.name!r} must name the function; "
+                                  "e.g. reward.custom_reward_function.name=compute_score")
+    _check(bool(data.prompt_key.strip()), f"data.prompt_key = {data.prompt_key!r} must name the prompt field; "
+                                          "e.g. data.prompt_key=prompt")
+    _check(data.max_turns <= cfg.agent_proxy.max_turn,
+           f"data.max_turns = {data.max_turns} is more than agent_proxy.max_turn = {cfg.agent_proxy.max_turn}, "
+           f"which ends every episode first; set agent_proxy.max_turn >= {data.max_turns}")
+    _check(data.max_turns == 1 or bool(data.final_marker.strip()),
+           f"data.final_marker = {data.final_marker!r} must be non-empty with data.max_turns = {data.max_turns} "
+           "(it tells a final answer from a reasoning step); e.g. data.final_marker='Final answer:'")
+
+
+def _check_reward_model(cfg: AgentTrainerConfig) -> None:
+    """reward_model.*: a model to load when enabled, and no reward-model key that would be ignored."""
+    rm = cfg.reward_model
+    _check(not rm.enable or bool(rm.model.path.strip()),
+           "reward_model.enable = True needs reward_model.model.path (an AutoModelForSequenceClassification with "
+           "one label); e.g. reward_model.model.path=models/tiny-qwen2-rm (built by `make model`)")
+    _check(rm.enable or not rm.model.path, f"reward_model.model.path = {rm.model.path!r} is never loaded: "
+                                           "reward_model.enable = False; set reward_model.enable=true or drop the path")
+    _check(rm.enable or not rm.dump_scores, "reward_model.dump_scores = True has nothing to dump: reward_model.enable "
+                                            "= False; set reward_model.enable=true or drop dump_scores")
+    _check(not (rm.enable and cfg.algorithm.estimator() == "remax"),
+           "reward_model.enable = True with algorithm.adv_estimator = 'remax': the greedy baseline episodes are not "
+           "scored by the reward model, so the baseline would miss its reward; pick algorithm.adv_estimator=grpo")

@@ -27,7 +27,7 @@ import torch
 
 from agent_trainer import prompts
 from agent_trainer.batch import TensorBatch
-from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.es_manager import EnvInput, EnvOutput, safe_text
 
 CTX_MODES = ("full", "condensed")
 """``ctx_manager.mode`` values: one row per episode, or one row per turn with condensed prompts."""
@@ -104,6 +104,9 @@ class EpisodeStatus:
     num_turns: int = 0
     done: bool = False
     truncated: bool = False
+    context_overflow: bool = False
+    """The episode ended because its next prompt plus the turn budget would exceed ``max_model_len``
+    (``truncated`` is then set too); it keeps the rewards it earned."""
     format_errors: int = 0
 
 
@@ -200,7 +203,7 @@ class ContextManager:
         """Put the turn's reward on its last generated token; append the next observation.
 
         The episode ends when the env says done, or when the next turn would
-        not fit in ``max_model_len`` (``truncated``).
+        not fit in ``max_model_len`` (``truncated`` and ``context_overflow``).
         """
         last_generated = max((i for i, m in enumerate(ctx.response_mask) if m), default=None)
         if last_generated is not None:  # nothing generated yet (an empty first reply): no token to credit
@@ -212,7 +215,7 @@ class ContextManager:
         msg = prompts.next_user_message(out.observation, out.reward, self.enable_think)
         ids = self._observation_ids(msg)
         if len(ctx.token_ids) + len(ids) + response_length > self.max_model_len:
-            ctx.done = ctx.truncated = True
+            ctx.done = ctx.truncated = ctx.context_overflow = True
             return
         ctx.extend(ids, generated=False)
 
@@ -232,7 +235,8 @@ class ContextManager:
 
     def _chat_prompt_ids(self, user_message: str) -> list[int]:
         """System message + one user message + the assistant header, tokenized by the chat template."""
-        messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT}, {"role": "user", "content": user_message}]
+        messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
+                    {"role": "user", "content": safe_text(user_message)}]
         return _as_ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
     # -- chat-template plumbing ----------------------------------------------------------
@@ -252,7 +256,8 @@ class ContextManager:
         template is assumed.
         """
         base = self._render(self._BASE, add_generation_prompt=False)
-        full = self._render(self._BASE + [{"role": "user", "content": user_message}], add_generation_prompt=True)
+        full = self._render(self._BASE + [{"role": "user", "content": safe_text(user_message)}],
+                            add_generation_prompt=True)
         eos_text = self.tokenizer.decode([self.eos_token_id])
         cut = base.rfind(eos_text) + len(eos_text)
         return self._encode(full[cut:])
@@ -274,7 +279,7 @@ def anchor_id(observation: str) -> int:
     Equal texts give equal ids in every process and run (Python's ``hash`` of a str is
     salted per process); distinct texts collide with probability about 2**-63 per pair.
     """
-    digest = hashlib.blake2b(observation.encode("utf-8"), digest_size=8).digest()
+    digest = hashlib.blake2b(observation.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
 
 

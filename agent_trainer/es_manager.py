@@ -136,6 +136,18 @@ class EsManagerConfig:
     """Validation split (fixed seeds, disjoint from training seeds)."""
     seed: int = 0
     """Base seed for both splits (see ``group_seeds``)."""
+    env_step_timeout_s: float = 60.0
+    """Seconds one env actor may take to step its episodes for one turn; past it the actor is killed and
+    replaced, its episodes of this turn end with info["error"] (metrics env/<tag>/timeouts, rollout/env_timeouts)."""
+    env_reset_timeout_s: float = 60.0
+    """Seconds one env actor may take to reset its episodes; past it the actor is killed and replaced and its
+    episodes are dropped from the step (metric rollout/reset_failures)."""
+    max_failed_reset_fraction: float = 0.5
+    """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
+    of a split's episodes fail to reset; below it they are dropped from the step (rollout/reset_failures)."""
+    max_observation_chars: int = 20000
+    """Longest observation (characters) shown to the policy; a longer one is cut, ending in a marker that
+    says how many characters were dropped. Lone surrogates and NUL bytes in env text are replaced."""
 
     def __post_init__(self):
         if isinstance(self.max_actions_per_turn, bool) or not isinstance(self.max_actions_per_turn, int) \
@@ -256,9 +268,11 @@ class EnvStateManager:
         format_penalty: float = -0.1,
         action_sep: str = "||",
         max_actions_per_turn: int = 1,
+        max_observation_chars: int = 20000,
     ):
         """Create one environment per episode from its tag (errors name the tag)."""
         self.tags = normalize_tags(tags)
+        self.max_observation_chars = int(max_observation_chars)
         self.format_penalty = float(format_penalty)
         self.action_sep = action_sep
         self.max_actions_per_turn = int(max_actions_per_turn)
@@ -286,8 +300,9 @@ class EnvStateManager:
             ep.history, ep.action_infos, ep.error = [], [], None
             ep.last_info = {"success": False, "action_is_valid": True, "action_is_effective": False}
             try:
-                ep.observation = ep.env.reset(seed=int(seeds[ep.spec.group_id]))
+                ep.observation = self._observation(ep.env.reset(seed=int(seeds[ep.spec.group_id])), "reset")
             except Exception as exc:  # a broken env must not take the rollout down
+                ep.observation = ""
                 self._fail(ep, exc)
             outputs.append(self._output(ep, reward=0.0, info=dict(ep.last_info), instruction=self._instruction(ep)))
         return outputs
@@ -299,8 +314,8 @@ class EnvStateManager:
         except Exception as exc:
             legend, actions = "", f"(unavailable: {exc})"
         if legend:
-            parts.append(legend)
-        parts.append(f"Valid actions: {actions}")
+            parts.append(clean_text(str(legend), self.max_observation_chars))
+        parts.append(f"Valid actions: {clean_text(str(actions), self.max_observation_chars)}")
         n = self.max_actions_per_turn
         if n > 1:
             parts.append(f"You may give up to {n} actions per turn, separated by '{self.action_sep}'.")
@@ -331,7 +346,7 @@ class EnvStateManager:
             try:
                 obs, r, done, info = ep.env.step(action)
                 info = dict(info) if isinstance(info, Mapping) else {}
-                ep.observation, reward = str(obs), reward + float(r)
+                ep.observation, reward = self._observation(obs, "step"), reward + _reward(r)
             except Exception as exc:
                 info = self._fail(ep, exc)
                 done = True
@@ -366,9 +381,15 @@ class EnvStateManager:
         })
         return self._output(ep, reward, turn_info)
 
+    def _observation(self, obs, method: str) -> str:
+        """An env's observation as safe text of bounded length; a non-str observation raises TypeError."""
+        if not isinstance(obs, str):
+            raise TypeError(f"{method}() returned an observation of type {type(obs).__name__}; it must be a str")
+        return clean_text(obs, self.max_observation_chars)
+
     def _fail(self, ep: _Episode, exc: BaseException) -> dict:
         """End an episode after an environment exception; return its info."""
-        ep.error = f"{type(exc).__name__}: {exc}"
+        ep.error = clean_text(f"{type(exc).__name__}: {exc}", 2000)
         ep.done = True
         ep.last_info = {"success": False, "action_is_valid": False, "action_is_effective": False,
                         "error": ep.error, "traceback": traceback.format_exc(limit=5)}
@@ -421,6 +442,29 @@ class EnvStateManager:
                 ep.env.close()
             except Exception:  # closing is best effort
                 pass
+
+
+def safe_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD and NUL bytes removed (tokenizers choke on both)."""
+    return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\x00", "")
+
+
+def clean_text(text: str, max_chars: int) -> str:
+    """Untrusted text made safe to tokenize: lone surrogates become U+FFFD, NUL bytes are removed, and
+    text longer than ``max_chars`` is cut, ending in a marker naming how many characters were dropped."""
+    text = safe_text(text)
+    if len(text) <= max_chars:
+        return text
+    marker = f"\n[... {len(text) - max_chars} more characters cut (es_manager.max_observation_chars)]"
+    return text[:max_chars] + marker
+
+
+def _reward(value) -> float:
+    """An env's reward as a float; a str or other non-number raises TypeError (NaN passes: the
+    rollout screens non-finite rewards per ``algorithm.nonfinite_reward``)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+        raise TypeError(f"step() returned a reward of type {type(value).__name__}; it must be a number")
+    return float(value)
 
 
 def _mean_info(infos: list[dict]) -> dict[str, float]:

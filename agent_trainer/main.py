@@ -21,8 +21,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import config_errors
+from agent_trainer import config_errors, run_logs
 from agent_trainer.config import AgentTrainerConfig, config_schema, load_config
+from agent_trainer.datasets import check_datasets, dataset_env_tags
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
     model = resolve_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
     if cfg.critic_enabled and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         resolve_model("critic.model.path", cfg.critic.model.path)
+    if cfg.reward_model.enable:
+        rm_labels = resolve_model("reward_model.model.path", cfg.reward_model.model.path).num_labels
+        if rm_labels != 1:
+            raise ValueError(f"reward_model.model.path = {cfg.reward_model.model.path!r} has num_labels = {rm_labels}; "
+                             "a reward model gives one score per text (AutoModelForSequenceClassification with "
+                             "num_labels=1), e.g. models/tiny-qwen2-rm")
     text_config = model.get_text_config() if hasattr(model, "get_text_config") else model
     max_positions = getattr(text_config, "max_position_embeddings", None)
     max_model_len = cfg.actor_rollout_ref.rollout.max_model_len
@@ -119,16 +126,33 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
     # Ray's own INFO lines (its dashboard line among them) stay quiet; the run logs one line below.
     if os.environ.get("RAY_ADDRESS"):
         # joins the cluster in RAY_ADDRESS (set for drivers started by `ray job submit`)
-        ctx = ray.init(namespace=namespace, logging_level=logging.WARNING)
+        ctx = ray.init(namespace=namespace, logging_level=logging.WARNING, log_to_driver=False)
     else:
         _single_node_on_loopback()
         ctx = ray.init(address="local", num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=True,
                        dashboard_host=cfg.trainer.dashboard_host, dashboard_port=cfg.trainer.dashboard_port,
-                       namespace=namespace, log_to_driver=True, logging_level=logging.WARNING)
+                       namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
+                       runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}})
+        from agent_trainer import watchdog
+
+        watchdog.start()  # a hard kill of this driver takes the whole local cluster with it
     url = f"http://{ctx.dashboard_url}" if ctx.dashboard_url else "not running on this cluster"
     token_auth = os.environ.get("RAY_AUTH_MODE") == "token"  # Ray's default for a new local cluster
     sign_in = " (sign in with the token `ray get-auth-token` prints)" if token_auth else ""
     logger.info("Ray dashboard: %s%s; workers are named actors in namespace %s", url, sign_in, namespace)
+    # worker output (vLLM's INFO lines among it) goes to <run dir>/logs/workers.log; warnings once on the console
+    run_logs.route_worker_logs(cfg.trainer.default_local_dir)
+
+
+def worker_pythonpath() -> str:
+    """The PYTHONPATH of every worker of a local run: the run's directory, then the user's PYTHONPATH.
+
+    Absolute paths, so a user module named by import path (an env's ``module:Class``) imports in
+    every worker exactly as in the driver, whatever directory Ray starts a worker in. (``ray job
+    submit`` ships the job's ``working_dir`` to the workers itself.)
+    """
+    entries = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(str(Path(p).resolve()) for p in entries))
 
 
 def _single_node_on_loopback() -> None:
@@ -153,7 +177,13 @@ def prepare(raw_cfg: DictConfig | dict) -> tuple[AgentTrainerConfig, dict]:
     if not cfg.envs_file:
         cfg.envs_file = str(CONFIG_DIR / "envs.yaml")
     env_tags = load_envs_file(cfg.envs_file)
+    env_tags.update(dataset_env_tags(cfg))  # data.train_files / val_files as prompt_dataset tags
     check_inputs(cfg, env_tags)
+    if cfg.data.train_files:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+        check_datasets(cfg, env_tags, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
     return cfg, env_tags
 
 
@@ -180,7 +210,9 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     """Start Ray and the workers, train; return every step's metrics."""
     from transformers import AutoTokenizer
 
+    from agent_trainer import lifecycle
     from agent_trainer.trainer import AgentTrainer
+    from workers.worker_group import PlacementError
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts
@@ -188,9 +220,35 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     except ValueError as err:
         raise SystemExit(refusal(err)) from None
     OmegaConf.save(OmegaConf.structured(cfg), Path(cfg.trainer.default_local_dir) / "config.yaml")
-    init_ray(cfg)
-    trainer.init_workers()
-    return trainer.fit()
+    with lifecycle.StopSignal() as stop:
+        try:
+            init_ray(cfg)
+            trainer.init_workers()
+            if stop.signum is not None:  # a signal during start-up: nothing trained, nothing to save
+                raise lifecycle.Interrupted(stop.signum)
+            return trainer.fit(stop)
+        except lifecycle.Interrupted as err:
+            logger.warning("%s: shutting every worker down; exit code %d", err, err.exit_code)
+            exit_with: int | str = err.exit_code
+        except (PlacementError, lifecycle.WorkerLost) as err:
+            exit_with = f"agent-trainer: {' '.join(str(err).split())}"
+        finally:
+            try:
+                shutdown(trainer)
+            except lifecycle.Interrupted as err:  # another signal while shutting down: stop now (the watchdog
+                raise SystemExit(err.exit_code) from None  # of a local run kills what is left)
+    raise SystemExit(exit_with)
+
+
+def shutdown(trainer) -> None:
+    """Kill every worker of the run, then end Ray (a local cluster's processes exit with it)."""
+    import ray
+
+    if ray.is_initialized():
+        try:
+            trainer.shutdown()
+        finally:
+            ray.shutdown()
 
 
 _RAISE_COMPOSE_ERRORS = "HYDRA_FULL_ERROR"

@@ -15,9 +15,21 @@ one training batch plus metrics::
 row per episode, ``agent_trainer.ctx_manager``) or ``condensed`` (a fresh
 prompt per turn and one row per turn, ``agent_trainer.condensed_ctx``).
 
-A failing env actor is reported (``rollout/env_actor_failures``) and its
-episodes end where they are; the rollout goes on with the others. Ray
-restarts the actor (``max_restarts``), so the next reset finds it again.
+Faults end only what they touch (docs/reliability.md):
+
+- an env actor that dies is reported (``rollout/env_actor_failures``) and its episodes end
+  where they are; Ray restarts it (``max_restarts``), so the next reset finds it again;
+- an env actor that misses ``es_manager.env_step_timeout_s`` / ``env_reset_timeout_s`` is
+  killed and replaced (``agent_trainer.env_pool``); its episodes end with an error
+  (``env/<tag>/timeouts``, ``rollout/env_timeouts``);
+- an episode whose reset raises or times out is dropped from the step
+  (``rollout/reset_failures``); more than ``es_manager.max_failed_reset_fraction`` of the
+  split stops the run with an error naming the tag, the seed and the exception;
+- an exception from an environment is logged once per (tag, exception type) with its text;
+- an episode whose next prompt would not fit ``max_model_len`` ends as truncated
+  (``rollout/context_overflow_rate``) and keeps the rewards it earned;
+- an engine that dies or misses ``actor_rollout_ref.rollout.generate_timeout_s`` is
+  restarted, re-synced and the turn generated once more (``rollout/engine_failures``).
 """
 
 from __future__ import annotations
@@ -32,12 +44,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import ContextManager, EpisodeContext
+from agent_trainer.env_pool import EnvActorPool
 from agent_trainer.es_manager import EnvGroupsConfig, EnvInput, EpisodeSpec, group_seeds, plan_episodes
 from envs.registry import normalize_tags
 
@@ -101,18 +114,15 @@ class SyncMultiTurnRollout:
         group_shards = np.array_split(np.arange(self.split_cfg.env_groups), max(1, num_env_actors))
         shards = [[i for i, e in enumerate(self.episodes) if e.group_id in set(g.tolist())] for g in group_shards]
         shards = [s for s in shards if s]
-        self.env_actors = [
-            # named per split and shard (env_train_0, env_val_1, ...) in the run's Ray namespace
-            env_worker_cls.options(name=f"env_{split}_{shard_id}").remote(
-                tags=env_tags,
-                episodes=[self.episodes[i] for i in shard],
-                format_penalty=cfg.es_manager.format_penalty,
-                action_sep=cfg.es_manager.action_sep,
-                max_actions_per_turn=cfg.es_manager.max_actions_per_turn,
-            )
-            for shard_id, shard in enumerate(shards)
-        ]
-        self.actor_of_env = {int(self.episodes[i].env_id): a for a, shard in zip(self.env_actors, shards) for i in shard}
+        es = cfg.es_manager
+        self.env_pool = EnvActorPool(
+            env_worker_cls, split, [[self.episodes[i] for i in shard] for shard in shards],
+            dict(tags=env_tags, format_penalty=es.format_penalty, action_sep=es.action_sep,
+                 max_actions_per_turn=es.max_actions_per_turn, max_observation_chars=es.max_observation_chars))
+        self.actor_of_env = {int(self.episodes[i].env_id): a for a, shard in enumerate(shards) for i in shard}
+        """env_id -> index of the env actor hosting it."""
+        self.logged_errors: set[tuple[str, str]] = set()
+        """(env tag, exception type) pairs already logged with their text: each is logged once per run."""
         self.num_resets = 0
         self.last_seeds: list[int] = []
         """The group seeds of the last rollout (group id -> seed), for error messages."""
@@ -138,6 +148,11 @@ class SyncMultiTurnRollout:
         self.num_resets += 1
         return seeds
 
+    @property
+    def env_actors(self) -> list:
+        """The live env actor handles (a replaced actor's handle is swapped for its replacement's)."""
+        return self.env_pool.actors
+
     def describe_episode(self, env_id: int) -> str:
         """Where an episode of the last rollout came from: tag, env_id, group and group seed."""
         spec = next((e for e in self.episodes if e.env_id == env_id), None)
@@ -158,43 +173,103 @@ class SyncMultiTurnRollout:
 
         An episode whose total reward is not finite stops the rollout with an error naming
         it, or is left out of the batch and counted in ``<prefix>/nonfinite_dropped``
-        (``algorithm.nonfinite_reward`` = error | drop).
+        (``algorithm.nonfinite_reward`` = error | drop). Episodes whose reset failed, and
+        episodes whose first prompt already overflows ``max_model_len``, have no turn to
+        train on and are left out too (``<prefix>/reset_failures``, ``<prefix>/context_overflow_rate``).
         """
         seeds = self.next_group_seeds() if seeds is None else list(seeds)
         self.last_seeds = seeds
         sampling = self.sampling_params()
         self.engine_failures = 0
         self.last_generations = defaultdict(list)
-        ctxs, failures = self._reset(seeds)
-        failures += self._play(ctxs, sampling, step)
-        states, failed = self._call_env_actors("get_rollout_states", {a: None for a in self.env_actors})
-        failures += len(failed)
-        episodes, dropped = screen_nonfinite([ctxs[k] for k in sorted(ctxs)], self.cfg.algorithm.nonfinite_reward,
-                                             self.describe_episode)
+        self.faults = RolloutFaults()
+        ctxs = self._reset(seeds)
+        self._play(ctxs, sampling, step)
+        call = self.env_pool.call("get_rollout_states", {i: None for i in range(len(self.env_actors))},
+                                  self.cfg.es_manager.env_reset_timeout_s)
+        self.faults.actor_failures += len(call.failed)
+        self.faults.timeouts += len(call.timed_out)
+        states = [s for s in call.results if s["env_id"] in ctxs]
+        played = [ctxs[k] for k in sorted(ctxs) if ctxs[k].num_turns > 0]
+        if not played:
+            raise RuntimeError(f"no episode of the {self.split} split played a turn ({len(self.episodes)} episodes, "
+                               f"{self.faults.reset_failures} failed to reset, the others' first prompt exceeded "
+                               "actor_rollout_ref.rollout.max_model_len minus the turn budget); see the errors above")
+        episodes, dropped = screen_nonfinite(played, self.cfg.algorithm.nonfinite_reward, self.describe_episode)
         batch = self.ctx.build_update_batch(episodes)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
         prefix = METRIC_PREFIX[self.split]
-        metrics = rollout_metrics(episodes, states, prefix=prefix)
-        metrics[f"{prefix}/env_actor_failures"] = float(failures)
+        metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
+        metrics.update(self.faults.metrics(prefix))
         metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
         metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
         return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
 
-    def _reset(self, seeds: list[int]) -> tuple[dict[int, EpisodeContext | CondensedEpisode], int]:
-        """Reset every env actor with the group seeds; returns the episodes' contexts and the failures."""
-        group_seed_map = dict(enumerate(seeds))
-        reset_outputs, failed = self._call_env_actors("reset", {a: group_seed_map for a in self.env_actors})
-        if failed:  # Ray restarts a dead env actor (max_restarts); its episodes start again there
-            retried, still_failed = self._call_env_actors("reset", {a: group_seed_map for a in failed})
-            reset_outputs += retried
-            if still_failed:
-                raise RuntimeError(f"{len(still_failed)} env actor(s) failed to reset twice; see the errors above")
-        return {out.env_id: self.ctx.start(out) for out in reset_outputs}, len(failed)
+    def _reset(self, seeds: list[int]) -> dict[int, EpisodeContext | CondensedEpisode]:
+        """Reset every env actor with the group seeds; returns the contexts of the episodes that started.
 
-    def _play(self, ctxs: dict[int, EpisodeContext | CondensedEpisode], sampling: SamplingParams, step: int) -> int:
-        """The turn loop: generate for every active episode, step the envs; returns the env-actor failures."""
-        failures = 0
+        A dead actor is reset once more (Ray restarted it); an actor that misses the reset
+        deadline was replaced and its episodes sit this rollout out. Episodes whose reset
+        raised or whose actor was lost are dropped (:meth:`_check_reset_failures`).
+        """
+        seed_of_group = dict(enumerate(seeds))
+        timeout = self.cfg.es_manager.env_reset_timeout_s
+        call = self.env_pool.call("reset", {i: seed_of_group for i in range(len(self.env_actors))}, timeout)
+        outputs, lost = list(call.results), dict(call.errors)
+        self.faults.actor_failures += len(call.failed)
+        self.faults.timeouts += len(call.timed_out)
+        timed_out = set(call.timed_out)
+        if call.failed:  # Ray restarts a dead env actor (max_restarts); its episodes start again there
+            try:
+                wait_until_ready([self.env_actors[i] for i in call.failed], timeout_s=timeout)
+            except (ActorUnavailableError, RayActorError):
+                pass  # still down: the retry below reports it and its episodes are dropped
+            retry = self.env_pool.call("reset", {i: seed_of_group for i in call.failed}, timeout)
+            outputs += retry.results
+            lost = {i: text for i, text in lost.items() if i in timed_out} | retry.errors
+            timed_out |= set(retry.timed_out)
+            self.faults.timeouts += len(retry.timed_out)
+        errors = {out.env_id: out.info["error"] for out in outputs if out.info.get("error")}
+        for env_id, actor in self.actor_of_env.items():
+            if actor in lost:
+                errors[env_id] = lost[actor]
+                if actor in timed_out:
+                    self.faults.tag_timeouts[self._spec(env_id).tag] += 1
+        self._check_reset_failures(errors)
+        return {out.env_id: self.ctx.start(out) for out in outputs if out.env_id not in errors}
+
+    def _check_reset_failures(self, errors: dict[int, str]) -> None:
+        """Log failed resets once per (tag, error type); stop when too many of the split failed."""
+        self.faults.reset_failures = len(errors)
+        for env_id, error in sorted(errors.items()):
+            self._log_env_error(env_id, "reset", error)
+        limit = self.cfg.es_manager.max_failed_reset_fraction
+        if errors and len(errors) > limit * len(self.episodes):
+            env_id, error = min(errors.items())
+            raise RuntimeError(
+                f"{len(errors)} of {len(self.episodes)} episodes of the {self.split} split failed to reset "
+                f"(more than es_manager.max_failed_reset_fraction = {limit:g}); the first: "
+                f"{self.describe_episode(env_id)}: {error}. Fix the environment's reset, or raise the fraction")
+
+    def _log_env_error(self, env_id: int, method: str, error: str) -> None:
+        """Log an environment's error with its text, once per (tag, exception type) per run."""
+        tag = self._spec(env_id).tag
+        key = (tag, error.split(":", 1)[0])
+        if key not in self.logged_errors:
+            self.logged_errors.add(key)
+            logger.error("environment %s failed in %s (%s; logged once per tag and error type): %s", tag, method,
+                         self.describe_episode(env_id), error)
+
+    def _spec(self, env_id: int) -> EpisodeSpec:
+        return self.episodes[[e.env_id for e in self.episodes].index(env_id)]
+
+    def _play(self, ctxs: dict[int, EpisodeContext | CondensedEpisode], sampling: SamplingParams, step: int) -> None:
+        """The turn loop: generate for every active episode, step the envs; faults go to ``self.faults``."""
+        max_model_len = self.cfg.actor_rollout_ref.rollout.max_model_len
         for turn in range(self.cfg.agent_proxy.max_turn):
+            for c in ctxs.values():  # a first prompt that leaves no room for the turn ends its episode unplayed
+                if not c.done and len(self.ctx.prompt_ids(c)) + self.turn_budget[c.tag] > max_model_len:
+                    c.done = c.truncated = c.context_overflow = True
             active = [c for c in ctxs.values() if not c.done]
             if not active:
                 break
@@ -206,16 +281,19 @@ class SyncMultiTurnRollout:
                 self.last_generations[ctx.env_id].append(ids)
                 env_input: EnvInput = self.ctx.append_reply(ctx, ids, logprobs)
                 inputs_by_actor[self.actor_of_env[ctx.env_id]].append(env_input)
-            outputs, failed = self._call_env_actors("step", inputs_by_actor)
-            failures += len(failed)
-            stepped = set()
-            for out in outputs:
+            call = self.env_pool.call("step", inputs_by_actor, self.cfg.es_manager.env_step_timeout_s)
+            self.faults.actor_failures += len(call.failed)
+            self.faults.timeouts += len(call.timed_out)
+            for out in call.results:
+                if out.info.get("error"):
+                    self._log_env_error(out.env_id, "step", out.info["error"])
                 self.ctx.append_env_output(ctxs[out.env_id], out, self.turn_budget[out.tag])
-                stepped.add(out.env_id)
-            for ctx in active:  # episodes whose actor failed end here
+            stepped = {out.env_id for out in call.results}
+            for ctx in active:  # episodes whose actor failed or timed out end here, keeping their rewards
                 if ctx.env_id not in stepped:
                     ctx.done = True
-        return failures
+                    if self.actor_of_env[ctx.env_id] in call.timed_out:
+                        self.faults.tag_timeouts[ctx.tag] += 1
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int,
                   budgets: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
@@ -225,9 +303,10 @@ class SyncMultiTurnRollout:
         None). Each engine gets one call per distinct budget; call j of engine i samples
         with ``seed + i + j * len(engines)``, so with one budget engine i samples with ``seed + i``.
 
-        An engine that dies mid-turn is restarted by Ray (``max_restarts``) from
-        the checkpoint on disk; ``on_engine_restart`` re-syncs the policy weights
-        and the turn is generated once more. A second failure raises.
+        An engine that dies mid-turn is restarted by Ray (``max_restarts``) from the
+        checkpoint on disk; one that misses ``rollout.generate_timeout_s`` is killed and
+        restarted the same way. ``on_engine_restart`` re-syncs the policy weights and the
+        turn is generated once more. A second failure raises.
         """
         budgets = budgets or [sampling.max_tokens] * len(prompts)
         calls = []  # (engine, prompt indices, sampling, seed)
@@ -237,13 +316,14 @@ class SyncMultiTurnRollout:
                 if len(chunk):
                     calls.append((self.engines[i], chunk.tolist(), dataclasses.replace(sampling, max_tokens=budget),
                                   seed + i + j * len(self.engines)))
+        timeout = self.cfg.actor_rollout_ref.rollout.generate_timeout_s
         for attempt in range(2):
             refs = [engine.generate.remote([prompts[k] for k in chunk], **vars(params), seed=call_seed)
                     for engine, chunk, params, call_seed in calls]
             try:
-                outputs = ray.get(refs)
+                outputs = get_or_kill(refs, [c[0] for c in calls], timeout)
                 break
-            except RayActorError as err:
+            except (RayActorError, ActorUnavailableError, GetTimeoutError) as err:
                 if attempt == 1 or self.on_engine_restart is None:
                     raise
                 self.engine_failures += 1
@@ -256,22 +336,40 @@ class SyncMultiTurnRollout:
                 results[k] = (list(out.token_ids), list(out.logprobs))
         return results
 
-    def _call_env_actors(self, method: str, args_by_actor: dict) -> tuple[list, list]:
-        """Call ``method`` on several env actors at once; return the results and the actors that failed.
 
-        A dead actor is logged and reported, not raised: its episodes end where they are.
-        """
-        refs = {a: (getattr(a, method).remote() if arg is None else getattr(a, method).remote(arg))
-                for a, arg in args_by_actor.items()}
-        results: list = []
-        failed: list = []
-        for actor, ref in refs.items():
-            try:
-                results.extend(ray.get(ref))
-            except (RayActorError, RayTaskError) as err:
-                failed.append(actor)
-                logger.error("env actor %s failed in %s: %s", actor, method, err)
-        return results, failed
+@dataclass
+class RolloutFaults:
+    """What went wrong in one rollout, for its metrics (docs/reliability.md)."""
+
+    actor_failures: int = 0
+    """Env actor calls that died or raised."""
+    timeouts: int = 0
+    """Env actor calls that missed their deadline (the actor was replaced)."""
+    reset_failures: int = 0
+    """Episodes dropped because their reset raised or their actor was lost."""
+    tag_timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Per env tag: episodes ended by an env actor timeout."""
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """``<prefix>/env_actor_failures``, ``env_timeouts``, ``reset_failures`` and ``env/<tag>/timeouts``."""
+        env_prefix = "env" if prefix == "rollout" else f"{prefix}/env"
+        m = {f"{prefix}/env_actor_failures": float(self.actor_failures),
+             f"{prefix}/env_timeouts": float(self.timeouts),
+             f"{prefix}/reset_failures": float(self.reset_failures)}
+        m.update({f"{env_prefix}/{tag}/timeouts": float(n) for tag, n in self.tag_timeouts.items()})
+        return m
+
+
+def get_or_kill(refs: list, engines: list, timeout_s: float) -> list:
+    """``ray.get(refs)`` within ``timeout_s``; on a timeout, kill the engines still busy (Ray restarts them)."""
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        stuck = {id(engines[refs.index(r)]): engines[refs.index(r)] for r in pending}
+        for engine in stuck.values():
+            ray.kill(engine, no_restart=False)
+        raise GetTimeoutError(f"{len(stuck)} rollout engine(s) did not finish a turn within {timeout_s:g} s "
+                              "(actor_rollout_ref.rollout.generate_timeout_s); killed them for a restart")
+    return ray.get(refs)
 
 
 METRIC_PREFIX = {"train": "rollout", "val": "val", "remax_baseline": "remax_baseline"}
@@ -332,7 +430,7 @@ def wait_until_ready(actors: list, timeout_s: float = 600.0) -> None:
         try:
             ray.get([a.__ray_ready__.remote() for a in actors])
             return
-        except ActorUnavailableError:
+        except (ActorUnavailableError, RayActorError):  # restarting (a killed actor may still be dying)
             if time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
@@ -355,6 +453,7 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
     m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(turns)))
     m[f"{prefix}/sequence_length_mean"] = float(np.mean([e.longest_row for e in episodes]))
     m[f"{prefix}/truncated_rate"] = float(np.mean([e.truncated for e in episodes]))
+    m[f"{prefix}/context_overflow_rate"] = float(np.mean([e.context_overflow for e in episodes]))
     m[f"{prefix}/format_error_rate"] = float(sum(e.format_errors for e in episodes) / max(1, sum(turns)))
     success = [bool(s.get("metrics", {}).get("success", False)) for s in states]
     m[f"{prefix}/success_rate"] = float(np.mean(success)) if success else 0.0

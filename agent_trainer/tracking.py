@@ -1,20 +1,35 @@
-"""Metric sinks (console, JSONL, TensorBoard) and the phase timer.
+"""Metric sinks (console, JSONL, TensorBoard, wandb, Ray metrics), the phase timer, and the run's outputs.
 
 Metric names carry their group as a prefix: ``rollout/``, ``env/<tag>/``,
-``actor/``, ``critic/``, ``timing_s/``, ``perf/``, ``val/``.
+``actor/``, ``critic/``, ``timing_s/``, ``perf/``, ``val/``. The console gets one
+aligned line per step (:func:`format_metrics`); JSONL, TensorBoard and wandb get every
+metric; a running Ray cluster gets the live gauges of ``agent_trainer.metrics_export``.
+With a config, :meth:`Tracking.record_step` also writes trajectory samples
+(``agent_trainer.trajectories``) and :meth:`Tracking.close` the learning curves
+(``agent_trainer.viewer.plots``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from agent_trainer.checkpoint import truncate_metrics
+
+if TYPE_CHECKING:
+    from agent_trainer.batch import TensorBatch
+    from agent_trainer.config import AgentTrainerConfig
+    from agent_trainer.rollout import RolloutResult
+
+WANDB_RUN_FILE = "wandb_run.json"
+"""In the run directory: the wandb run id, so a resumed run continues the same wandb run."""
 
 
 @contextmanager
@@ -30,16 +45,19 @@ def timer(name: str, metrics: dict[str, float]) -> Iterator[None]:
 class Tracking:
     """Fans one ``log(metrics, step)`` call out to the configured sinks."""
 
-    def __init__(self, run_dir: str | Path, loggers: list[str], resume_step: int = 0):
+    def __init__(self, run_dir: str | Path, loggers: list[str], resume_step: int = 0,
+                 cfg: AgentTrainerConfig | None = None, tokenizer=None):
         """Open the sinks; ``resume_step`` > 0 continues a run whose steps up to it are logged.
 
         On resume, JSONL lines of later steps (logged by the killed run after its last
         checkpoint) are dropped, and TensorBoard purges its events after ``resume_step``,
-        so no step appears twice.
+        so no step appears twice. ``cfg`` and ``tokenizer`` (the RL trainer's) turn on the
+        wandb run's name and config, trajectory samples and the total step count on the console.
         """
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.loggers = list(loggers)
+        self.cfg, self.tokenizer = cfg, tokenizer
         self.jsonl_path = self.run_dir / "metrics.jsonl"
         if resume_step:
             truncate_metrics(self.jsonl_path, resume_step)
@@ -49,6 +67,22 @@ class Tracking:
 
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
                                      purge_step=resume_step + 1 if resume_step else None)
+        self._wandb = self._open_wandb() if "wandb" in self.loggers else None
+        self._ray_metrics = None
+
+    def _open_wandb(self):
+        """Start (or, with the id in ``wandb_run.json``, continue) the run's wandb run."""
+        import dataclasses
+
+        import wandb
+
+        id_file = self.run_dir / WANDB_RUN_FILE
+        run_id = json.loads(id_file.read_text())["id"] if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(json.dumps({"id": run_id}))
+        trainer = self.cfg.trainer if self.cfg is not None else None
+        return wandb.init(project=trainer.project_name if trainer else "agent_trainer",
+                          name=trainer.experiment_name if trainer else self.run_dir.name, id=run_id, resume="allow",
+                          dir=str(self.run_dir), config=dataclasses.asdict(self.cfg) if self.cfg else None)
 
     def logged_steps(self) -> set[int]:
         """Steps present in the JSONL file."""
@@ -67,30 +101,73 @@ class Tracking:
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
         if "console" in self.loggers:
-            tqdm.write(format_metrics(metrics, step))
+            total = self.cfg.trainer.total_training_steps if self.cfg is not None else None
+            tqdm.write(format_metrics(metrics, step, total))
         if self._tb is not None:
             for key, value in metrics.items():
                 self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+        self._export_to_ray(metrics, step)
+
+    def _export_to_ray(self, metrics: dict[str, float], step: int) -> None:
+        """Set the run's live Ray gauges (once Ray is up; the SFT trainer and unit tests have none)."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        if self._ray_metrics is None:
+            from agent_trainer.metrics_export import RayMetrics
+
+            name = self.cfg.trainer.experiment_name if self.cfg is not None else self.run_dir.name
+            self._ray_metrics = RayMetrics(name)
+        self._ray_metrics.export(metrics, step)
+
+    def record_step(self, step: int, result: RolloutResult, batch: TensorBatch, metrics: dict[str, float]) -> None:
+        """After a training step: add per-tag rewards and throughput to ``metrics``; write trajectories when due.
+
+        Due every ``trainer.log_trajectories_freq`` steps and at the last step (0: never).
+        """
+        from agent_trainer.metrics_export import rollout_rates
+
+        metrics.update(rollout_rates(result, metrics))
+        trainer = self.cfg.trainer if self.cfg is not None else None
+        freq = trainer.log_trajectories_freq if trainer else 0
+        if freq > 0 and (step % freq == 0 or step == trainer.total_training_steps):
+            from agent_trainer.trajectories import write_step
+
+            with timer("trajectories", metrics):
+                write_step(self.run_dir, step, "train", result.states, batch, self.tokenizer,
+                           trainer.log_trajectories_per_tag, fallback=result.batch)
 
     def close(self) -> None:
-        """Flush and close the sinks."""
+        """Flush and close the sinks; draw the learning curves of ``metrics.jsonl`` into ``plots/``."""
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        if self.cfg is not None and self.jsonl_path.exists():
+            from agent_trainer.viewer.plots import write_curves
+
+            write_curves(self.jsonl_path, self.run_dir / "plots")
 
 
-_CONSOLE_KEYS = (
-    "rollout/success_rate", "rollout/episode_reward_mean", "rollout/num_turns_mean", "rollout/format_error_rate",
-    "rollout/response_length_mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm",
-    "critic/vf_loss", "sft/loss", "sft/token_acc", "val/sft_loss", "val/success_rate", "val/episode_reward_mean",
-    "timing_s/step",
+CONSOLE_COLUMNS = (
+    ("rollout/success_rate", "succ", "{:5.3f}"), ("rollout/episode_reward_mean", "rew", "{:+6.3f}"),
+    ("rollout/num_turns_mean", "turns", "{:3.1f}"), ("rollout/format_error_rate", "fmt_err", "{:4.2f}"),
+    ("actor/pg_loss", "pg", "{:+8.1e}"), ("actor/ppo_kl", "kl", "{:+8.1e}"), ("actor/grad_norm", "grad", "{:6.3g}"),
+    ("critic/vf_loss", "vf", "{:6.3g}"), ("sft/loss", "sft_loss", "{:6.4f}"), ("sft/token_acc", "tok_acc", "{:5.3f}"),
+    ("val/sft_loss", "val_loss", "{:6.4f}"), ("val/success_rate", "val_succ", "{:5.3f}"),
+    ("timing_s/step", "s", "{:5.1f}"),
 )
+"""The console line's columns: metric, label, fixed-width format (the full set goes to JSONL/TensorBoard/wandb)."""
 
 
-def format_metrics(metrics: dict[str, float], step: int) -> str:
-    """One console line with the headline metrics (all of them go to JSONL)."""
-    parts = [f"step {step}"]
-    for key in _CONSOLE_KEYS:
-        if key in metrics:
-            parts.append(f"{key}={metrics[key]:.4g}")
-    return " | ".join(parts)
+def format_metrics(metrics: dict[str, float], step: int, total_steps: int | None = None) -> str:
+    """One aligned console line with the headline metrics present (all of them go to JSONL)."""
+    width = len(str(total_steps)) if total_steps else 3
+    head = f"step {step:>{width}}" + (f"/{total_steps}" if total_steps else "")
+    parts = [head] + [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in CONSOLE_COLUMNS if key in metrics]
+    return "  ".join(parts)

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import ray
 import torch
+from ray.exceptions import ActorUnavailableError, RayActorError
 from tqdm import tqdm
 
-from agent_trainer import checkpoint, core_algos
+from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout
+from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, wait_until_ready
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
 
@@ -51,12 +52,11 @@ class AgentTrainer:
         self.resume_from = checkpoint.prepare_run_dir(self.run_dir, cfg.trainer.resume_mode,
                                                       cfg.trainer.resume_from_path, self.checkpoint_parts)
         resume_step = checkpoint.TrainerState.load(self.resume_from).global_step if self.resume_from else 0
-        self.tracking = Tracking(self.run_dir, cfg.trainer.logger, resume_step=resume_step)
-        ctrl = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = None
-        if cfg.algorithm.use_kl_in_reward:
-            self.kl_ctrl = (core_algos.AdaptiveKLController(ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
-                            if ctrl.type == "adaptive" else core_algos.FixedKLController(ctrl.kl_coef))
+        self.tracking = Tracking(self.run_dir, cfg.trainer.logger, resume_step=resume_step, cfg=cfg,
+                                 tokenizer=tokenizer)
+        self.kl_ctrl = make_kl_ctrl(cfg)
+        self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
+        self.rollouts: dict[str, SyncMultiTurnRollout] = {}
 
     # -- set-up --------------------------------------------------------------------------
     def init_workers(self) -> None:
@@ -65,6 +65,10 @@ class AgentTrainer:
 
         w = build_workers(self.cfg)
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
+        self.engine_group = w.engine_group
+        self.rm_wg = w.reward_model
+        """reward_model.enable: the RewardModelWorker group scoring every training episode (docs/rewards.md)."""
+        self.rm_tokenizer = load_tokenizer(self.cfg.reward_model.model.path) if self.rm_wg is not None else None
         splits = ("train", "val") + (("remax_baseline",) if self.cfg.algorithm.estimator() == "remax" else ())
         rollouts = {
             split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
@@ -82,9 +86,65 @@ class AgentTrainer:
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
         self.sync_weights()
 
+    def shutdown(self) -> None:
+        """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
+        lifecycle.kill_actors([a for rollout in self.rollouts.values() for a in rollout.env_actors])
+        self.rollouts = {}
+        for group in (self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg):
+            if group is not None:
+                group.shutdown()
+                lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
+        self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
+
+    def restart(self) -> None:
+        """Tear every worker down and start again from the latest checkpoint (from model_path when none)."""
+        self.shutdown()
+        self.resume_from = checkpoint.find_latest(self.run_dir)
+        resume_step = checkpoint.TrainerState.load(self.resume_from).global_step if self.resume_from else 0
+        checkpoint.truncate_metrics(self.tracking.jsonl_path, resume_step)  # steps after it are trained again
+        if self.resume_from is None:  # step 0 again: the state a fresh run starts with
+            self.global_step = 0
+            checkpoint.seed_everything(self.cfg.trainer.seed)
+            self.kl_ctrl = make_kl_ctrl(self.cfg)
+        self.init_workers()
+
     # -- the loop ------------------------------------------------------------------------
-    def fit(self) -> list[dict[str, float]]:
-        """Train for ``trainer.total_training_steps`` steps; return every step's metrics."""
+    def fit(self, stop: lifecycle.StopSignal | None = None) -> list[dict[str, float]]:
+        """Train for ``trainer.total_training_steps`` steps; return every step's metrics.
+
+        A dead actor, critic or reference rank (or any worker Ray cannot restart) restarts the
+        whole run from the latest checkpoint, up to ``trainer.max_restarts`` times; after that
+        the error propagates. ``stop`` (SIGINT/SIGTERM) ends the loop at the next step boundary,
+        after a checkpoint when ``trainer.save_on_signal``, by raising ``lifecycle.Interrupted``.
+        """
+        from workers.worker_group import WorkerDied
+
+        restarts = 0
+        while True:
+            try:
+                return self.fit_steps(stop)
+            except (WorkerDied, RayActorError) as err:
+                cause = str(err) if isinstance(err, WorkerDied) else lifecycle.describe_death(err, self.named_workers())
+                if restarts >= self.cfg.trainer.max_restarts:
+                    raise lifecycle.WorkerLost(f"{cause}; the run stops (trainer.max_restarts = "
+                                               f"{self.cfg.trainer.max_restarts}, {restarts} used); set "
+                                               "trainer.max_restarts=1 or more to continue from the latest "
+                                               "checkpoint automatically") from None
+                restarts += 1
+                logger.error("%s; restart %d of trainer.max_restarts = %d: every worker is started again from the "
+                             "latest checkpoint in %s", cause, restarts, self.cfg.trainer.max_restarts, self.run_dir)
+                self.restart()
+
+    def named_workers(self) -> dict[str, list]:
+        """Every worker's name (as in the Ray namespace) -> its actor handle, for error messages."""
+        named = {f"{g.name} rank {i}": [w] for g in (self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group,
+                                                                self.rm_wg) if g is not None for i, w in enumerate(g.workers)}
+        named.update({f"env actor {i} ({split})": [a] for split, r in self.rollouts.items()
+                      for i, a in enumerate(r.env_actors)})
+        return named
+
+    def fit_steps(self, stop: lifecycle.StopSignal | None = None) -> list[dict[str, float]]:
+        """The steps from ``global_step + 1`` to ``trainer.total_training_steps``; returns their metrics."""
         cfg = self.cfg.trainer
         history = []
         if cfg.val_before_train and cfg.test_freq > 0 and self.global_step == 0:
@@ -103,13 +163,24 @@ class AgentTrainer:
             if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
                 with timer("validate", metrics):
                     metrics.update(self.validate())
-            if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last):
+            saved = cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last)
+            if saved:
                 with timer("save", metrics):
                     self.save_checkpoint(metrics)
             self.tracking.log(metrics, step=step)
             history.append(metrics)
+            if stop is not None and stop.signum is not None:
+                self.stop_after_step(stop.signum, saved=saved)
         self.tracking.close()
         return history
+
+    def stop_after_step(self, signum: int, saved: bool) -> None:
+        """A signal arrived during the step that just ended: save (unless this step was saved), then stop."""
+        if self.cfg.trainer.save_on_signal and not saved:
+            path = self.save_checkpoint()
+            logger.warning("saved %s before stopping; the same command continues from it", path)
+        self.tracking.close()
+        raise lifecycle.Interrupted(signum)
 
     def train_step(self) -> dict[str, float]:
         """One rollout and one update; returns the step's metrics."""
@@ -118,6 +189,9 @@ class AgentTrainer:
             with timer("rollout", metrics):
                 result = self.train_rollout.rollout(self.global_step)
             metrics.update(result.metrics)
+            if self.rm_wg is not None:
+                with timer("reward_model", metrics):
+                    metrics.update(self.score_with_reward_model(result.batch))
             if self.remax_rollout is not None:
                 with timer("remax_baseline", metrics):
                     self.add_remax_baselines(result, metrics)
@@ -143,9 +217,26 @@ class AgentTrainer:
             with timer("sync", metrics):
                 self.sync_weights()
         metrics.update(batch_metrics(batch, metrics["timing_s/step"]))
+        self.tracking.record_step(self.global_step, result, batch, metrics)  # rates, trajectories
         return metrics
 
     # -- phases --------------------------------------------------------------------------
+    def score_with_reward_model(self, batch: TensorBatch) -> dict[str, float]:
+        """Add ``reward_model.reward_weight x score`` on every episode's last generated token (before shaping).
+
+        The text (the final reply or the whole conversation, ``reward_model.input``) is decoded with the
+        policy's tokenizer and re-tokenized with the reward model's (``agent_trainer.reward_model``).
+        """
+        rm_cfg = self.cfg.reward_model
+        rows = reward_model.last_rows(batch)
+        texts = reward_model.episode_texts(batch, rows, self.tokenizer, rm_cfg.input)
+        inputs = reward_model.encode_texts(self.rm_tokenizer, texts, rm_cfg.max_length)
+        scores = self.rm_wg.dp_compute("compute_rm_score", inputs)["rm_scores"]
+        reward_model.add_scores(batch, rows, scores, rm_cfg.reward_weight)
+        if rm_cfg.dump_scores:
+            reward_model.dump_scores(self.run_dir / "reward_model_scores.jsonl", self.global_step, texts, scores)
+        return reward_model.score_metrics(batch, rows, scores)
+
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
         """StarPO-S rollout filtering, then RAGEN reward normalisation (``agent_trainer.rollout_shaping``)."""
         rollout, norm = self.cfg.actor_rollout_ref.rollout, self.cfg.agent_proxy.reward_normalization
@@ -212,10 +303,22 @@ class AgentTrainer:
 
         Every actor rank takes part in the all-gather; rank 0's state dict
         travels through the object store straight to the engines.
+        An engine that dies while loading (or is found dead) is restarted by Ray from the
+        checkpoint on disk: the sync waits for it and sends the weights once more; a second
+        failure raises with Ray's error.
         """
         refs = self.actor_wg.execute_all_async("full_state_dict")
         ray.get(refs[1:])
-        return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
+        try:
+            return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
+        except (RayActorError, ActorUnavailableError) as err:
+            logger.error("rollout engine failed during weight sync (%s); waiting for its restart to resend", err)
+            wait_until_ready(self.engines)
+        try:
+            return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
+        except (RayActorError, ActorUnavailableError) as err:
+            raise RuntimeError(f"a rollout engine failed twice while loading the actor's weights ({err}); see its "
+                               "log above (Ray restarts an engine at most twice)") from err
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on the held-out validation seeds."""
@@ -269,6 +372,16 @@ class AgentTrainer:
                     state.global_step + 1, self.cfg.trainer.total_training_steps)
 
 
+def make_kl_ctrl(cfg: AgentTrainerConfig) -> core_algos.AdaptiveKLController | core_algos.FixedKLController | None:
+    """The KL-in-reward controller at its starting coefficient (None without ``algorithm.use_kl_in_reward``)."""
+    if not cfg.algorithm.use_kl_in_reward:
+        return None
+    ctrl = cfg.algorithm.kl_ctrl
+    if ctrl.type == "adaptive":
+        return core_algos.AdaptiveKLController(ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
+    return core_algos.FixedKLController(ctrl.kl_coef)
+
+
 def pad_for_update(batch: TensorBatch, mini_batch_size: int) -> tuple[TensorBatch, int]:
     """Append zero-mask copies of leading rows until ``len(batch)`` is a multiple of ``mini_batch_size``.
 
@@ -314,3 +427,10 @@ def batch_metrics(batch: TensorBatch, step_seconds: float) -> dict[str, float]:
             ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
         ) if "old_log_probs" in batch else 0.0,
     }
+
+
+def load_tokenizer(path: str):
+    """A Hugging Face tokenizer (the reward model's, which may differ from the policy's)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

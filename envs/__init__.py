@@ -29,6 +29,7 @@ _BUILTIN = {
     "bandit": "envs.bandit:BanditEnv",
     "countdown": "envs.countdown:CountdownEnv",
     "metamathqa": "envs.metamathqa:MetaMathQAEnv",
+    "prompt_dataset": "envs.dataset_env:PromptDatasetEnv",
     "webshop": "envs.webshop:WebShopEnv",
     "textworld": "envs.text_world:TextWorldEnv",
     "alfworld": "envs.alfworld_env:ALFWorldEnv",

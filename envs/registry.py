@@ -57,9 +57,16 @@ def _load(obj: Any, what: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = getattr(exc, "name", None) or ""
+        if not (module_name == missing or module_name.startswith(missing + ".")):  # found, but an import in it failed
+            raise ImportError(
+                f"environment {what!r} needs a missing dependency ({exc}); "
+                f"see docs/environments.md for the extra to install"
+            ) from exc
         raise ImportError(
-            f"environment {what!r} needs a missing dependency ({exc}); "
-            f"see docs/environments.md for the extra to install"
+            f"environment {what!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
+            "put it under the directory you start the run from, or add its folder to PYTHONPATH "
+            "(both reach every Ray worker), or pip install its package; see docs/writing_an_environment.md"
         ) from exc
     if not hasattr(module, attr):
         raise ValueError(f"environment {what!r}: module {module_name!r} has no attribute {attr!r}")
@@ -83,8 +90,23 @@ def get_env_classes(name: str) -> tuple[type[BaseEnv], type]:
         raise ValueError(f"unknown environment {name!r}; registered environments: {list_envs()}")
     cls_ref, cfg_ref = _REGISTRY[name]
     cls = _load(cls_ref, name)
+    check_env_class(cls, name)
     config_cls = _load(cfg_ref, name) if cfg_ref is not None else cls.config_cls
+    if not (isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls)):
+        raise ValueError(f"environment {name!r}: config_cls = {config_cls!r} is not a dataclass; set "
+                         "config_cls to a @dataclass whose fields are the env's options")
     return cls, config_cls
+
+
+def check_env_class(cls: Any, name: str) -> None:
+    """A ``BaseEnv`` subclass with every abstract method implemented, or a ValueError naming what is missing."""
+    if not (isinstance(cls, type) and issubclass(cls, BaseEnv)):
+        raise ValueError(f"environment {name!r} is {cls!r}, not a subclass of envs.BaseEnv; "
+                         "subclass BaseEnv (docs/writing_an_environment.md)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise ValueError(f"environment {name!r}: class {cls.__name__} does not implement {', '.join(missing)}; "
+                         f"define {', '.join(m + '()' for m in missing)} in it (docs/writing_an_environment.md)")
 
 
 # --------------------------------------------------------------------------- config checks

@@ -483,6 +483,33 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
         return out
 
 
+def build_reward_model(policy_dir: str | Path, out_dir: str | Path, *, seed: int = 0) -> Path:
+    """A tiny reward model: the policy's backbone under a seeded score head (``AutoModelForSequenceClassification``).
+
+    One label, the head drawn from N(0, 1/hidden_size) with ``seed`` (so different texts get visibly
+    different scores), ``pad_token_id`` set so the score is read at the last non-pad token. It is
+    untrained: it scores text deterministically, which is what tests of the reward-model path need.
+    Idempotent: a folder already holding ``config.json`` is kept.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = Path(out_dir)
+    if (out / "config.json").exists():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=gen) / model.config.hidden_size ** 0.5)
+    tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    _publish(tmp, out, force=False)
+    print(f"built reward model {out} from {policy_dir}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> Path:
     """Command-line entry point (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -502,15 +529,20 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--format-samples", type=int, default=32, help="samples for the format_ok rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the build (1 is fastest on shared cores)")
     p.add_argument("--force", action="store_true", help="rebuild even when --out holds a complete model")
+    p.add_argument("--reward-model-out", default="",
+                   help="also build a tiny reward model (the policy's backbone + a score head) at this path")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return build_tiny_model(
+    out = build_tiny_model(
         a.out, vocab_size=a.vocab_size, hidden_size=a.hidden_size, layers=a.layers, kv_heads=a.kv_heads,
         intermediate_size=a.intermediate_size, max_position_embeddings=a.max_position_embeddings,
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
         threads=a.threads, force=a.force,
     )
+    if a.reward_model_out:
+        build_reward_model(out, a.reward_model_out, seed=a.seed)
+    return out
 
 
 if __name__ == "__main__":

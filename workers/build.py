@@ -9,9 +9,10 @@ import ray
 
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.es_manager import EnvStateManager
+from agent_trainer.rollout import split_config
 from workers.actor import ActorWorker, ReferenceWorker
 from workers.critic import CriticWorker
-from workers.worker_group import WorkerGroup
+from workers.worker_group import PlacementError, WorkerGroup
 
 
 @dataclass
@@ -23,8 +24,12 @@ class Workers:
     ref: WorkerGroup | None
     engines: list[Any]
     """Ray actor handles of the rollout engines."""
+    engine_group: WorkerGroup
+    """The engines' group (its placement group is freed on shutdown)."""
     env_worker_cls: Any
     """The ``ray.remote`` env-state manager class (the rollout starts and names its own env actors)."""
+    reward_model: WorkerGroup | None = None
+    """The reward-model group (``reward_model.enable``), else None."""
 
 
 def resolve_device(device: str) -> str:
@@ -41,34 +46,50 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     ``tensor_model_parallel_size`` GPUs (no colocation yet).
     """
     device = resolve_device(cfg.trainer.device)
+    check_placement(resource_demands(cfg, device), ray.cluster_resources())
     gpus = 1.0 if device == "cuda" else 0.0
     arr = cfg.actor_rollout_ref
+    timeouts = {"placement_timeout_s": cfg.trainer.placement_timeout_s,
+                "collective_timeout_s": cfg.trainer.collective_timeout_s}
     actor = WorkerGroup(
         ActorWorker, name="actor", world_size=arr.actor.fsdp.world_size, num_cpus_per_rank=arr.actor.fsdp.num_cpus_per_rank,
-        num_gpus_per_rank=gpus, distributed=True,
+        num_gpus_per_rank=gpus, distributed=True, **timeouts,
         init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed},
     )
     critic = None
     if cfg.critic_enabled:
         critic = WorkerGroup(
             CriticWorker, name="critic", world_size=cfg.critic.fsdp.world_size,
-            num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True,
+            num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True, **timeouts,
             init_kwargs={"critic": cfg.critic, "device": device, "seed": cfg.trainer.seed},
         )
     ref = None
     if cfg.ref_enabled:
         ref = WorkerGroup(
             ReferenceWorker, name="ref", world_size=arr.ref.fsdp.world_size, num_cpus_per_rank=arr.ref.fsdp.num_cpus_per_rank,
-            num_gpus_per_rank=gpus, distributed=True, init_kwargs={"model": arr.model, "ref": arr.ref, "device": device,
-                                                             "seed": cfg.trainer.seed},
+            num_gpus_per_rank=gpus, distributed=True, **timeouts,
+            init_kwargs={"model": arr.model, "ref": arr.ref, "device": device, "seed": cfg.trainer.seed},
+        )
+    reward_model = None
+    if cfg.reward_model.enable:
+        from workers.reward_model import RewardModelWorker
+
+        rm = cfg.reward_model
+        reward_model = WorkerGroup(
+            RewardModelWorker, name="reward_model", world_size=rm.world_size, num_cpus_per_rank=rm.num_cpus_per_rank,
+            num_gpus_per_rank=gpus, distributed=True, **timeouts,
+            init_kwargs={"reward_model": rm, "device": device, "seed": cfg.trainer.seed},
         )
     engines = build_engines(cfg, device)
     # Load every model at once: the groups' collectives are independent of each other.
-    ray.get([r for g in (actor, critic, ref) if g is not None for r in g.execute_all_async("init_model")])
+    groups = (actor, critic, ref, reward_model)
+    for group, refs in [(g, g.execute_all_async("init_model")) for g in groups if g is not None]:
+        group.get(refs)
     # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it. The rollout
     # names each one (``env_train_0``, ``env_val_0``, ...) with ``.options(name=...)``.
     env_worker_cls = ray.remote(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
-    return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, env_worker_cls=env_worker_cls)
+    return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
+                   env_worker_cls=env_worker_cls, reward_model=reward_model)
 
 
 def build_engines(cfg: AgentTrainerConfig, device: str) -> WorkerGroup:
@@ -90,5 +111,58 @@ def build_engines(cfg: AgentTrainerConfig, device: str) -> WorkerGroup:
         worker_cls, name="rollout", world_size=r.num_workers, num_cpus_per_rank=r.num_cpus_per_worker,
         num_gpus_per_rank=float(r.tensor_model_parallel_size) if device == "cuda" else 0.0,
         # A crashed engine is restarted by Ray; the rollout re-syncs its weights and retries the turn.
-        pass_rank=False, init_kwargs=kwargs, max_restarts=2,
+        pass_rank=False, init_kwargs=kwargs, max_restarts=2, placement_timeout_s=cfg.trainer.placement_timeout_s,
     )
+
+
+@dataclass
+class Demand:
+    """What one kind of worker asks Ray for: ``count`` actors of ``cpus`` CPUs and ``gpus`` GPUs each."""
+
+    what: str
+    count: int
+    cpus: float
+    gpus: float = 0.0
+
+
+def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
+    """Every worker the run starts: FSDP groups and engines (placement groups) and the env actors (plain actors).
+
+    Env actors: one per ``agent_proxy.num_env_actors`` for each split, at most one per env group
+    (``SyncMultiTurnRollout`` shards whole groups), for the train and val splits and ReMax's baseline split.
+    """
+    gpus = 1.0 if device == "cuda" else 0.0
+    arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    demands = [Demand("actor", arr.actor.fsdp.world_size, arr.actor.fsdp.num_cpus_per_rank, gpus)]
+    if cfg.critic_enabled:
+        demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
+    if cfg.ref_enabled:
+        demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))
+    if cfg.reward_model.enable:
+        demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
+    if cfg.reward_model.enable:
+        demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
+    demands.append(Demand("rollout", r.num_workers, r.num_cpus_per_worker,
+                          float(r.tensor_model_parallel_size) if device == "cuda" else 0.0))
+    splits = ("train", "val") + (("remax_baseline",) if cfg.algorithm.estimator() == "remax" else ())
+    for split in splits:
+        actors = min(max(1, cfg.agent_proxy.num_env_actors), split_config(cfg, split).env_groups)
+        demands.append(Demand(f"env_{split}", actors, cfg.agent_proxy.num_cpus_per_env_actor))
+    return demands
+
+
+def check_placement(demands: list[Demand], cluster: dict[str, float]) -> None:
+    """Refuse, in one line, a run whose workers need more CPUs or GPUs than the Ray cluster has.
+
+    Without it Ray waits forever: the placement groups take their CPUs first and env actors
+    (plain actors) are never placed, so the first rollout never returns.
+    """
+    for resource, per in (("CPU", lambda d: d.cpus), ("GPU", lambda d: d.gpus)):
+        need = sum(d.count * per(d) for d in demands)
+        have = cluster.get(resource, 0.0)
+        if need > have + 1e-9:
+            parts = ", ".join(f"{d.what} {d.count} x {per(d):g}" for d in demands if per(d))
+            raise PlacementError(
+                f"the workers need {need:g} {resource} but the Ray cluster has {have:g} ({parts}); lower world sizes, "
+                "actor_rollout_ref.rollout.num_workers, agent_proxy.num_env_actors or the num_cpus_per_* keys, "
+                f"or give Ray more {resource}s (trainer.ray_num_cpus for a local run)")

@@ -9,8 +9,6 @@ gloo on CPU, NCCL on GPU; the code path is the same.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -85,11 +83,15 @@ class FSDPWorker:
         self._rendezvous_listener = listener
         return addr, listener.getsockname()[1]
 
-    def init_distributed(self, master_addr: str, master_port: int, backend: str) -> None:
-        """Join the group's process group (every rank must call this concurrently)."""
+    def init_distributed(self, master_addr: str, master_port: int, backend: str, timeout_s: float = 600.0) -> None:
+        """Join the group's process group (every rank must call this concurrently).
+
+        ``timeout_s`` (``trainer.collective_timeout_s``) bounds the rendezvous and every collective:
+        a rank whose peer died fails its call after that long instead of blocking forever.
+        """
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        timeout = timedelta(minutes=10)
+        timeout = timedelta(seconds=timeout_s)
         listener = getattr(self, "_rendezvous_listener", None)  # set on rank 0 by rendezvous_address
         store = dist.TCPStore(master_addr, master_port, self.world_size, is_master=listener is not None,
                               timeout=timeout, master_listen_fd=listener.detach() if listener else None)

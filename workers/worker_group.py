@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -43,6 +44,10 @@ class WorkerGroup:
     ``ray list actors`` tell them apart: ``<name>_rank<i>`` for ranks, ``<name>_<i>``
     for independent replicas (``pass_rank=False``, e.g. ``rollout_0``). A rank Ray
     restarts keeps its name.
+
+    Every wait on the ranks goes through :meth:`get`: a rank that dies mid-call raises
+    :class:`WorkerDied` naming the group, the rank and Ray's death cause as soon as Ray
+    notices, instead of leaving the driver in ``ray.get`` while its peers wait in a collective.
     """
 
     def __init__(
@@ -58,6 +63,8 @@ class WorkerGroup:
         pass_rank: bool = True,
         max_restarts: int = 0,
         env_vars: dict[str, str] | None = None,
+        placement_timeout_s: float = 120.0,
+        collective_timeout_s: float = 600.0,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"{name}: world_size must be >= 1, got {world_size}")
@@ -67,7 +74,16 @@ class WorkerGroup:
         if num_gpus_per_rank:
             bundle["GPU"] = num_gpus_per_rank
         self._pg: PlacementGroup = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        ray.get(self._pg.ready(), timeout=120)
+        try:
+            ray.get(self._pg.ready(), timeout=placement_timeout_s)
+        except GetTimeoutError:
+            remove_placement_group(self._pg)
+            raise PlacementError(
+                f"the placement group of {name} ({world_size} x {bundle}) was not placed within "
+                f"trainer.placement_timeout_s = {placement_timeout_s:g} s; the cluster has "
+                f"{_resources(ray.cluster_resources())}, free now {_resources(ray.available_resources())}; lower "
+                "the group's world_size or num_cpus_per_*, or give Ray more (trainer.ray_num_cpus, more nodes)"
+            ) from None
         remote_cls = ray.remote(worker_cls)
         runtime_env = {"env_vars": {**_default_env_vars(), **(env_vars or {})}}
         self.workers = [
@@ -84,7 +100,7 @@ class WorkerGroup:
         if distributed:
             addr, port = ray.get(self.workers[0].rendezvous_address.remote())
             backend = "nccl" if num_gpus_per_rank else "gloo"
-            self.execute_all("init_distributed", addr, port, backend)
+            self.execute_all("init_distributed", addr, port, backend, timeout_s=collective_timeout_s)
 
     def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         """Call ``method`` on every rank with the same arguments; return the refs."""
@@ -92,29 +108,70 @@ class WorkerGroup:
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank with the same arguments; wait for all results."""
-        return ray.get(self.execute_all_async(method, *args, **kwargs))
+        return self.get(self.execute_all_async(method, *args, **kwargs))
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on rank 0 only (must not involve collectives)."""
-        return ray.get(getattr(self.workers[0], method).remote(*args, **kwargs))
+        return self.get([getattr(self.workers[0], method).remote(*args, **kwargs)])[0]
 
     def dp_compute(self, method: str, batch: TensorBatch, **kwargs: Any) -> TensorBatch:
         """Split ``batch`` across ranks, run ``method`` on each shard, concatenate in order."""
         shards, pad = split_for_ranks(batch, self.world_size)
-        results = ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        results = self.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
         merged = TensorBatch.concat(results)
         return merged.index(torch.arange(len(merged) - pad)) if pad else merged
 
     def dp_execute(self, method: str, batch: TensorBatch, **kwargs: Any) -> list[Any]:
         """Split ``batch`` across ranks and return each rank's (non-batch) result, e.g. metrics."""
         shards, _ = split_for_ranks(batch, self.world_size)
-        return ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        return self.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+
+    def get(self, refs: list[ray.ObjectRef]) -> list[Any]:
+        """``ray.get`` of one ref per rank (in rank order), failing fast when a rank dies.
+
+        Waits with ``ray.wait``, so the first rank whose call errors is seen at once even while
+        the others block in a collective with it; a dead rank raises :class:`WorkerDied`.
+        """
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready)
+            except RayActorError as err:
+                raise WorkerDied(self.name, refs.index(ready[0]), err) from None
+        return ray.get(list(refs))
 
     def shutdown(self) -> None:
-        """Kill the actors and free the placement group."""
+        """Kill the actors (at once, even mid-collective) and free the placement group."""
         for w in self.workers:
-            ray.kill(w)
+            ray.kill(w, no_restart=True)
         remove_placement_group(self._pg)
+
+
+class PlacementError(RuntimeError):
+    """Ray cannot place what the run asks for (checked up front, and by ``trainer.placement_timeout_s``)."""
+
+
+class WorkerDied(RuntimeError):
+    """A rank of a worker group died; names the group, the rank and Ray's death cause."""
+
+    def __init__(self, group: str, rank: int, err: BaseException):
+        self.group, self.rank = group, rank
+        super().__init__(f"{group} rank {rank} (Ray actor {actor_name(group, rank)}) died: {death_cause(err)}")
+
+
+def death_cause(err: BaseException, limit: int = 600) -> str:
+    """Ray's death cause of an actor error on one line, cut after its last whole sentence within ``limit``."""
+    text = " ".join(str(err).split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(". ", 0, limit)
+    return text[:cut + 1] if cut > 0 else text[:limit]
+
+
+def _resources(res: dict[str, float]) -> str:
+    """``{"CPU": 2.0}`` as ``2 CPU, 0 GPU``."""
+    return ", ".join(f"{res.get(k, 0):g} {k}" for k in ("CPU", "GPU"))
 
 
 def actor_name(group: str, index: int, ranked: bool = True) -> str:

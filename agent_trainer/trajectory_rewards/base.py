@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agent_trainer.plugins import PluginRegistry
 from agent_trainer.trajectory_rewards.sandbox import SandboxLimits

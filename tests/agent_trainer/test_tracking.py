@@ -22,9 +22,14 @@ def test_jsonl_and_tensorboard_sinks(tmp_path):
     assert [e.value for e in acc.Scalars("rollout/success_rate")] == [0.5, 0.75]
 
 
-def test_console_line_has_headline_metrics_only():
-    line = format_metrics({"rollout/success_rate": 0.25, "perf/num_rows": 32.0}, step=3)
-    assert line.startswith("step 3") and "rollout/success_rate=0.25" in line and "perf/" not in line
+def test_console_line_has_headline_metrics_only_aligned():
+    line = format_metrics({"rollout/success_rate": 0.25, "perf/num_rows": 32.0, "timing_s/step": 3.21}, step=3,
+                          total_steps=10)
+    assert line == "step  3/10  succ 0.250  s   3.2"
+    other = format_metrics({"rollout/success_rate": 1.0, "perf/num_rows": 32.0, "timing_s/step": 123.4}, step=10,
+                           total_steps=10)
+    assert len(other) == len(line) and other.index("  succ ") == line.index("  succ ") and \
+        other.index("  s ") == line.index("  s ")
 
 
 def test_timer_accumulates_seconds():

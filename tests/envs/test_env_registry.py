@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 import envs
-from envs import BaseEnv, EnvTagConfig, load_env_tags, make_env, make_info, register_env
+from envs import BaseEnv, EnvTagConfig, load_env_tags, make_env, make_info, parse_env_tags, register_env
 
 
 @dataclass
@@ -98,10 +98,31 @@ def test_shipped_tags_are_valid_and_make_envs():
         assert tag.env_type in envs.list_envs(), name
 
 
-def test_import_envs_is_lazy_and_missing_dependency_fails_only_when_made():
+def test_import_envs_is_lazy_and_missing_dependency_fails_only_when_made(tmp_path, monkeypatch):
     code = "import sys, envs; print('gymnasium' in sys.modules, 'ray' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False", "False"]
-    register_env("needs_missing_dep", "no_such_module_xyz:Env")
+    (tmp_path / "env_with_missing_dep.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register_env("needs_missing_dep", "env_with_missing_dep:Env")
     with pytest.raises(ImportError, match="needs_missing_dep.*missing dependency"):
         make_env("needs_missing_dep")
+
+
+def test_a_module_that_is_not_on_the_path_names_the_path_fix():
+    register_env("not_on_path", "no_such_module_xyz:Env")
+    with pytest.raises(ImportError, match="cannot import module 'no_such_module_xyz'.*PYTHONPATH"):
+        make_env("not_on_path")
+
+
+def test_an_env_class_with_abstract_methods_left_is_refused_naming_them(tmp_path, monkeypatch):
+    (tmp_path / "half_env.py").write_text(
+        "from envs import BaseEnv\n"
+        "class HalfEnv(BaseEnv):\n"
+        "    def reset(self, seed=None, **kw): return ''\n"
+        "    def step(self, action): return '', 0.0, True, {}\n"
+        "    def render(self): return ''\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"class HalfEnv does not implement action_description; define "
+                                         r"action_description\(\)"):
+        parse_env_tags({"Half": {"env_type": "half_env:HalfEnv"}})

@@ -1,0 +1,94 @@
+"""Reward-model scoring on the driver: which text each episode is scored on, and where the score goes.
+
+The trainer (``AgentTrainer.score_with_reward_model``) calls :func:`episode_texts` on the rollout
+batch, tokenizes the texts with the reward model's tokenizer (:func:`encode_texts`), has the
+``RewardModelWorker`` group score them (``workers/reward_model.py``), and adds ``reward_weight x
+score`` on each episode's last generated token (:func:`add_scores`). Plain torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from agent_trainer.batch import TensorBatch
+
+
+def last_rows(batch: TensorBatch) -> list[int]:
+    """Per episode (``traj_uid``), the row holding its last generated token, in first-appearance order.
+
+    Full mode has one row per episode; condensed mode one per turn, of which the last is the final turn.
+    """
+    last: dict[int, int] = {}
+    for row, uid in enumerate(batch["traj_uid"].tolist()):
+        if batch["response_mask"][row].any():
+            last[uid] = row  # rows of an episode come in turn order
+    return list(last.values())
+
+
+def _last_token(mask_row: torch.Tensor) -> int:
+    return int(mask_row.nonzero()[-1])
+
+
+def _last_turn_span(mask_row: torch.Tensor) -> tuple[int, int]:
+    """[start, end) of the last contiguous run of generated tokens (the episode's final reply)."""
+    end = _last_token(mask_row) + 1
+    start = end
+    while start > 0 and mask_row[start - 1]:
+        start -= 1
+    return start, end
+
+
+def episode_texts(batch: TensorBatch, rows: list[int], tokenizer, source: str) -> list[str]:
+    """The text the reward model reads for each row: the final reply, or the conversation up to it."""
+    texts = []
+    for row in rows:
+        ids, mask = batch["input_ids"][row], batch["response_mask"][row]
+        if source == "response":
+            start, end = _last_turn_span(mask)
+            texts.append(tokenizer.decode(ids[start:end].tolist(), skip_special_tokens=True))
+        else:  # the conversation: everything attended up to the last generated token, template included
+            end = _last_token(mask) + 1
+            keep = batch["attention_mask"][row][:end].bool()
+            texts.append(tokenizer.decode(ids[:end][keep].tolist(), skip_special_tokens=False))
+    return texts
+
+
+def encode_texts(tokenizer, texts: list[str], max_length: int) -> TensorBatch:
+    """Right-padded ``input_ids`` / ``attention_mask`` / ``position_ids`` [N, T] (each text's last max_length tokens)."""
+    encoded = [tokenizer(t)["input_ids"][-max_length:] or [tokenizer.pad_token_id] for t in texts]
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(texts), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention = torch.zeros((len(texts), width), dtype=torch.long)
+    for i, ids in enumerate(encoded):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        attention[i, :len(ids)] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return TensorBatch({"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids})
+
+
+def add_scores(batch: TensorBatch, rows: list[int], scores: torch.Tensor, weight: float) -> None:
+    """``token_level_rewards[row, last generated token] += weight * score`` for each scored row."""
+    rewards = batch["token_level_rewards"].clone()
+    for row, value in zip(rows, scores.tolist()):
+        rewards[row, _last_token(batch["response_mask"][row])] += weight * float(value)
+    batch["token_level_rewards"] = rewards
+
+
+def score_metrics(batch: TensorBatch, rows: list[int], scores: torch.Tensor) -> dict[str, float]:
+    """``reward_model/score_mean|std`` and ``reward_model/episode_reward_mean`` (env + weighted RM rewards)."""
+    per_episode: dict[int, float] = {}
+    for uid, total in zip(batch["traj_uid"].tolist(), batch["token_level_rewards"].sum(-1).tolist()):
+        per_episode[uid] = per_episode.get(uid, 0.0) + total
+    return {"reward_model/score_mean": float(scores.mean()),
+            "reward_model/score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward_model/episode_reward_mean": sum(per_episode.values()) / max(1, len(per_episode))}
+
+
+def dump_scores(path: Path, step: int, texts: list[str], scores: torch.Tensor) -> None:
+    """Append one JSON line per scored text: step, text, score."""
+    with open(path, "a", encoding="utf-8") as f:
+        for text, value in zip(texts, scores.tolist()):
+            f.write(json.dumps({"step": step, "text": text, "score": float(value)}) + "\n")

@@ -1,0 +1,430 @@
+"""SFT warm start on multi-turn conversations, on the RL actor worker (FSDP2).
+
+    python -m agent_trainer.sft --config-name sft_frozenlake [key=value ...]
+    python -m agent_trainer.main --config-name frozenlake model_path=<run dir>/final    # then RL
+
+The run, top to bottom (``SFTTrainer.fit``)::
+
+    before ray.init: compose the SFT config and the RL config it names (rl_config), validate
+        both; play expert demonstrations through the rollout's EnvStateManager and
+        ContextManager (or read JSONL conversations); encode them by the RL mask rules;
+        hold out a validation split
+    start the actor group (workers/actor.py ActorWorker, the RL policy worker) and, for
+        env success, a rollout engine and env actors (the RL validation rollout)
+    evaluate the start: validation loss, and success on the RL config's held-out episodes
+    for each optimizer step: a length-bucketed batch -> actor.update_sft (dp_execute)
+        evaluate every eval.test_freq steps and after the last; checkpoint (HF folder)
+
+Loss only on assistant tokens, by the RL rules: 1 exactly on each reply's ids and its eos
+(``agent_trainer.demonstrations.encode_conversation``). Checkpoints are written by the
+worker's ``save_checkpoint`` into ``global_step_N/actor`` (``agent_trainer.checkpoint``
+layout); ``<run dir>/final`` links the last one, an HF folder the RL trainer loads as
+``model_path``. Metrics go to console and JSONL (``sft/``, ``val/``, ``perf/``, ``timing_s/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from agent_trainer import checkpoint, config_errors
+from agent_trainer.batch import TensorBatch
+from agent_trainer.config import ActorConfig, AgentTrainerConfig
+from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
+                                          play_demonstrations, read_jsonl, write_jsonl)
+from agent_trainer.es_manager import VAL_SEED_OFFSET
+from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
+from agent_trainer.sft_config import SFTConfig, check_against_rl, load_sft_config, sft_schema
+from agent_trainer.tracking import Tracking, timer
+from envs.registry import normalize_tags
+
+logger = logging.getLogger(__name__)
+
+ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
+SFT_SETS = ("model_path", "actor_rollout_ref.model.path", "actor_rollout_ref.rollout.val_kwargs.temperature",
+            "trainer.experiment_name")
+"""RL keys the SFT run sets itself (from model_path, eval.temperature, trainer.experiment_name); rl_overrides
+may not set them."""
+BUCKET_BATCHES = 16
+"""Length bucketing sorts windows of this many batches by length."""
+FINAL_LINK = "final"
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class SFTRow:
+    """One conversation as the policy sees it: token ids and the loss mask (1 on reply tokens)."""
+
+    token_ids: list[int]
+    response_mask: list[int]
+
+
+@dataclass
+class SFTData:
+    """Training and held-out rows, and the demonstrations they came from (empty for JSONL data)."""
+
+    train: list[SFTRow]
+    val: list[SFTRow]
+    demos: dict[str, list[Demonstration]] = field(default_factory=dict)
+    """"train" / "val": the played demonstrations (written to the run folder as JSONL)."""
+
+
+@dataclass
+class SFTRun:
+    """Everything decided before ``ray.init``."""
+
+    cfg: SFTConfig
+    rl: AgentTrainerConfig
+    """The RL config the warm start is for (composed from rl_config + rl_overrides, validated)."""
+    env_tags: dict
+    tokenizer: object
+    data: SFTData
+
+
+def compose_rl(cfg: SFTConfig) -> tuple[AgentTrainerConfig, dict]:
+    """Compose and validate the RL config (``agent_trainer.main.prepare``); errors name rl_config."""
+    for override in cfg.rl_overrides:
+        key = override.lstrip("+~").partition("=")[0]
+        if key in SFT_SETS:
+            raise ValueError(f"rl_overrides sets {key}, which the SFT run sets itself; set model_path, "
+                             "eval.temperature or trainer.experiment_name of the SFT config instead")
+    overrides = [*cfg.rl_overrides, f"model_path={cfg.model_path}",
+                 f"actor_rollout_ref.rollout.val_kwargs.temperature={cfg.eval.temperature}",
+                 f"trainer.experiment_name={cfg.trainer.experiment_name}"]
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            raw = compose(cfg.rl_config, overrides=overrides)
+        return prepare(raw)
+    except CONFIG_ERRORS as err:
+        from agent_trainer.config import config_schema
+
+        reason = config_errors.one_line(err, config_schema(), overrides)
+        where = f"rl_config = {cfg.rl_config!r} with rl_overrides {list(cfg.rl_overrides)}"
+        raise ValueError(f"{where}: {reason}") from None
+
+
+def prepare_run(raw: DictConfig | dict) -> SFTRun:
+    """Validate the SFT and RL configs and build the data; raises ValueError with one line (before Ray)."""
+    from transformers import AutoTokenizer
+
+    cfg = load_sft_config(raw)
+    rl, env_tags = compose_rl(cfg)
+    n_val_groups = rl.es_manager.val.env_groups
+    val_start = rl.es_manager.seed + VAL_SEED_OFFSET
+    check_against_rl(cfg, rl.actor_rollout_ref.actor.fsdp.world_size, rl.ctx_manager.mode,
+                     range(val_start, val_start + n_val_groups))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+    return SFTRun(cfg=cfg, rl=rl, env_tags=env_tags, tokenizer=tokenizer,
+                  data=build_data(cfg, rl, env_tags, tokenizer))
+
+
+def build_data(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, tokenizer) -> SFTData:
+    """Conversations -> rows, split into training and held-out (by episode / conversation, seeded)."""
+    from agent_trainer.rollout import make_context_manager
+
+    ctx = make_context_manager(rl, tokenizer)
+    if cfg.data.source == "demonstrations":
+        demos = make_demonstrations(cfg, rl, env_tags, ctx)
+        train, val = split_held_out(demos, cfg.data.val_fraction, cfg.data.seed)
+        rows = {name: [SFTRow(d.token_ids, d.response_mask) for d in part] for name, part in
+                (("train", train), ("val", val))}
+        return SFTData(train=rows["train"], val=rows["val"], demos={"train": train, "val": val})
+    convs = {name: [(path, k, c) for path in files for k, c in enumerate(read_jsonl(path))]
+             for name, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
+    if not convs["val"]:
+        convs["train"], convs["val"] = split_held_out(convs["train"], cfg.data.val_fraction, cfg.data.seed)
+    limit = rl.actor_rollout_ref.rollout.max_model_len
+    rows = {}
+    for name, items in convs.items():
+        rows[name] = []
+        for path, k, messages in items:
+            ids, mask = encode_conversation(ctx, messages)
+            if len(ids) > limit:
+                raise ValueError(f"{path}: conversation {k + 1} has {len(ids)} tokens, more than the RL config's "
+                                 f"actor_rollout_ref.rollout.max_model_len = {limit}; shorten it or raise that length")
+            rows[name].append(SFTRow(ids, mask))
+    return SFTData(train=rows["train"], val=rows["val"])
+
+
+def make_demonstrations(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, ctx) -> list[Demonstration]:
+    """Play ``data.num_episodes`` expert episodes per tag, as the RL rollout would lay them out."""
+    tags = list(cfg.data.tags or rl.es_manager.train.tags)
+    check_demo_tags(tags, env_tags)
+    tag_cfgs = normalize_tags(env_tags)
+    response_length = rl.actor_rollout_ref.rollout.response_length
+    episodes = [DemoEpisode(tag, cfg.data.seed + i) for tag in tags for i in range(cfg.data.num_episodes)]
+    return play_demonstrations(
+        ctx, env_tags, episodes, max_turn=rl.agent_proxy.max_turn,
+        turn_budget={tag: min(tag_cfgs[tag].max_tokens, response_length) for tag in tags},
+        noise=cfg.data.noise, noise_seed=cfg.data.seed, format_penalty=rl.es_manager.format_penalty,
+        max_actions_per_turn=rl.es_manager.max_actions_per_turn)
+
+
+def split_held_out(items: list, val_fraction: float, seed: int) -> tuple[list, list]:
+    """A seeded shuffle, then ``round(val_fraction * n)`` items (at least 1, at most n - 1) held out."""
+    if len(items) < 2:
+        raise ValueError(f"{len(items)} conversation(s): need at least 2 (one to train on, one held out); add data")
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(items) - 1, max(1, round(val_fraction * len(items))))
+    return [items[i] for i in sorted(order[n_val:])], [items[i] for i in sorted(order[:n_val])]
+
+
+def length_batches(rows: list[SFTRow], batch_size: int, rng: random.Random, group_by_length: bool) -> list[list[int]]:
+    """One epoch's batches of row indices: shuffled; with bucketing, windows sorted by length first."""
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    if group_by_length:
+        window = batch_size * BUCKET_BATCHES
+        order = [i for s in range(0, len(order), window)
+                 for i in sorted(order[s:s + window], key=lambda i: len(rows[i].token_ids))]
+    batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(rows: list[SFTRow], pad_id: int) -> TensorBatch:
+    """Right-pad rows into input_ids, attention_mask, position_ids, response_mask [B, T] (T = the longest row)."""
+    length = max(len(r.token_ids) for r in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    response_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r.token_ids)] = torch.tensor(r.token_ids)
+        attention_mask[i, : len(r.token_ids)] = 1
+        response_mask[i, : len(r.token_ids)] = torch.tensor(r.response_mask)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return TensorBatch({"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                        "response_mask": response_mask})
+
+
+def sft_actor_config(cfg: SFTConfig, rl: AgentTrainerConfig) -> ActorConfig:
+    """The RL actor's config (FSDP layout, dtype via the model config) with the SFT optimisation."""
+    return replace(rl.actor_rollout_ref.actor, ppo_mini_batch_size=cfg.train.batch_size,
+                   ppo_micro_batch_size_per_gpu=cfg.train.micro_batch_size_per_gpu, ppo_epochs=1,
+                   grad_clip=cfg.train.grad_clip, optim=cfg.train.optim)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class SFTTrainer:
+    """Supervised fine-tuning on the RL actor worker group; evaluation through the RL validation rollout."""
+
+    def __init__(self, run: SFTRun):
+        """Prepare the run folder (an earlier run's files are archived) and the metric sinks; no worker starts."""
+        self.run, self.cfg, self.rl = run, run.cfg, run.rl
+        self.run_dir = Path(self.cfg.trainer.default_local_dir)
+        self.global_step = 0
+        checkpoint.seed_everything(self.cfg.trainer.seed)
+        if (self.run_dir / FINAL_LINK).is_symlink():
+            (self.run_dir / FINAL_LINK).unlink()
+        checkpoint.prepare_run_dir(self.run_dir, "disable", None, ["actor"])
+        for name, demos in run.data.demos.items():
+            write_jsonl(demos, self.run_dir / f"demonstrations_{name}.jsonl")
+        OmegaConf.save(OmegaConf.structured(self.cfg), self.run_dir / "sft_config.yaml")
+        self.tracking = Tracking(self.run_dir, self.cfg.trainer.logger)
+        tok = run.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.val_rollout = None
+        self.engines: list = []
+
+    def init_workers(self) -> None:
+        """The actor group (every rank loads and shards the model); engine and env actors for env success."""
+        import ray
+
+        from agent_trainer.es_manager import EnvStateManager
+        from agent_trainer.rollout import SyncMultiTurnRollout
+        from workers.actor import ActorWorker
+        from workers.build import build_engines, resolve_device
+        from workers.worker_group import WorkerGroup
+
+        device = resolve_device(self.rl.trainer.device)
+        actor = sft_actor_config(self.cfg, self.rl)
+        self.actor_wg = WorkerGroup(
+            ActorWorker, name="actor", world_size=actor.fsdp.world_size, num_cpus_per_rank=actor.fsdp.num_cpus_per_rank,
+            num_gpus_per_rank=1.0 if device == "cuda" else 0.0, distributed=True,
+            placement_timeout_s=self.rl.trainer.placement_timeout_s,
+            collective_timeout_s=self.rl.trainer.collective_timeout_s,
+            init_kwargs={"model": self.rl.actor_rollout_ref.model, "actor": actor, "device": device,
+                         "seed": self.cfg.trainer.seed})
+        self.actor_wg.execute_all("init_model")
+        if self.cfg.eval.env_success:
+            self.engines = build_engines(self.rl, device).workers
+            env_cls = ray.remote(num_cpus=self.rl.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
+            self.val_rollout = SyncMultiTurnRollout(self.rl, self.run.tokenizer, self.engines, env_cls,
+                                                    self.run.env_tags, split="val",
+                                                    num_env_actors=self.rl.agent_proxy.num_env_actors,
+                                                    on_engine_restart=self.sync_weights)
+
+    def total_steps(self) -> int:
+        """Optimizer steps of the run: total_epochs full passes, capped by max_steps."""
+        per_epoch = math.ceil(len(self.run.data.train) / self.cfg.train.batch_size)
+        steps = per_epoch * self.cfg.train.total_epochs
+        return min(steps, self.cfg.train.max_steps) if self.cfg.train.max_steps else steps
+
+    def fit(self) -> list[dict[str, float]]:
+        """Train for :meth:`total_steps` steps; return every logged step's metrics (step 0 = the start)."""
+        history, total = [], self.total_steps()
+        if self.cfg.eval.val_before_train:
+            history.append(self.evaluate())
+            self.tracking.log(history[-1], step=0)
+        epoch = 0
+        while self.global_step < total:
+            rng = random.Random(f"{self.cfg.trainer.seed}/{epoch}")
+            for indices in length_batches(self.run.data.train, self.cfg.train.batch_size, rng,
+                                          self.cfg.train.group_by_length):
+                if self.global_step >= total:
+                    break
+                self.global_step += 1
+                metrics = self.train_step([self.run.data.train[i] for i in indices])
+                metrics["sft/epoch"] = float(epoch + 1)
+                self.after_step(metrics, is_last=self.global_step == total)
+                history.append(metrics)
+            epoch += 1
+        self.tracking.close()
+        return history
+
+    def train_step(self, rows: list[SFTRow]) -> dict[str, float]:
+        """One optimizer step on ``rows`` (padded with zero-mask rows to a whole batch)."""
+        from agent_trainer.trainer import pad_for_update
+
+        metrics: dict[str, float] = {}
+        with timer("step", metrics):
+            batch, n_pad = pad_for_update(collate(rows, self.pad_id), self.cfg.train.batch_size)
+            with timer("update_actor", metrics):
+                per_rank = self.actor_wg.dp_execute("update_sft", batch)
+        metrics.update(token_metrics(per_rank, "sft/"))
+        metrics["sft/grad_norm"] = per_rank[0]["sft/grad_norm"]
+        metrics["sft/lr"] = per_rank[0]["sft/lr"]
+        attention = batch["attention_mask"][: len(rows)]
+        metrics["perf/padding_ratio"] = 1.0 - float(attention.sum()) / attention.numel()
+        metrics["perf/max_seq_len"] = float(attention.shape[1])
+        metrics["perf/update_sft_padding_rows"] = float(n_pad)
+        return metrics
+
+    def after_step(self, metrics: dict[str, float], is_last: bool) -> None:
+        """Evaluate and checkpoint when due; log the step."""
+        freq = self.cfg.eval.test_freq
+        if is_last or (freq > 0 and self.global_step % freq == 0):
+            with timer("validate", metrics):
+                metrics.update(self.evaluate())
+        save_freq = self.cfg.trainer.save_freq
+        if is_last or (save_freq > 0 and self.global_step % save_freq == 0):
+            with timer("save", metrics):
+                self.save_checkpoint(metrics)
+        self.tracking.log(metrics, step=self.global_step)
+
+    def evaluate(self) -> dict[str, float]:
+        """``val/sft_loss`` and ``val/sft_token_acc`` on the held-out rows; env success with ``eval.env_success``."""
+        from agent_trainer.trainer import pad_for_update
+
+        world = self.rl.actor_rollout_ref.actor.fsdp.world_size
+        rows = sorted(self.run.data.val, key=lambda r: len(r.token_ids))
+        per_rank: list[dict[str, float]] = []
+        for start in range(0, len(rows), self.cfg.train.batch_size):
+            batch, _ = pad_for_update(collate(rows[start:start + self.cfg.train.batch_size], self.pad_id), world)
+            per_rank += self.actor_wg.dp_execute("compute_sft_loss", batch)
+        metrics = token_metrics(per_rank, "val/sft_")
+        if self.val_rollout is not None:
+            self.sync_weights()
+            metrics.update(self.val_rollout.rollout(self.global_step).metrics)
+        return metrics
+
+    def sync_weights(self) -> None:
+        """Ship the actor's full weights to every engine (as ``AgentTrainer.sync_weights``)."""
+        import ray
+
+        refs = self.actor_wg.execute_all_async("full_state_dict")
+        ray.get(refs[1:])
+        ray.get([e.update_weights.remote(refs[0]) for e in self.engines])
+
+    def save_checkpoint(self, metrics: dict[str, float]) -> Path:
+        """``global_step_N/actor``: the worker's HF folder plus the tokenizer; ``<run dir>/final`` links it."""
+        import ray
+
+        tmp = checkpoint.begin_save(self.run_dir, self.global_step)
+        ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))
+        self.run.tokenizer.save_pretrained(str(tmp / "actor"))
+        OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "sft_config.yaml")
+        checkpoint.TrainerState(global_step=self.global_step, rng=checkpoint.rng_state(), parts=["actor"],
+                                metrics=dict(metrics), saved_at=time.time()).save(tmp)
+        final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
+        link = self.run_dir / FINAL_LINK
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(Path(final.name) / "actor", target_is_directory=True)
+        return final / "actor"
+
+
+def token_metrics(per_rank: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    """``<prefix>loss`` (token-mean NLL), ``<prefix>token_acc`` (greedy), ``<prefix>tokens`` from the ranks' sums."""
+    tokens = sum(m["sft/tokens"] for m in per_rank)
+    return {f"{prefix}loss": sum(m["sft/nll_sum"] for m in per_rank) / max(tokens, 1.0),
+            f"{prefix}token_acc": sum(m["sft/correct"] for m in per_rank) / max(tokens, 1.0),
+            f"{prefix}tokens": tokens}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def compose_sft(config_name: str, overrides: Sequence[str] = ()) -> SFTRun:
+    """Compose ``config/<config_name>.yaml`` with overrides and prepare the run (a mistake: SystemExit, one line)."""
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            raw = compose(config_name, overrides=list(overrides))
+        return prepare_run(raw)
+    except CONFIG_ERRORS as err:
+        raise SystemExit(f"agent-trainer sft: {config_errors.one_line(err, sft_schema(), overrides)}") from None
+
+
+def train(run: SFTRun) -> list[dict[str, float]]:
+    """Start Ray and the workers, run SFT, print the before/after summary; return the logged metrics."""
+    init_ray(run.rl)
+    trainer = SFTTrainer(run)
+    trainer.init_workers()
+    history = trainer.fit()
+    print(summary(history, trainer.run_dir), flush=True)
+    return history
+
+
+def summary(history: list[dict[str, float]], run_dir: Path) -> str:
+    """One paragraph: validation loss and env success at the start and the end, and the model folder."""
+    first, last = history[0], history[-1]
+    parts = [f"SFT done after {last.get('sft/epoch', 0):.0f} epoch(s)"]
+    for key in ("val/sft_loss", "val/sft_token_acc", "val/success_rate"):
+        if key in last:
+            start = f"{first[key]:.4g} -> " if key in first and first is not last else ""
+            parts.append(f"{key} {start}{last[key]:.4g}")
+    parts.append(f"model: {run_dir / FINAL_LINK} (RL: python -m agent_trainer.main model_path={run_dir / FINAL_LINK})")
+    return "; ".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m agent_trainer.sft --config-name NAME [key=value ...]``: hydra's compose, then :func:`train`."""
+    parser = argparse.ArgumentParser(prog="python -m agent_trainer.sft", description=__doc__.splitlines()[0])
+    parser.add_argument("--config-name", "-cn", default="sft_frozenlake", help="a config/<name>.yaml SFT config")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the SFT config")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    train(compose_sft(args.config_name, args.overrides))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,171 @@
+"""Sampled episodes as JSONL, for the trajectory viewer (``agent_trainer.viewer``).
+
+Every ``trainer.log_trajectories_freq`` steps, up to ``trainer.log_trajectories_per_tag``
+episodes per env tag (successes and failures, half each when both exist) are written to
+``<run dir>/trajectories/step_<N>.jsonl``, one :class:`EpisodeRecord` per line, and
+``viewer.html`` next to them is regenerated.
+
+A turn joins two sources: the env actor's history (observation, reply text, parsed
+actions, reward) and the training row's tokens. A row reads as alternating spans, mask 0
+(prompt or observation) then mask 1 (the reply the engine generated); turn k is the k-th
+such pair, whatever the context layout (one row per episode, or one per turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent_trainer.batch import TensorBatch
+
+
+@dataclass
+class TurnRecord:
+    """One turn: what the model saw, what it generated, what the env made of it."""
+
+    turn: int
+    observation: str
+    """The environment's observation before the turn (a grid for grid envs)."""
+    prompt: str
+    """Decoded mask-0 tokens before the reply: the first prompt, or the text appended after the last reply."""
+    reply: str
+    """The reply text the env actor parsed."""
+    actions: list[str]
+    """Actions parsed from the reply and executed."""
+    reward: float
+    done: bool
+    token_ids: list[int] = field(default_factory=list)
+    """The prompt span's ids, then the reply's (one list)."""
+    tokens: list[str] = field(default_factory=list)
+    """Each id decoded on its own."""
+    mask: list[int] = field(default_factory=list)
+    """response_mask of each token: 1 exactly on the generated reply."""
+    advantage: list[float] = field(default_factory=list)
+    """The advantage of each token (0 off the mask); empty when the row was filtered out before training."""
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode of one step, as the viewer shows it."""
+
+    step: int
+    split: str
+    tag: str
+    env_id: int
+    group_id: int
+    success: bool
+    total_reward: float
+    final_observation: str
+    turns: list[TurnRecord]
+    error: str | None = None
+
+    @classmethod
+    def from_json(cls, line: str) -> EpisodeRecord:
+        """Parse one JSONL line."""
+        data = json.loads(line)
+        data["turns"] = [TurnRecord(**t) for t in data["turns"]]
+        return cls(**data)
+
+
+def sample_states(states: list[dict], per_tag: int) -> list[dict]:
+    """Up to ``per_tag`` episodes per tag in env_id order: half successes, half failures (the rest when one side is short)."""
+    chosen: list[dict] = []
+    for tag in sorted({s["tag"] for s in states}):
+        of_tag = sorted((s for s in states if s["tag"] == tag), key=lambda s: s["env_id"])
+        wins = [s for s in of_tag if s.get("metrics", {}).get("success", 0.0) > 0]
+        losses = [s for s in of_tag if s not in wins]
+        n_win = min(len(wins), max(per_tag - len(losses), per_tag // 2 + per_tag % 2))
+        n_win = min(n_win, per_tag)
+        chosen += wins[:n_win] + losses[:per_tag - n_win]
+    return chosen
+
+
+def row_spans(mask: list[int]) -> list[tuple[range, range]]:
+    """Split a row's mask into (mask-0 span, following mask-1 span) pairs; a trailing mask-0 span gets an empty reply."""
+    spans, start, n = [], 0, len(mask)
+    while start < n:
+        mid = start
+        while mid < n and mask[mid] == 0:
+            mid += 1
+        end = mid
+        while end < n and mask[end] == 1:
+            end += 1
+        spans.append((range(start, mid), range(mid, end)))
+        start = end
+    return spans
+
+
+def episode_record(state: dict, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
+    """Join one episode's env history with its training rows (``rows``: ids, mask, advantage lists, in order)."""
+    spans = [(row, prompt, reply) for row in rows for prompt, reply in row_spans(row["mask"]) if len(reply)]
+    history = state.get("history", [])
+    turns = []
+    for k, turn in enumerate(history):
+        record = TurnRecord(turn=k + 1, observation=str(turn.get("observation", "")), prompt="",
+                            reply=str(turn.get("llm_response", "")), actions=[str(a) for a in turn.get("actions", [])],
+                            reward=float(turn.get("reward", 0.0)), done=k == len(history) - 1)
+        if k < len(spans):
+            row, prompt, reply = spans[k]
+            idx = list(prompt) + list(reply)
+            record.token_ids = [row["ids"][i] for i in idx]
+            record.tokens = tokenizer.batch_decode([[i] for i in record.token_ids])
+            record.mask = [row["mask"][i] for i in idx]
+            record.advantage = [round(row["adv"][i], 4) for i in idx] if row["adv"] else []
+            record.prompt = tokenizer.decode([row["ids"][i] for i in prompt])
+        turns.append(record)
+    metrics = state.get("metrics", {})
+    return EpisodeRecord(step=step, split=split, tag=state["tag"], env_id=int(state["env_id"]),
+                         group_id=int(state["group_id"]), success=bool(metrics.get("success", 0.0) > 0),
+                         total_reward=float(sum(t.reward for t in turns)) + float(state.get("penalty", 0.0) or 0.0),
+                         final_observation=str(state.get("final_observation", "")), turns=turns,
+                         error=state.get("error"))
+
+
+def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> dict[int, list[dict]]:
+    """Per ``traj_uid``: its rows' real tokens (ids, mask, advantage), in batch order.
+
+    Episodes missing from ``batch`` (filtered out by rollout shaping) are taken from
+    ``fallback`` (the rollout's batch) with no advantages.
+    """
+    out: dict[int, list[dict]] = {}
+    for source, with_adv in ((batch, True), (fallback, False)):
+        if source is None:
+            continue
+        seen = set(out)
+        adv = source["advantages"] if with_adv and "advantages" in source else None
+        for b in range(len(source)):
+            uid = int(source["traj_uid"][b])
+            if uid in seen:
+                continue
+            n = int(source["attention_mask"][b].sum())
+            out.setdefault(uid, []).append({
+                "ids": source["input_ids"][b, :n].tolist(), "mask": source["response_mask"][b, :n].tolist(),
+                "adv": adv[b, :n].tolist() if adv is not None else [],
+            })
+    return out
+
+
+def write_step(run_dir: str | Path, step: int, split: str, states: list[dict], batch: TensorBatch, tokenizer,
+               per_tag: int, fallback: TensorBatch | None = None) -> Path:
+    """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer."""
+    from agent_trainer.viewer import write_viewer
+
+    folder = Path(run_dir) / "trajectories"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = rows_by_episode(batch, fallback)
+    records = [episode_record(s, rows.get(int(s["env_id"]), []), tokenizer, step, split)
+               for s in sample_states(states, per_tag)]
+    path = folder / (f"step_{step}.jsonl" if split == "train" else f"{split}_step_{step}.jsonl")
+    path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))
+    write_viewer(folder)
+    return path
+
+
+def read_records(folder: str | Path) -> list[EpisodeRecord]:
+    """Every record of every ``*.jsonl`` file in ``folder``, by step."""
+    records = []
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        records += [EpisodeRecord.from_json(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(records, key=lambda r: (r.step, r.split, r.tag, r.env_id))

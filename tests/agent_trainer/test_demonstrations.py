@@ -1,0 +1,175 @@
+"""Expert demonstrations: they replay to success, and their SFT mask is the RL rollout's mask."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.demonstrations import (DemoEpisode, check_demo_tags, check_messages, encode_conversation,
+                                          play_demonstrations, read_jsonl, reply_text, write_jsonl)
+from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from envs import load_env_tags, make_env
+from envs.experts import sokoban_solve
+
+from tests.agent_trainer.conftest import play
+
+TAGS = load_env_tags()
+
+
+@pytest.fixture(scope="module")
+def ctx_mgr(tokenizer):
+    return ContextManager(tokenizer, max_model_len=1536)
+
+
+def _play(ctx_mgr, tag: str, seeds, noise: float = 0.0, noise_seed: int = 0, max_turn: int | None = None):
+    max_turn = max_turn or TAGS[tag].max_actions_per_traj
+    return play_demonstrations(ctx_mgr, TAGS, [DemoEpisode(tag, s) for s in seeds], max_turn=max_turn,
+                               turn_budget={tag: 64}, noise=noise, noise_seed=noise_seed)
+
+
+def _replay(tag: str, seed: int, actions: list[str]) -> bool:
+    """Play ``actions`` in a fresh env of ``tag``; True when the episode ends in success."""
+    env = make_env(tag, TAGS)
+    env.reset(seed=seed)
+    info = {}
+    for action in actions:
+        _, _, done, info = env.step(action)
+        if done:
+            break
+    return bool(info.get("success", False))
+
+
+@pytest.mark.parametrize("tag", ["FrozenLake3x3", "FrozenLake"])
+def test_frozenlake_demonstrations_replay_to_success(ctx_mgr, tag):
+    demos = _play(ctx_mgr, tag, range(40))
+    assert all(d.success and all(d.expert) for d in demos)
+    assert all(_replay(tag, d.seed, d.actions) for d in demos)
+    assert len({tuple(d.actions) for d in demos}) > 1  # the expert reads the map: different maps, different paths
+
+
+def test_sokoban_demonstrations_replay_to_success_within_the_action_budget(ctx_mgr):
+    """Every room whose shortest solution fits in max_actions_per_traj is solved, in that many moves."""
+    tag = "SimpleSokoban"
+    budget = TAGS[tag].max_actions_per_traj
+    demos = _play(ctx_mgr, tag, range(30))
+    solvable = 0
+    for d in demos:
+        env = make_env(tag, TAGS)
+        env.reset(seed=d.seed)
+        shortest = sokoban_solve(env.walls, env.targets, env.boxes, env.player)
+        if len(shortest) <= budget:
+            solvable += 1
+            assert d.success and len(d.actions) == len(shortest), (d.seed, d.actions, shortest)
+            assert _replay(tag, d.seed, d.actions)
+        else:
+            assert not d.success and len(d.actions) == budget
+    assert solvable >= 15
+
+
+@pytest.mark.parametrize("tag,noise", [("FrozenLake3x3", 0.0), ("FrozenLake3x3", 0.5), ("SimpleSokoban", 0.3)])
+def test_sft_mask_equals_rl_mask(tokenizer, ctx_mgr, tag, noise):
+    """Encode each demonstration's messages for SFT; play its replies through the RL turn loop; compare."""
+    demos = _play(ctx_mgr, tag, range(6), noise=noise, max_turn=6)
+    manager = EnvStateManager(TAGS, [EpisodeSpec(env_id=i, group_id=i, tag=tag) for i in range(len(demos))])
+    replies = {i: [m["content"] for m in d.messages if m["role"] == "assistant"] for i, d in enumerate(demos)}
+    rl = play(tokenizer, ContextManager(tokenizer, max_model_len=1536), manager,
+              {i: d.seed for i, d in enumerate(demos)}, replies, max_turn=6, response_length=64)
+    for i, demo in enumerate(demos):
+        ids, mask = encode_conversation(ctx_mgr, demo.messages)
+        episode = rl.episodes[i]
+        assert ids == episode.token_ids
+        assert mask == episode.response_mask
+        assert len(rl.generated[i]) == len(replies[i])  # the RL episode ended where the demonstration did
+        # mask 1 exactly on each reply's ids and its eos, in order
+        spans, run = [], []
+        for token, m in zip(ids, mask):
+            if m:
+                run.append(token)
+            elif run:
+                spans.append(run)
+                run = []
+        spans += [run] if run else []
+        assert spans == rl.generated[i]
+        assert all(s[-1] == tokenizer.eos_token_id for s in spans)
+
+
+def test_noise_replaces_that_share_of_actions_reproducibly(ctx_mgr):
+    demos = _play(ctx_mgr, "FrozenLake3x3", range(60), noise=0.3, noise_seed=1, max_turn=6)
+    flags = [e for d in demos for e in d.expert]
+    assert 0.2 < 1 - sum(flags) / len(flags) < 0.4
+    assert sum(d.success for d in demos) < len(demos)  # an imperfect warm start
+    again = _play(ctx_mgr, "FrozenLake3x3", range(60), noise=0.3, noise_seed=1, max_turn=6)
+    other = _play(ctx_mgr, "FrozenLake3x3", range(60), noise=0.3, noise_seed=2, max_turn=6)
+    assert [d.actions for d in again] == [d.actions for d in demos]
+    assert [d.actions for d in other] != [d.actions for d in demos]
+    assert not any(e for d in _play(ctx_mgr, "FrozenLake3x3", range(5), noise=1.0, max_turn=6) for e in d.expert)
+
+
+def test_a_reply_the_policy_could_not_generate_is_refused(ctx_mgr):
+    with pytest.raises(ValueError, match="may generate at most 5"):
+        play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("FrozenLake3x3", 0)], max_turn=2,
+                            turn_budget={"FrozenLake3x3": 5})
+
+
+def test_tags_without_an_expert_are_refused():
+    check_demo_tags(["FrozenLake3x3", "SimpleSokoban"], TAGS)
+    tags = {**TAGS, "Cliff": {"env_type": "gymnasium", "max_actions_per_traj": 5, "env_instruction": "Walk."}}
+    with pytest.raises(ValueError, match="'Cliff' .* has no expert solver"):
+        check_demo_tags(["Cliff"], tags)
+    with pytest.raises(ValueError, match="'Nope' is not an env tag"):
+        check_demo_tags(["Nope"], TAGS)
+
+
+def test_noise_needs_a_list_of_actions(ctx_mgr):
+    with pytest.raises(ValueError, match="needs a list of valid actions"):
+        play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("Countdown", 0)], max_turn=1, turn_budget={"Countdown": 64},
+                            noise=0.5)
+
+
+def test_an_episode_cut_by_max_turn_ends_with_its_last_observation(ctx_mgr):
+    demo = _play(ctx_mgr, "FrozenLake", [0], max_turn=2)[0]
+    assert not demo.success and [m["role"] for m in demo.messages][-2:] == ["assistant", "user"]
+    ids, mask = encode_conversation(ctx_mgr, demo.messages)
+    assert ids == demo.token_ids and mask[-1] == 0
+
+
+def test_jsonl_round_trip(ctx_mgr, tmp_path):
+    demos = _play(ctx_mgr, "FrozenLake3x3", range(3), noise=0.5)
+    path = write_jsonl(demos, tmp_path / "demos.jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["actions"] for r in records] == [d.actions for d in demos]
+    assert read_jsonl(path) == [d.messages for d in demos]
+    assert all(encode_conversation(ctx_mgr, m)[0] == d.token_ids for m, d in zip(read_jsonl(path), demos))
+
+
+@pytest.mark.parametrize("messages,match", [
+    ([], "non-empty list"),
+    ([{"role": "user", "content": "hi"}], "at least one assistant"),
+    ([{"role": "assistant", "content": "a"}], "starting with user"),
+    ([{"role": "user", "content": "u"}, {"role": "user", "content": "u"}], "alternating"),
+    ([{"role": "user", "content": "u"}, {"role": "assistant", "content": 3}], "message 1"),
+    ([{"role": "tool", "content": "u"}, {"role": "assistant", "content": "a"}], "message 0"),
+])
+def test_malformed_conversations_are_refused(messages, match):
+    with pytest.raises(ValueError, match=match):
+        check_messages(messages)
+
+
+def test_malformed_jsonl_names_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": reply_text("Down")}]}
+    path.write_text(json.dumps(good) + "\n" + "{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON object"):
+        read_jsonl(path)
+
+
+def test_a_custom_system_prompt_keeps_the_reply_mask(ctx_mgr, tokenizer):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go?"},
+                {"role": "assistant", "content": reply_text("Down")}, {"role": "user", "content": "Again?"},
+                {"role": "assistant", "content": reply_text("Right")}]
+    ids, mask = encode_conversation(ctx_mgr, messages)
+    text = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert text == reply_text("Down") + "<|im_end|>" + reply_text("Right") + "<|im_end|>"
+    assert tokenizer.decode(ids).startswith("<|im_start|>system\nBe brief.<|im_end|>")

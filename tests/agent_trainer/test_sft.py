@@ -1,0 +1,111 @@
+"""SFT without Ray: config refusals (one line, before ray.init), data splits, length buckets, collation."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from agent_trainer.demonstrations import reply_text
+from agent_trainer.sft import SFTRow, collate, compose_sft, length_batches, split_held_out
+from agent_trainer.sft_config import DOCS_PAGE, render_docs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _compose(model, *overrides):
+    return compose_sft("sft_frozenlake", [f"model_path={model}", "data.num_episodes=20", *overrides])
+
+
+def test_the_frozenlake_config_plays_demonstrations_in_the_rl_format(tiny_model_path):
+    run = _compose(tiny_model_path)
+    assert run.rl.es_manager.train.tags == ["FrozenLake3x3"] and run.rl.agent_proxy.max_turn == 6
+    assert run.rl.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0  # greedy held-out episodes
+    assert run.rl.actor_rollout_ref.model.path == tiny_model_path
+    assert (len(run.data.train), len(run.data.val)) == (18, 2)
+    seeds = {d.seed for part in run.data.demos.values() for d in part}
+    assert seeds == set(range(20))
+    for demo, row in zip(run.data.demos["train"], run.data.train):
+        assert row.token_ids == demo.token_ids and row.response_mask == demo.response_mask
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("data.noise=1.5", "data.noise = 1.5 must lie in [0, 1]; e.g. data.noise=0.1"),
+    ("data.nois=0.1", "data.nois is not a config key (got data.nois=0.1); did you mean data.noise?"),
+    ("train.batch_size=15", "train.batch_size = 15 must be a multiple of the RL config's "
+                            "actor_rollout_ref.actor.fsdp.world_size = 2"),
+    ("data.source=jsonl", "data.train_files = [] but data.source = 'jsonl'"),
+    ("data.source=web", "data.source = 'web' is not one of ['demonstrations', 'jsonl']"),
+    ("rl_config=nope", "rl_config = 'nope' with rl_overrides []: Cannot find primary config 'nope'"),
+    ('rl_overrides=["agent_proxy.max_turn=0"]', "agent_proxy.max_turn = 0 must be >= 1"),
+    ('rl_overrides=["model_path=x"]', "rl_overrides sets model_path, which the SFT run sets itself"),
+    ('rl_overrides=["ctx_manager.mode=condensed","algorithm.adv_estimator=grpo_multiturn"]',
+     "ctx_manager.mode = 'condensed' in rl_config 'frozenlake'"),
+    ("data.seed=1073741820", "reaches the RL validation seeds [1073741824, 1073741856)"),
+    ("data.tags=[Countdown]", "data.noise = 0.3 needs a list of valid actions"),
+    ('rl_overrides=["es_manager.train.env_configs.tags=[Bandit]"]', None),
+])
+def test_mistakes_are_refused_in_one_line(tiny_model_path, override, expected):
+    overrides = [override] + (["data.noise=0.3"] if "Countdown" in override else [])
+    if expected is None:  # Bandit has an expert: a warm start for it is allowed
+        assert _compose(tiny_model_path, *overrides).data.demos["train"][0].tag == "Bandit"
+        return
+    with pytest.raises(SystemExit) as exc:
+        _compose(tiny_model_path, *overrides)
+    message = str(exc.value)
+    assert message.startswith("agent-trainer sft: ") and "\n" not in message
+    assert expected in message, message
+
+
+def test_jsonl_data_and_a_too_long_conversation(tiny_model_path, tmp_path):
+    conv = {"messages": [{"role": "user", "content": "Go?"}, {"role": "assistant", "content": reply_text("Down")}]}
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n".join(json.dumps(conv) for _ in range(10)) + "\n")
+    run = _compose(tiny_model_path, "data.source=jsonl", f"data.train_files=[{train}]", "data.val_fraction=0.3")
+    assert (len(run.data.train), len(run.data.val)) == (7, 3) and not run.data.demos
+    long = {"messages": [{"role": "user", "content": "word " * 3000}, conv["messages"][1]]}
+    train.write_text(json.dumps(conv) + "\n" + json.dumps(long) + "\n")
+    with pytest.raises(SystemExit, match=r"train.jsonl: conversation 2 has \d+ tokens, more than"):
+        _compose(tiny_model_path, "data.source=jsonl", f"data.train_files=[{train}]")
+
+
+def test_held_out_split_is_disjoint_seeded_and_never_empty():
+    items = list(range(50))
+    train, val = split_held_out(items, 0.1, seed=3)
+    assert len(val) == 5 and sorted(train + val) == items
+    assert split_held_out(items, 0.1, seed=3) == (train, val) and split_held_out(items, 0.1, seed=4) != (train, val)
+    assert [len(p) for p in split_held_out([1, 2], 0.01, 0)] == [1, 1]
+    with pytest.raises(ValueError, match="need at least 2"):
+        split_held_out([1], 0.5, 0)
+
+
+def test_length_buckets_cover_every_row_once_and_cut_padding():
+    rng = random.Random(0)
+    rows = [SFTRow([1] * n, [0] * n) for n in (rng.randint(50, 500) for _ in range(200))]
+
+    def padding(batches):
+        return sum(len(b) * max(len(rows[i].token_ids) for i in b) - sum(len(rows[i].token_ids) for i in b)
+                   for b in batches)
+
+    bucketed = length_batches(rows, 16, random.Random(1), group_by_length=True)
+    plain = length_batches(rows, 16, random.Random(1), group_by_length=False)
+    for batches in (bucketed, plain):
+        assert sorted(i for b in batches for i in b) == list(range(200))
+        assert all(len(b) <= 16 for b in batches)
+    assert padding(bucketed) < 0.2 * padding(plain)
+    assert length_batches(rows, 16, random.Random(2), True) != bucketed  # a new order every epoch
+
+
+def test_collate_right_pads_with_masks_and_positions():
+    batch = collate([SFTRow([5, 6, 7], [0, 1, 1]), SFTRow([8], [0])], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["response_mask"].tolist() == [[0, 1, 1], [0, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_docs_config_table_is_current():
+    page = (REPO / DOCS_PAGE).read_text()
+    assert render_docs(page) == page, "run: .venv/bin/python -m agent_trainer.sft_config"

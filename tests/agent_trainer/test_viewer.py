@@ -1,0 +1,107 @@
+"""Trajectory JSONL and the static viewer, looked at the way a person would: in a real headless Chromium.
+
+The episodes are played by a real ``EnvStateManager`` (FrozenLake and Bandit) through the real
+context managers (``conftest.play``); only the replies are scripted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_trainer.condensed_ctx import CondensedContextManager
+from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.trajectories import EpisodeRecord, read_records, row_spans, sample_states, write_step
+from agent_trainer.viewer import embed_json, render_html
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chromium() -> str:
+    """The system Chromium, or skip naming the package (``make test`` installs it when it is root)."""
+    for name in CHROMIUM_NAMES:
+        if path := shutil.which(name):
+            return path
+    pytest.skip("no Chromium on PATH: `apt-get install chromium` (make test installs it when run as root)")
+
+
+def headless(*args: str, timeout: float = 120.0) -> str:
+    """Run headless Chromium (no sandbox: tests may run as root) and return its stdout."""
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--virtual-time-budget=5000", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def _played_step(tokenizer, play_mixed, manager, ctx_mgr, tmp_path: Path) -> Path:
+    played = play_mixed(ctx_mgr)
+    batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
+    # a visible advantage pattern on the generated tokens: positive for even episodes, negative for odd
+    sign = torch.where(batch["traj_uid"] % 2 == 0, 1.0, -1.0)[:, None]
+    batch["advantages"] = sign * batch["response_mask"].float() * torch.linspace(0.1, 1.0, batch["input_ids"].shape[1])
+    return write_step(tmp_path, 3, "train", manager.get_rollout_states(), batch, tokenizer, per_tag=2)
+
+
+@pytest.mark.parametrize("layout", [ContextManager, CondensedContextManager])
+def test_jsonl_turns_join_env_history_and_tokens(tokenizer, play_mixed, mixed_manager, tmp_path, layout):
+    path = _played_step(tokenizer, play_mixed, mixed_manager, layout(tokenizer, max_model_len=4096), tmp_path)
+    assert path == tmp_path / "trajectories" / "step_3.jsonl"
+    records = [EpisodeRecord.from_json(line) for line in path.read_text().splitlines()]
+    assert sorted((r.tag, r.env_id) for r in records) == [("Bandit", 2), ("Bandit", 3),
+                                                        ("FrozenLake3x3", 0), ("FrozenLake3x3", 1)]
+    lake = next(r for r in records if r.env_id == 0)
+    assert len(lake.turns) == 4 and lake.turns[0].actions == ["Left"] and lake.turns[-1].done
+    for turn in lake.turns:
+        generated = "".join(t for t, m in zip(turn.tokens, turn.mask) if m)
+        assert generated.startswith(turn.reply), (generated, turn.reply)  # the reply text, then eos
+        assert all(a > 0 for a, m in zip(turn.advantage, turn.mask) if m)
+        assert all(a == 0 for a, m in zip(turn.advantage, turn.mask) if not m)
+        assert "\n" in turn.observation  # FrozenLake's observation is a grid
+    assert lake.turns[0].prompt and "<|im_start|>" in lake.turns[0].prompt
+    assert all(a < 0 for t in next(r for r in records if r.env_id == 3).turns for a, m in zip(t.advantage, t.mask) if m)
+    bandit = next(r for r in records if r.env_id == 2)
+    assert bandit.turns[0].reward == bandit.total_reward
+    assert read_records(path.parent) == sorted(records, key=lambda r: (r.step, r.split, r.tag, r.env_id))
+
+
+def test_sample_keeps_successes_and_failures_per_tag():
+    states = [{"tag": t, "env_id": i, "metrics": {"success": float(i % 3 == 0)}} for i, t in
+              enumerate(["A"] * 6 + ["B"] * 3)]
+    picked = sample_states(states, per_tag=2)
+    assert [(s["tag"], s["metrics"]["success"]) for s in picked] == [("A", 1.0), ("A", 0.0), ("B", 1.0), ("B", 0.0)]
+    assert [s["env_id"] for s in sample_states(states, per_tag=5) if s["tag"] == "B"] == [6, 7, 8]
+    assert row_spans([0, 0, 1, 1, 0, 1, 0]) == [(range(0, 2), range(2, 4)), (range(4, 5), range(5, 6)),
+                                                (range(6, 7), range(7, 7))]
+
+
+def test_embedded_data_cannot_close_the_script_element():
+    hostile = {"reply": "</script><script>alert(1)</script><!-- \u2028"}
+    assert "<" not in embed_json(hostile) and json.loads(embed_json(hostile)) == hostile
+    page = render_html([hostile])
+    assert page.count("</script>") == 2 and "http" not in page  # the two own script elements; nothing fetched
+
+
+def test_a_person_sees_turns_highlighted_tokens_and_rewards_in_chromium(tokenizer, play_mixed, mixed_manager,
+                                                                        tmp_path):
+    path = _played_step(tokenizer, play_mixed, mixed_manager, ContextManager(tokenizer, max_model_len=4096),
+                        tmp_path)
+    viewer = path.parent / "viewer.html"
+    dom = headless("--dump-dom", viewer.as_uri())
+    # the first episode in the list is shown: FrozenLake3x3 env 0 (tags sort Bandit first, so the list has 4)
+    assert dom.count('<button class="current"') == 1 and len(re.findall(r"<nav.*?</nav>", dom, re.S)) == 1
+    assert len(re.findall(r"train 3 · \w+", dom)) == 4
+    shown = re.search(r'<section id="episode">(.*)</section>', dom, re.S).group(1)
+    assert "Bandit · env 2" in shown and "success" in shown
+    assert re.search(r"Turn 1 · <span class=\"reward\">reward \d\.\d{3}</span>", shown)
+    gen = re.findall(r'<span class="tok gen" data-mask="1"[^>]*data-advantage="([-\d.e]+)"', shown)
+    assert gen and all(float(a) > 0 for a in gen)  # env 2 is even: green
+    assert "background: rgba(30, 160, 60" in shown and 'class="tok prompt"' in shown
+    assert "Dragon" in shown  # the reply text
+    shot = tmp_path / "viewer.png"
+    headless("--window-size=1200,900", f"--screenshot={shot}", viewer.as_uri())
+    assert shot.stat().st_size > 10_000

@@ -1,0 +1,131 @@
+"""Reward sources end to end (real Ray, FSDP2, vLLM): each run's logged rewards come from the source it claims.
+
+- single-turn GRPO over the shipped arithmetic JSONL, scored by a custom reward function;
+  the function records every call, and the logged episode rewards are exactly its scores;
+- single-turn PPO over prompts without ground truth, scored by the tiny reward model alone;
+- FrozenLake with environment rewards plus the reward model's score of the whole conversation.
+The reward-model runs dump every scored text: each score equals a direct forward pass of the
+reward model on that text, and the logged rewards add up to env reward + weight x score.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["trainer.test_freq=0", "ppo_mini_batch_size=8", "es_manager.train.env_groups=2",
+        "es_manager.train.env_configs.n_groups=[2]", "actor_rollout_ref.rollout.response_length=16"]
+ONE_ACTOR_RANK = ["actor_rollout_ref.actor.fsdp.world_size=1"]  # the reward-model runs add two FSDP groups
+
+
+def run_cli(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str]) -> list[dict]:
+    """One CLI run; returns its metrics records."""
+    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", config_name, f"model_path={tiny_model_path}",
+           f"trainer.default_local_dir={run_dir}", *TINY, *extra]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+RECORDING_FN = '''
+import json
+from pathlib import Path
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("arith_reward", {reward!r})
+arith = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(arith)
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    score = arith.compute_score(data_source, solution_str, ground_truth, extra_info)
+    with open(Path(__file__).with_suffix(".calls.jsonl"), "a") as f:
+        f.write(json.dumps({{"data_source": data_source, "solution": solution_str, "truth": ground_truth,
+                            "score": score}}) + "\\n")
+    return score
+'''
+
+
+@pytest.mark.e2e
+def test_single_turn_grpo_with_custom_reward_function(tiny_model_path, tmp_path):
+    """2 GRPO steps over data/arith/train.jsonl; the episode rewards logged are the function's scores."""
+    fn_file = tmp_path / "recording_reward.py"
+    fn_file.write_text(RECORDING_FN.format(reward=str(REPO / "data/arith/reward.py")))
+    records = run_cli("arith_grpo", tmp_path / "run", tiny_model_path, [
+        "trainer.total_training_steps=2", f"reward.custom_reward_function.path={fn_file}",
+        "es_manager.format_penalty=0.0"])
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["actor/pg_loss"]) and "env/PromptData/num_actions" in r for r in records)
+    calls = [json.loads(line) for line in fn_file.with_suffix(".calls.jsonl").read_text().splitlines()]
+    assert calls, "the policy never answered, so the reward function was never called"
+    sys.path.insert(0, str(REPO / "data/arith"))
+    from reward import compute_score  # the shipped example the recording function wraps
+
+    train_rows = [json.loads(line) for line in (REPO / "data/arith/train.jsonl").read_text().splitlines()]
+    truths = {row["reward_model"]["ground_truth"] for row in train_rows}
+    for call in calls:  # every call scored a training row's answer with the shipped function
+        assert call["data_source"] == "arith" and call["truth"] in truths
+        assert call["score"] == compute_score("arith", call["solution"], call["truth"])
+    # 2 groups x 4 episodes per step, no format penalty: the logged rewards sum to the function's scores
+    logged_total = sum(r["rollout/episode_reward_mean"] * 8 for r in records)
+    assert logged_total == pytest.approx(sum(c["score"] for c in calls), abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny_rm_path(tiny_model_path, tmp_path_factory) -> str:
+    """The tiny reward model (the policy's backbone + a seeded score head), as `make model` builds it."""
+    from launch.build_tiny_model import build_reward_model
+
+    return str(build_reward_model(tiny_model_path, tmp_path_factory.mktemp("rm") / "tiny-qwen2-rm"))
+
+
+def check_reward_model_rewards(run_dir: Path, records: list[dict], rm_path: str, weight: float) -> list[dict]:
+    """Dumped scores = a direct HF forward pass; logged rewards = env reward + weight x score, per step."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    dumped = [json.loads(line) for line in (run_dir / "reward_model_scores.jsonl").read_text().splitlines()]
+    model = AutoModelForSequenceClassification.from_pretrained(rm_path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(rm_path)
+    with torch.no_grad():
+        for d in dumped:
+            direct = model(**tokenizer(d["text"], return_tensors="pt")).logits[0, 0].item()
+            assert d["score"] == pytest.approx(direct, abs=1e-4), d["text"]
+    for r in records:
+        scores = [d["score"] for d in dumped if d["step"] == r["step"]]
+        assert len(scores) == 8  # 2 groups x 4 episodes, one score each
+        assert r["reward_model/score_mean"] == pytest.approx(sum(scores) / 8, abs=1e-5)
+        assert r["reward_model/episode_reward_mean"] == pytest.approx(
+            r["rollout/episode_reward_mean"] + weight * sum(scores) / 8, abs=1e-5)
+        assert r["timing_s/reward_model"] > 0
+    assert len({d["score"] for d in dumped}) > 1  # the scores depend on the text
+    return dumped
+
+
+@pytest.mark.e2e
+def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_path, tmp_path):
+    """2 PPO steps over TXT prompts (no ground truth): every reward is the reward model's score of the reply."""
+    run_dir = tmp_path / "run"
+    records = run_cli("arith_ppo_rm", run_dir, tiny_model_path, [
+        "trainer.total_training_steps=2", *ONE_ACTOR_RANK, f"reward_model.model.path={tiny_rm_path}",
+        "reward_model.dump_scores=true", "es_manager.format_penalty=0.0"])
+    assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
+    assert all(r["rollout/episode_reward_mean"] == 0.0 for r in records)  # no ground truth: the env pays nothing
+    dumped = check_reward_model_rewards(run_dir, records, tiny_rm_path, weight=1.0)
+    assert not any("<|im_start|>" in d["text"] for d in dumped)  # input=response: the reply alone
+
+
+@pytest.mark.e2e
+def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_path, tmp_path):
+    """2 steps of FrozenLake PPO; each episode's reward is its env rewards + 0.5 x the RM's conversation score."""
+    run_dir = tmp_path / "run"
+    records = run_cli("frozenlake_rm", run_dir, tiny_model_path, [
+        "trainer.total_training_steps=2", *ONE_ACTOR_RANK, f"reward_model.model.path={tiny_rm_path}",
+        "reward_model.dump_scores=true", "agent_proxy.max_turn=2"])
+    assert [r["step"] for r in records] == [1, 2] and all("env/FrozenLake3x3/num_actions" in r for r in records)
+    dumped = check_reward_model_rewards(run_dir, records, tiny_rm_path, weight=0.5)
+    assert all(d["text"].count("<|im_start|>user") >= 1 for d in dumped)  # input=conversation: the whole episode

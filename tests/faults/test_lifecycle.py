@@ -1,0 +1,101 @@
+"""Fast checks of the pieces behind tests/faults/test_process_faults.py: no Ray cluster, a few seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent_trainer import lifecycle, watchdog
+from agent_trainer.main import compose_and_prepare, worker_pythonpath
+from workers.build import Demand, check_placement, resource_demands
+from workers.worker_group import PlacementError, death_cause
+
+pytestmark = pytest.mark.faults
+
+
+def test_the_reported_deadlock_is_refused_listing_every_demand(tiny_model_path):
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "critic.fsdp.world_size=2",
+                                  "actor_rollout_ref.rollout.num_workers=2"])
+    demands = resource_demands(cfg, "cpu")
+    assert [(d.what, d.count, d.cpus) for d in demands] == [
+        ("actor", 2, 0.25), ("critic", 2, 0.25), ("rollout", 2, 0.5), ("env_train", 2, 0.1), ("env_val", 2, 0.1)]
+    with pytest.raises(PlacementError, match=r"need 2.4 CPU but the Ray cluster has 2 \(actor 2 x 0.25, critic 2 x "
+                                             r"0.25, rollout 2 x 0.5, env_train 2 x 0.1, env_val 2 x 0.1\)"):
+        check_placement(demands, {"CPU": 2.0})
+    check_placement(demands, {"CPU": 2.4})  # exactly enough is enough
+
+
+def test_gpus_are_counted_too():
+    with pytest.raises(PlacementError, match="need 3 GPU but the Ray cluster has 2"):
+        check_placement([Demand("actor", 2, 0.25, 1.0), Demand("rollout", 1, 0.5, 1.0)], {"CPU": 8.0, "GPU": 2.0})
+
+
+def test_a_first_signal_asks_to_stop_and_a_second_interrupts():
+    with lifecycle.StopSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert stop.signum == signal.SIGTERM
+        with pytest.raises(lifecycle.Interrupted) as info:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert info.value.exit_code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the old handler is back
+
+
+def test_workers_get_the_run_directory_and_the_users_pythonpath_as_absolute_paths(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["mods", str(tmp_path), "", "mods"]))
+    assert worker_pythonpath().split(os.pathsep) == [str(tmp_path.resolve()), str((tmp_path / "mods").resolve())]
+
+
+def test_death_cause_is_one_line_cut_at_a_sentence():
+    err = RuntimeError("The actor died.\n  " + "Because of a long reason. " * 40)
+    text = death_cause(err)
+    assert "\n" not in text and len(text) <= 600 and text.endswith(".")
+
+
+def test_the_watchdog_kills_the_ray_processes_of_a_driver_killed_with_sigkill(tmp_path):
+    """A stand-in driver starts a Ray-like process (a script under ``ray/``, with a child) and an unrelated
+    one, then is SIGKILLed: the watchdog kills the first two and leaves the third alone."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "raylet.py").write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "time.sleep(120)\n")
+    code = ("import subprocess, sys, time\n"
+            f"ray = subprocess.Popen([sys.executable, {str(tmp_path / 'ray' / 'raylet.py')!r}])\n"
+            "other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', 'trainer.ray_num_cpus=2'])\n"
+            "print(ray.pid, other.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    ray_pid, other_pid = (int(p) for p in driver.stdout.readline().split())
+    guard = watchdog.start(driver.pid)
+    deadline = time.monotonic() + 10
+    while not psutil.Process(ray_pid).children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ray_child = psutil.Process(ray_pid).children()[0]
+    time.sleep(2 * watchdog.POLL_S + 0.5)  # the watchdog has seen them
+    driver.kill()
+    driver.wait()
+    guard.wait(timeout=10)
+    gone = [not psutil.pid_exists(ray_pid) or psutil.Process(ray_pid).status() == psutil.STATUS_ZOMBIE,
+            not ray_child.is_running() or ray_child.status() == psutil.STATUS_ZOMBIE]
+    other_alive = psutil.Process(other_pid).is_running()
+    for proc in [psutil.Process(pid) for pid in (ray_pid, other_pid) if psutil.pid_exists(pid)] + [ray_child]:
+        if proc.is_running():
+            proc.kill()
+    assert gone == [True, True] and other_alive  # not below a Ray process: left alone
+
+
+def test_no_watchdog_module_state_leaks_into_agent_trainer_imports():
+    out = subprocess.run([sys.executable, "-c", "import sys, agent_trainer.lifecycle, agent_trainer.watchdog; "
+                          "print('torch' in sys.modules)"], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"

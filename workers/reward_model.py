@@ -1,0 +1,57 @@
+"""The reward-model worker (FSDP2): one scalar score per text.
+
+One rank of the reward-model group. The model is any Hugging Face
+``AutoModelForSequenceClassification`` with one label (verl's ``reward_model.model.path``);
+its score is the head's output at each text's last non-pad token (the model's own pooling,
+which reads ``config.pad_token_id``). Frozen: no optimizer, never saved in checkpoints.
+The driver picks and tokenizes the texts (``agent_trainer.reward_model``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from agent_trainer.batch import TensorBatch
+from agent_trainer.config import FSDPConfig
+from agent_trainer.reward_config import RewardModelConfig
+from workers.actor import _DTYPES
+from workers.fsdp_base import FSDPWorker, micro_batches
+
+
+def load_reward_model(path: str, dtype: str = "float32") -> torch.nn.Module:
+    """The sequence classifier at ``path``; refuses a model with more than one label."""
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
+    if model.config.num_labels != 1:
+        raise ValueError(f"reward_model.model.path = {path!r} has num_labels = {model.config.num_labels}; a reward "
+                         "model gives one score per text (AutoModelForSequenceClassification with num_labels=1)")
+    if model.config.pad_token_id is None:
+        raise ValueError(f"reward_model.model.path = {path!r} has no pad_token_id in its config, so the score "
+                         "position of a padded text is unknown; set pad_token_id in its config.json")
+    model.config.use_cache = False
+    return model.eval()
+
+
+class RewardModelWorker(FSDPWorker):
+    """One rank of the reward-model group: ``compute_rm_score``."""
+
+    hf_auto_class = AutoModelForSequenceClassification
+
+    def __init__(self, *, rank: int, world_size: int, reward_model: RewardModelConfig, device: str = "auto",
+                 seed: int = 0):
+        fsdp = FSDPConfig(world_size=reward_model.world_size, num_cpus_per_rank=reward_model.num_cpus_per_rank)
+        super().__init__(rank=rank, world_size=world_size, fsdp=fsdp, device=device, seed=seed)
+        self.config = reward_model
+
+    def init_model(self) -> None:
+        """Load and shard the reward model (every rank, concurrently)."""
+        self.model = self.shard_model(load_reward_model(self.config.model.path, self.config.model.dtype))
+
+    @torch.no_grad()
+    def compute_rm_score(self, batch: TensorBatch) -> TensorBatch:
+        """``rm_scores`` [B] for this rank's shard of right-padded texts (input_ids, attention_mask, position_ids)."""
+        outs = []
+        for micro in micro_batches(batch, self.config.micro_batch_size_per_gpu):
+            inputs = self.model_inputs(micro)
+            outs.append(self.model(**vars(inputs)).logits[:, 0].float().cpu())
+        return TensorBatch({"rm_scores": torch.cat(outs)})
