@@ -36,7 +36,9 @@ def _check_keys(raw: Mapping, node: DictConfig, root: DictConfig, prefix: str) -
         if not prefix and key == "hydra":
             continue
         if key not in node:
-            raise ValueError(unknown_key_message(path, root, value))
+            from agent_trainer import compat  # compat imports this module
+
+            raise ValueError(compat.unknown_key_message(path, value) or unknown_key_message(path, root, value))
         child = node._get_node(key)
         if isinstance(child, DictConfig) and isinstance(value, Mapping):
             _check_keys(value, child, root, path)

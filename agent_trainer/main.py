@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import config_errors, run_logs
+from agent_trainer import compat, config_errors, run_logs
 from agent_trainer.config import AgentTrainerConfig, config_schema, load_config
 from agent_trainer.datasets import check_datasets, dataset_env_tags
 
@@ -194,6 +194,9 @@ def compose_and_prepare(overrides: Sequence[str] = (), config_name: str = "froze
     A mistake raises SystemExit with the same one line the command line prints.
     """
     try:
+        overrides, notices = compat.rewrite_overrides(overrides)  # align-anything / RAGEN keys (docs/compatibility.md)
+        for notice in notices:
+            logger.warning(notice)
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             raw = compose(config_name, overrides=list(overrides))
         return prepare(raw)
@@ -253,6 +256,8 @@ def shutdown(trainer) -> None:
 
 _RAISE_COMPOSE_ERRORS = "HYDRA_FULL_ERROR"
 _raise_set_by_main = False
+_compat_notices: list[str] = []
+"""The notices of main's rewrite of align-anything / RAGEN keys, logged once the run's logging is set up."""
 
 
 # An absolute path: "../config" would name the package "config" when main is imported rather than run as a script.
@@ -264,6 +269,8 @@ def _run(cfg: DictConfig) -> None:
         os.environ.pop(_RAISE_COMPOSE_ERRORS, None)
         _raise_set_by_main = False
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for notice in _compat_notices:
+        logger.warning(notice)
     try:
         typed, env_tags = prepare(cfg)
     except CONFIG_ERRORS as err:
@@ -281,6 +288,10 @@ def main() -> None:
     user who sets HYDRA_FULL_ERROR=1 gets hydra's full traceback, as hydra documents.
     """
     global _raise_set_by_main
+    try:
+        _rewrite_compat_argv()
+    except ValueError as err:
+        raise SystemExit(refusal(err)) from None
     _raise_set_by_main = _RAISE_COMPOSE_ERRORS not in os.environ
     if _raise_set_by_main:
         os.environ[_RAISE_COMPOSE_ERRORS] = "1"
@@ -295,6 +306,18 @@ def main() -> None:
         if _raise_set_by_main:
             os.environ.pop(_RAISE_COMPOSE_ERRORS, None)
             _raise_set_by_main = False
+
+
+def _rewrite_compat_argv() -> None:
+    """Rewrite align-anything / RAGEN keys among the overrides in ``sys.argv`` before hydra composes.
+
+    hydra refuses a key the schema lacks while composing, so ``train_cfgs.gamma=0.9`` becomes
+    ``algorithm.gamma=0.9`` here (compat.py); a refused key raises ValueError with one line.
+    """
+    overrides = _cli_overrides()
+    rewritten, _compat_notices[:] = compat.rewrite_overrides(overrides)
+    others = [arg for arg in sys.argv[1:] if arg not in overrides]
+    sys.argv[1:] = others + rewritten
 
 
 def _cli_overrides() -> list[str]:

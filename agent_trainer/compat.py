@@ -1,0 +1,242 @@
+"""Keys of align-anything and RAGEN, accepted with a notice naming this project's key, or refused.
+
+One table, :data:`TABLE`, drives both the rewrite (:func:`rewrite_overrides`, applied to the
+command line before hydra composes) and ``docs/compatibility.md`` (``python -m
+agent_trainer.compat`` writes it; a test checks it is current). RAGEN keys that are spelled as
+here (``model_path``, ``micro_batch_size_per_gpu``, ``ppo_mini_batch_size``,
+``agent_proxy.max_turn``, ``algorithm.*``, ``es_manager.*``, ...) are plain config keys and need
+no entry. Values are parsed as YAML scalars (``yaml.safe_load``), never evaluated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from agent_trainer.config_errors import hydra_literal
+
+SEED_SECTIONS = ("train_cfgs.", "model_cfgs.", "env_cfgs.")
+"""align-anything's sections: a key under them that the table lacks is refused with a pointer to the doc."""
+DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+
+
+@dataclass(frozen=True)
+class CompatKey:
+    """One foreign key: what it becomes here (``rewrite``), or why it is refused (``refusal``)."""
+
+    old: str
+    system: str
+    meaning: str
+    """How the value is translated (the doc's last column)."""
+    rewrite: Callable[[Any], dict[str, Any]] | None = None
+    refusal: str | None = None
+
+
+def _to(key: str) -> Callable[[Any], dict[str, Any]]:
+    return lambda value: {key: value}
+
+
+def _multi_turn(value: Any) -> dict[str, Any]:
+    if value is True:
+        return {}  # every run here is multi-turn; agent_proxy.max_turn sets the turns
+    if value is False:
+        return {"agent_proxy.max_turn": 1}
+    raise ValueError(f"train_cfgs.multi_turn = {value!r} is not valid; set it to true or false")
+
+
+def _kl_coeff(value: Any) -> dict[str, Any]:
+    return {"algorithm.use_kl_in_reward": bool(value), "algorithm.kl_ctrl.kl_coef": value}
+
+
+def _betas(value: Any) -> dict[str, Any]:
+    return {"actor_rollout_ref.actor.optim.betas": value, "critic.optim.betas": value}
+
+
+def _always_on(old: str) -> Callable[[Any], dict[str, Any]]:
+    def rewrite(value: Any) -> dict[str, Any]:
+        if value is not True:
+            raise ValueError(f"{old} = {hydra_literal(value)} cannot be turned off here: this trainer always "
+                             "works this way; drop the key")
+        return {}
+    return rewrite
+
+
+AA, RAGEN = "align-anything", "RAGEN"
+TABLE: tuple[CompatKey, ...] = (
+    CompatKey("train_cfgs.multi_turn", AA, "true: nothing to set (every run is multi-turn; agent_proxy.max_turn "
+              "sets the turns); false: agent_proxy.max_turn=1", _multi_turn),
+    CompatKey("train_cfgs.bi_level_gae", AA, "algorithm.bi_level_gae", _to("algorithm.bi_level_gae")),
+    CompatKey("train_cfgs.high_level_gamma", AA, "algorithm.high_level_gamma", _to("algorithm.high_level_gamma")),
+    CompatKey("train_cfgs.max_turn", AA, "agent_proxy.max_turn", _to("agent_proxy.max_turn")),
+    CompatKey("train_cfgs.gamma", AA, "algorithm.gamma", _to("algorithm.gamma")),
+    CompatKey("train_cfgs.gae_lambda", AA, "algorithm.lam", _to("algorithm.lam")),
+    CompatKey("train_cfgs.kl_coeff", AA, "KL penalty in the reward: algorithm.use_kl_in_reward=(value != 0), "
+              "algorithm.kl_ctrl.kl_coef=value", _kl_coeff),
+    CompatKey("train_cfgs.update_iters", AA, "actor_rollout_ref.actor.ppo_epochs",
+              _to("actor_rollout_ref.actor.ppo_epochs")),
+    CompatKey("train_cfgs.clip_range_ratio", AA, "actor_rollout_ref.actor.clip_ratio",
+              _to("actor_rollout_ref.actor.clip_ratio")),
+    CompatKey("train_cfgs.clip_range_value", AA, "critic.cliprange_value", _to("critic.cliprange_value")),
+    CompatKey("train_cfgs.actor_lr", AA, "actor_rollout_ref.actor.optim.lr", _to("actor_rollout_ref.actor.optim.lr")),
+    CompatKey("train_cfgs.critic_lr", AA, "critic.optim.lr", _to("critic.optim.lr")),
+    CompatKey("train_cfgs.actor_weight_decay", AA, "actor_rollout_ref.actor.optim.weight_decay",
+              _to("actor_rollout_ref.actor.optim.weight_decay")),
+    CompatKey("train_cfgs.critic_weight_decay", AA, "critic.optim.weight_decay", _to("critic.optim.weight_decay")),
+    CompatKey("train_cfgs.adam_betas", AA, "actor_rollout_ref.actor.optim.betas and critic.optim.betas", _betas),
+    CompatKey("train_cfgs.actor_gradient_checkpointing", AA, "actor_rollout_ref.model.enable_gradient_checkpointing",
+              _to("actor_rollout_ref.model.enable_gradient_checkpointing")),
+    CompatKey("train_cfgs.critic_gradient_checkpointing", AA, "critic.model.enable_gradient_checkpointing",
+              _to("critic.model.enable_gradient_checkpointing")),
+    CompatKey("train_cfgs.seed", AA, "trainer.seed", _to("trainer.seed")),
+    CompatKey("train_cfgs.eval_interval", AA, "trainer.test_freq", _to("trainer.test_freq")),
+    CompatKey("train_cfgs.use_reward_model", AA, "reward_model.enable (seed 002 spells it under train_cfgs too)",
+              _to("reward_model.enable")),
+    CompatKey("train_cfgs.use_reward_critic", AA, "critic.enable (seed 002 spells it under train_cfgs too)",
+              _to("critic.enable")),
+    CompatKey("train_cfgs.epochs", AA, "refused", refusal="counts passes over a prompt dataset; this trainer "
+              "counts PPO iterations: set trainer.total_training_steps"),
+    CompatKey("train_cfgs.ptx_coeff", AA, "refused", refusal="there is no pretraining-mix (ptx) loss here"),
+    CompatKey("train_cfgs.clip_range_score", AA, "refused", refusal="rewards are not clipped here; shape them in "
+              "the environment or the reward function"),
+    CompatKey("model_cfgs.actor_model_name_or_path", AA, "model_path (actor, reference and critic backbone)",
+              _to("model_path")),
+    CompatKey("model_cfgs.reward_model_name_or_path", AA, "reward_model.model.path",
+              _to("reward_model.model.path")),
+    CompatKey("model_cfgs.reward_critic_model_name_or_path", AA, "critic.model.path", _to("critic.model.path")),
+    CompatKey("model_cfgs.model_max_length", AA, "actor_rollout_ref.rollout.max_model_len",
+              _to("actor_rollout_ref.rollout.max_model_len")),
+    CompatKey("model_cfgs.use_reward_model", AA, "reward_model.enable (also set reward_model.model.path)",
+              _to("reward_model.enable")),
+    CompatKey("model_cfgs.use_reward_critic", AA, "critic.enable: true needs a GAE-family algorithm.adv_estimator "
+              "(gae, bi_level_gae; the default), false one without values (e.g. grpo)", _to("critic.enable")),
+    CompatKey("env_cfgs.env_name", AA, "refused", refusal="environments are named by tag: set "
+              "es_manager.train.env_configs.tags=[FrozenLake3x3] (tags are listed in envs_file, config/envs.yaml)"),
+    CompatKey("env_cfgs.max_episode_length", AA, "refused", refusal="an episode ends after agent_proxy.max_turn "
+              "turns; set agent_proxy.max_turn (and the env tag's own limits in envs_file)"),
+    CompatKey("agent_proxy.use_environment", AA, "true: nothing to set (rewards always come from the environments); "
+              "false is refused", _always_on("agent_proxy.use_environment")),
+    CompatKey("enable_response_mask", RAGEN, "true: nothing to set (response_mask always covers exactly the "
+              "generated tokens); false is refused", _always_on("enable_response_mask")),
+    CompatKey("trainer.n_gpus_per_node", RAGEN, "refused", refusal="placement is per worker group: set "
+              "actor_rollout_ref.actor.fsdp.world_size (and critic.fsdp.world_size, "
+              "actor_rollout_ref.rollout.num_workers)"),
+    CompatKey("trainer.nnodes", RAGEN, "refused", refusal="a run uses the Ray cluster it starts or joins "
+              "(RAY_ADDRESS); size it with actor_rollout_ref.actor.fsdp.world_size"),
+    CompatKey("custom_envs", RAGEN, "refused", refusal="env tags live in a YAML file: set envs_file to it "
+              "(like config/envs.yaml)"),
+)
+BY_KEY = {entry.old: entry for entry in TABLE}
+
+
+def translate(key: str, value: Any) -> tuple[dict[str, Any], str] | None:
+    """``(new keys and values, notice)`` for a foreign ``key``; None for this project's own keys.
+
+    Raises ValueError with one line when the key is refused here.
+    """
+    entry = BY_KEY.get(key)
+    if entry is None:
+        if key.startswith(SEED_SECTIONS):
+            raise ValueError(f"{key} is an align-anything key with no meaning here; docs/compatibility.md lists "
+                             "the ones that map onto this project's keys")
+        return None
+    if entry.refusal is not None:
+        raise ValueError(f"{key} is {entry.system}'s key and is refused here: {entry.refusal}")
+    new = entry.rewrite(value)
+    if not new:
+        return new, (f"{key} is {entry.system}'s name; {key}={hydra_literal(value)} needs nothing set here "
+                     f"({entry.meaning})")
+    return new, f"{key} is {entry.system}'s name; using {', '.join(f'{k}={hydra_literal(v)}' for k, v in new.items())}"
+
+
+def unknown_key_message(path: str, value: Any) -> str | None:
+    """For a key the schema lacks (a dict or YAML config): the line naming this project's key, if it is foreign.
+
+    Only the command line is rewritten; a config file must use this project's names.
+    """
+    leaves = _leaves(path, value)
+    for key, leaf in leaves:
+        try:
+            translated = translate(key, leaf)
+        except ValueError as err:
+            return str(err)
+        if translated is not None:
+            new = ", ".join(f"{k}={hydra_literal(v)}" for k, v in translated[0].items()) or "nothing (drop the key)"
+            return (f"{key} is {BY_KEY[key].system}'s name; in a config file write {new} instead "
+                    "(docs/compatibility.md; the command line rewrites it for you)")
+    return None
+
+
+def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{path}.{k}", v)]
+    return [(path, value)]
+
+
+def rewrite_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Command-line overrides with foreign keys rewritten (``key=v`` and ``+key=v`` alike), and the notices."""
+    out, notices = [], []
+    for override in overrides:
+        prefix = override[: len(override) - len(override.lstrip("+~"))]
+        name, sep, text = override[len(prefix):].partition("=")
+        if name.startswith("hydra.") or (not sep and prefix != "~"):
+            out.append(override)
+            continue
+        translated = translate(name, _scalar(text)) if prefix != "~" else None
+        if translated is None:
+            out.append(override)
+            continue
+        new, notice = translated
+        out.extend(f"{k}={hydra_literal(v)}" for k, v in new.items())
+        notices.append(notice)
+    return out, notices
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as YAML reads it (``true``, ``0.95``, ``[0.9,0.99]``); the text itself if it is not YAML."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def render() -> str:
+    """The Markdown page ``docs/compatibility.md``."""
+    lines = [
+        "# Coming from align-anything or RAGEN",
+        "",
+        "Generated by `python -m agent_trainer.compat` from the table in `agent_trainer/compat.py` (do not edit",
+        "by hand). On the command line (`key=value` and `+key=value` alike) each key below is rewritten onto",
+        "this project's key before hydra composes, and the run logs one notice line naming the key it used,",
+        "e.g. `train_cfgs.bi_level_gae is align-anything's name; using algorithm.bi_level_gae=true`. A refused",
+        "key stops the run before Ray starts with one line saying what to set instead. Any other key under",
+        "`train_cfgs.`, `model_cfgs.` or `env_cfgs.` is refused with a pointer to this page. Keys in a YAML",
+        "config file must use this project's names (hydra refuses unknown sections while composing).",
+        "",
+        "RAGEN keys spelled as here are accepted as they are: `model_path`, `micro_batch_size_per_gpu`,",
+        "`ppo_mini_batch_size`, `agent_proxy.max_turn`, `agent_proxy.enable_think`, `algorithm.*`",
+        "(`adv_estimator`, `bi_level_gae`, `high_level_gamma`, `gamma`, `lam`, `kl_ctrl.*`), `es_manager.*`,",
+        "`actor_rollout_ref.*` and `trainer.*` keys of the same name (docs/configuration.md lists them all).",
+        "",
+        "Console scripts: `agent-trainer` and `train-multi-turn` are the module entry",
+        "(`python -m agent_trainer.main`): `agent-trainer --config-name frozenlake train_cfgs.bi_level_gae=true`.",
+        "",
+        "| key | from | becomes here |",
+        "| --- | --- | --- |",
+    ]
+    for entry in TABLE:
+        becomes = f"refused: {entry.refusal}" if entry.refusal else entry.meaning
+        lines.append(f"| `{entry.old}` | {entry.system} | {becomes.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Rewrite docs/compatibility.md."""
+    DOC.write_text(render())
+    print(f"wrote {DOC}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""align-anything / RAGEN keys (agent_trainer/compat.py): rewritten with a notice, or refused in one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_trainer import compat
+from agent_trainer.config import config_schema, load_config
+from agent_trainer.config_errors import all_keys
+from agent_trainer.main import compose_and_prepare
+
+SEED_EXAMPLE = ["train_cfgs.multi_turn=true", "train_cfgs.bi_level_gae=true", "train_cfgs.high_level_gamma=0.95",
+                "model_cfgs.use_reward_critic=true"]
+
+
+def test_the_issue_example_resolves_with_one_notice_per_key(tiny_model_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="agent_trainer.main"):
+        cfg, _ = compose_and_prepare([*SEED_EXAMPLE, f"model_path={tiny_model_path}"])
+    assert cfg.algorithm.bi_level_gae is True and cfg.algorithm.high_level_gamma == 0.95
+    assert cfg.algorithm.estimator() == "bi_level_gae"
+    assert cfg.critic.enable is True and cfg.critic_enabled
+    assert cfg.agent_proxy.max_turn == 6  # multi_turn=true leaves the config's turns alone
+    notices = [r.getMessage() for r in caplog.records]
+    assert notices == [
+        "train_cfgs.multi_turn is align-anything's name; train_cfgs.multi_turn=true needs nothing set here "
+        f"({compat.BY_KEY['train_cfgs.multi_turn'].meaning})",
+        "train_cfgs.bi_level_gae is align-anything's name; using algorithm.bi_level_gae=true",
+        "train_cfgs.high_level_gamma is align-anything's name; using algorithm.high_level_gamma=0.95",
+        "model_cfgs.use_reward_critic is align-anything's name; using critic.enable=true",
+    ]
+
+
+def test_plus_form_and_translated_values(tiny_model_path):
+    cfg, _ = compose_and_prepare(["+train_cfgs.multi_turn=false", "+train_cfgs.gae_lambda=0.9",
+                                  "train_cfgs.kl_coeff=0.02", "++train_cfgs.update_iters=2",
+                                  f"model_cfgs.actor_model_name_or_path={tiny_model_path}"])
+    assert cfg.agent_proxy.max_turn == 1 and cfg.algorithm.lam == 0.9
+    assert cfg.algorithm.use_kl_in_reward is True and cfg.algorithm.kl_ctrl.kl_coef == 0.02
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == 2
+    assert cfg.actor_rollout_ref.model.path == tiny_model_path == cfg.model_path
+
+
+@pytest.mark.parametrize("override, names", [
+    ("train_cfgs.epochs=3", "set trainer.total_training_steps"),
+    ("+env_cfgs.env_name=frozen_lake", "es_manager.train.env_configs.tags"),
+    ("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.fsdp.world_size"),
+    ("enable_response_mask=false", "cannot be turned off"),
+    ("train_cfgs.per_device_train_batch_size=4", "docs/compatibility.md"),
+])
+def test_a_refused_key_is_one_line_naming_what_to_set(override, names, tiny_model_path):
+    with pytest.raises(SystemExit) as exit_info:
+        compose_and_prepare([override, f"model_path={tiny_model_path}"])
+    line = exit_info.value.code
+    assert line.startswith("agent-trainer: " + override.lstrip("+").partition("=")[0]) and "\n" not in line, line
+    assert names in line, line
+
+
+def test_a_config_file_with_seed_sections_names_the_key_to_write():
+    with pytest.raises(ValueError, match=r"train_cfgs.bi_level_gae is align-anything's name; in a config file "
+                                         r"write algorithm.bi_level_gae=true"):
+        load_config({"train_cfgs": {"bi_level_gae": True}})
+    with pytest.raises(ValueError, match="set trainer.total_training_steps"):
+        load_config({"train_cfgs": {"epochs": 2}})
+
+
+def test_every_mapping_lands_on_a_schema_key():
+    known = set(all_keys(config_schema()))
+    for entry in compat.TABLE:
+        assert entry.old not in known, f"{entry.old} is already this project's key"
+        assert (entry.rewrite is None) != (entry.refusal is None), entry.old
+        for value in (True, False, 0.5):
+            try:
+                new = entry.rewrite(value) if entry.rewrite else {}
+            except ValueError:
+                continue
+            assert set(new) <= known, (entry.old, new)
+
+
+def test_console_scripts_run_the_module_entry(tmp_path):
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HYDRA_FULL_ERROR")}
+    help_out = subprocess.run([bin_dir / "agent-trainer", "--help"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=120)
+    assert help_out.returncode == 0 and "frozenlake" in help_out.stdout, help_out.stderr
+    refused = subprocess.run([bin_dir / "train-multi-turn", "--config-name", "frozenlake_grpo",
+                              f"hydra.run.dir={tmp_path}/hydra", "train_cfgs.high_level_gamma=abc"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1, refused.stderr
+    assert lines[0].startswith("agent-trainer: algorithm.high_level_gamma = 'abc'"), lines[0]
+
+
+def test_compatibility_doc_is_current():
+    stale = "docs/compatibility.md is stale: run python -m agent_trainer.compat"
+    assert compat.DOC.read_text() == compat.render(), stale
+    for entry in compat.TABLE:
+        assert f"| `{entry.old}` |" in compat.DOC.read_text()
