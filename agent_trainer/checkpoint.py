@@ -85,9 +85,7 @@ def write_json(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and a rename (never a half-written file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj))
 
 
 def read_json(path: Path) -> Any:
@@ -235,6 +233,7 @@ def commit_save(run_dir: Path, tmp: Path, step: int) -> Path:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` through a temporary file in the same folder and a rename."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
