@@ -17,15 +17,20 @@ Methods whose names end in ``_async`` return Ray object refs instead of values.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agent_trainer.batch import TensorBatch
+
+
+DEATH_REPORT_GRACE_S = 15.0
+"""How long a rank's failed call waits for Ray to report a dead peer (the likely cause) before it propagates."""
 
 
 class WorkerGroup:
@@ -139,7 +144,29 @@ class WorkerGroup:
                 ray.get(ready)
             except RayActorError as err:
                 raise WorkerDied(self.name, refs.index(ready[0]), err) from None
+            except RayTaskError:
+                # A surviving rank's collective fails as soon as a peer dies (gloo: "connection closed
+                # by peer"), often before Ray reports the death: name the dead rank if there is one.
+                dead = self._dead_rank(refs, pending)
+                if dead is not None:
+                    raise dead from None
+                raise
         return ray.get(list(refs))
+
+    def _dead_rank(self, refs: list[ray.ObjectRef], pending: list[ray.ObjectRef],
+                   grace_s: float = DEATH_REPORT_GRACE_S) -> WorkerDied | None:
+        """The :class:`WorkerDied` of a rank among ``pending`` that Ray reports dead within ``grace_s``."""
+        deadline = time.monotonic() + grace_s
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except RayActorError as err:
+                    return WorkerDied(self.name, refs.index(ref), err)
+                except RayTaskError:
+                    pass
+        return None
 
     def shutdown(self) -> None:
         """Kill the actors (at once, even mid-collective) and free the placement group."""

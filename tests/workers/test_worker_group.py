@@ -81,3 +81,37 @@ def test_members_are_named_and_a_restarted_one_keeps_its_name(ray_cluster):
     finally:
         ranks.shutdown()
         replicas.shutdown()
+
+
+class PeerFailure:
+    """Rank 1 dies; rank 0 fails at once, like a gloo collective whose peer went away."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+
+    def step(self) -> None:
+        import os
+
+        if self.rank == 1:
+            time.sleep(1.0)  # the survivor's error reaches the driver first
+            os._exit(1)
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+
+def test_a_survivors_collective_error_is_reported_as_the_dead_peer(ray_cluster):
+    from ray.exceptions import RayTaskError
+
+    from workers.worker_group import WorkerDied
+
+    group = WorkerGroup(PeerFailure, name="peers", world_size=2, num_cpus_per_rank=0.1)
+    try:
+        with pytest.raises(WorkerDied, match="peers rank 1"):
+            group.execute_all("step")
+    finally:
+        group.shutdown()
+    group = WorkerGroup(RankEcho, name="plain", world_size=2, num_cpus_per_rank=0.1)
+    try:  # an error with no dead rank behind it propagates as it is
+        with pytest.raises(RayTaskError, match="NoneType"):
+            group.get([group.workers[0].double.remote(None), group.workers[1].whoami.remote("")])
+    finally:
+        group.shutdown()
