@@ -59,16 +59,25 @@ class Tracking:
         self.loggers = list(loggers)
         self.cfg, self.tokenizer = cfg, tokenizer
         self.jsonl_path = self.run_dir / "metrics.jsonl"
-        if resume_step:
-            truncate_metrics(self.jsonl_path, resume_step)
         self._tb = None
+        self.rewind(resume_step)
+        self._wandb = self._open_wandb() if "wandb" in self.loggers else None
+        self._ray_metrics = None
+
+    def rewind(self, step: int) -> None:
+        """Forget what was logged after ``step``: the steps a resumed or restarted run trains again.
+
+        JSONL lines of later steps are dropped and TensorBoard is reopened with ``purge_step``,
+        so no step appears twice (wandb's resumed run overwrites by step itself).
+        """
+        if step:
+            truncate_metrics(self.jsonl_path, step)
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
-                                     purge_step=resume_step + 1 if resume_step else None)
-        self._wandb = self._open_wandb() if "wandb" in self.loggers else None
-        self._ray_metrics = None
+            if self._tb is not None:
+                self._tb.close()
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=step + 1 if step else None)
 
     def _open_wandb(self):
         """Start (or, with the id in ``wandb_run.json``, continue) the run's wandb run."""

@@ -101,7 +101,7 @@ class AgentTrainer:
         self.shutdown()
         self.resume_from = checkpoint.find_latest(self.run_dir)
         resume_step = checkpoint.TrainerState.load(self.resume_from).global_step if self.resume_from else 0
-        checkpoint.truncate_metrics(self.tracking.jsonl_path, resume_step)  # steps after it are trained again
+        self.tracking.rewind(resume_step)  # steps after it are trained again
         if self.resume_from is None:  # step 0 again: the state a fresh run starts with
             self.global_step = 0
             checkpoint.seed_everything(self.cfg.trainer.seed)

@@ -3,6 +3,8 @@
 import json
 import time
 
+import pytest
+
 from agent_trainer.tracking import Tracking, format_metrics, timer
 
 
@@ -21,6 +23,25 @@ def test_jsonl_and_tensorboard_sinks(tmp_path):
     acc.Reload()
     assert [e.value for e in acc.Scalars("rollout/success_rate")] == [0.5, 0.75]
 
+
+
+def test_rewind_drops_later_steps_from_jsonl_and_tensorboard(tmp_path):
+    """An in-process restart from global_step_1 trains step 2 again: it must appear once, with its new value."""
+    tracking = Tracking(tmp_path, ["jsonl", "tensorboard"])
+    for step, value in ((1, 0.1), (2, 0.2), (3, 0.3)):
+        tracking.log({"rollout/success_rate": value}, step=step)
+    tracking.rewind(1)
+    tracking.log({"rollout/success_rate": 0.25}, step=2)
+    tracking.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["rollout/success_rate"]) for line in lines] == [(1, 0.1), (2, 0.25)]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    scalars = acc.Scalars("rollout/success_rate")  # TensorBoard drops the purged events when it reads them
+    assert [e.step for e in scalars] == [1, 2] and [e.value for e in scalars] == pytest.approx([0.1, 0.25])
 
 def test_console_line_has_headline_metrics_only_aligned():
     line = format_metrics({"rollout/success_rate": 0.25, "perf/num_rows": 32.0, "timing_s/step": 3.21}, step=3,
