@@ -51,8 +51,18 @@ chromium:
 	      || echo "apt-get could not install chromium; the viewer's browser tests are skipped"; \
 	  else echo "chromium missing (apt-get install chromium); the viewer's browser tests are skipped"; fi; }
 
-train: model
-	$(PY) -m agent_trainer.main --config-name frozenlake $(ARGS)
+# make train: SFT warm start on deliberately imperfect expert demonstrations (reused once it exists;
+# delete $(SFT_RUN) to redo it), then PPO + GAE from it, then the held-out comparison table
+# (SFT start, RL end, baselines computed by bench/baselines.py on the same seeds).
+SFT_RUN := outputs/agent_trainer/sft_frozenlake
+
+$(SFT_RUN)/final/config.json: $(MODEL)/build_info.json config/sft_frozenlake.yaml
+	$(PY) -m agent_trainer.sft --config-name sft_frozenlake
+
+train: model $(SFT_RUN)/final/config.json
+	$(PY) -m agent_trainer.main --config-name frozenlake model_path=$(SFT_RUN)/final trainer.resume_mode=disable \
+	  trainer.val_before_train=true $(ARGS)
+	$(PY) bench/baselines.py --config-name frozenlake --sft-dir $(SFT_RUN) $(ARGS)
 
 test: model shellcheck chromium
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider $(ARGS)
@@ -60,9 +70,11 @@ test: model shellcheck chromium
 test-fast: model shellcheck chromium
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(ARGS)
 
+# Issue 12's suite (docs/benchmarks.md): results go to bench/results/<UTC stamp>/ (printed at the end).
+# ARGS="--quick" for a smoke run, "--only main,P2" for a subset, "--update-docs" (or BENCH_UPDATE_DOCS=1)
+# to rewrite docs/benchmarks.md's generated block and docs/bench/. TRL lives in bench/.venv-trl only.
 bench: model
-	$(PY) bench/bench_step.py
-	$(PY) bench/bench_envs.py
+	$(PY) bench/run.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(MODEL) outputs

@@ -1,7 +1,8 @@
 """Keys of align-anything and RAGEN, accepted with a notice naming this project's key, or refused.
 
-One table, :data:`TABLE`, drives both the rewrite (:func:`rewrite_overrides`, applied to the
-command line before hydra composes) and ``docs/compatibility.md`` (``python -m
+One table, :data:`TABLE`, drives the rewrite of the command line (:func:`rewrite_overrides`, before
+hydra composes), the rewrite of a config file's ``train_cfgs`` / ``model_cfgs`` / ``env_cfgs``
+sections (:func:`rewrite_config_sections`, when the composed config loads) and ``docs/compatibility.md`` (``python -m
 agent_trainer.compat`` writes it; a test checks it is current). RAGEN keys that are spelled as
 here (``model_path``, ``micro_batch_size_per_gpu``, ``ppo_mini_batch_size``,
 ``agent_proxy.max_turn``, ``algorithm.*``, ``es_manager.*``, ...) are plain config keys and need
@@ -10,15 +11,18 @@ no entry. Values are parsed as YAML scalars (``yaml.safe_load``), never evaluate
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
 from agent_trainer.config_errors import hydra_literal
 
-SEED_SECTIONS = ("train_cfgs.", "model_cfgs.", "env_cfgs.")
+SECTIONS = ("train_cfgs", "model_cfgs", "env_cfgs")
+"""align-anything's config sections (schema fields, so a config file may hold them; rewritten on load)."""
+SEED_SECTIONS = tuple(f"{section}." for section in SECTIONS)
 """align-anything's sections: a key under them that the table lacks is refused with a pointer to the doc."""
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
 
@@ -154,7 +158,8 @@ def translate(key: str, value: Any) -> tuple[dict[str, Any], str] | None:
 def unknown_key_message(path: str, value: Any) -> str | None:
     """For a key the schema lacks (a dict or YAML config): the line naming this project's key, if it is foreign.
 
-    Only the command line is rewritten; a config file must use this project's names.
+    The command line and a config's align-anything sections are rewritten; RAGEN's foreign keys in a
+    config file (``enable_response_mask``, ...) must use this project's names.
     """
     leaves = _leaves(path, value)
     for key, leaf in leaves:
@@ -167,6 +172,40 @@ def unknown_key_message(path: str, value: Any) -> str | None:
             return (f"{key} is {BY_KEY[key].system}'s name; in a config file write {new} instead "
                     "(docs/compatibility.md; the command line rewrites it for you)")
     return None
+
+
+def rewrite_config_sections(raw: Mapping, overrides: Sequence[str] = ()) -> tuple[dict, list[str]]:
+    """A composed config (plain key tree) with its align-anything sections rewritten, and the notices.
+
+    Why after composition: hydra only merges YAML files, so ``train_cfgs.bi_level_gae: true`` in a
+    config file reaches the loader as it was written; each key is translated as on the command line
+    (the same notice, or the same one-line refusal) and the sections are left empty. A key that the
+    command line ``overrides`` set (already under this project's name) keeps the command line's value.
+    """
+    raw = copy.deepcopy(dict(raw))
+    from_command_line = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    notices = []
+    for section in SECTIONS:
+        values = raw.pop(section, None) or {}
+        if not isinstance(values, Mapping):
+            raise ValueError(f"{section} = {hydra_literal(values)} must be a section of keys "
+                             "(docs/compatibility.md lists them)")
+        for key, value in _leaves(section, values):
+            new, notice = translate(key, value)  # a key under these sections is in the table or refused
+            kept = {k: v for k, v in new.items() if k not in from_command_line}
+            for k, v in kept.items():
+                _set(raw, k, v)
+            overridden = sorted(set(new) - set(kept))
+            notices.append(notice + (f" (the command line's {', '.join(overridden)} wins)" if overridden else ""))
+    return raw, notices
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    """``tree[a][b][c] = value`` for ``dotted`` = "a.b.c", making the sections on the way."""
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
 
 
 def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:
@@ -212,8 +251,14 @@ def render() -> str:
         "this project's key before hydra composes, and the run logs one notice line naming the key it used,",
         "e.g. `train_cfgs.bi_level_gae is align-anything's name; using algorithm.bi_level_gae=true`. A refused",
         "key stops the run before Ray starts with one line saying what to set instead. Any other key under",
-        "`train_cfgs.`, `model_cfgs.` or `env_cfgs.` is refused with a pointer to this page. Keys in a YAML",
-        "config file must use this project's names (hydra refuses unknown sections while composing).",
+        "`train_cfgs.`, `model_cfgs.` or `env_cfgs.` is refused with a pointer to this page.",
+        "",
+        "A YAML config file may hold these keys too, as `train_cfgs:` / `model_cfgs:` / `env_cfgs:` sections",
+        "(e.g. `config/seed_style_frozenlake.yaml`): when the composed config loads, each key is rewritten the",
+        "same way, with the same notice or refusal. A key the command line sets under this project's name",
+        "keeps the command line's value (the notice says so). RAGEN's other keys in the table",
+        "(`enable_response_mask`, `custom_envs`, `trainer.n_gpus_per_node`, ...) are refused in a file, naming",
+        "the key to write.",
         "",
         "RAGEN keys spelled as here are accepted as they are: `model_path`, `micro_batch_size_per_gpu`,",
         "`ppo_mini_batch_size`, `agent_proxy.max_turn`, `agent_proxy.enable_think`, `algorithm.*`",

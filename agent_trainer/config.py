@@ -13,17 +13,22 @@ Section names follow RAGEN's ``base.yaml``: ``model_path``,
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import config_errors, core_algos
+from agent_trainer import compat, config_errors, core_algos
 from agent_trainer.config_checks import CONDENSED_ESTIMATORS, validate_config  # noqa: F401 (re-exported)
 from agent_trainer.es_manager import EsManagerConfig
+from agent_trainer.multiturn_config import MultiturnGRPOConfig, MultiturnTrajectoryConfig, TrajectoryProfilingConfig
 from agent_trainer.reward_config import DataConfig, RewardConfig, RewardModelConfig
+from agent_trainer.trajectory_rewards.base import RewardComputationConfig
+
+logger = logging.getLogger(__name__)
 
 POLICY_LOSS_DEFAULTS: dict[str, tuple[float, float, str]] = {
     "vanilla": (0.2, 0.28, "token-mean"),
@@ -106,6 +111,17 @@ class ActorConfig:
     """kl|k1, abs, mse|k2, low_var_kl|k3."""
     grad_clip: float = 1.0
     """Max global gradient norm."""
+    recompute_old_log_prob: str = "auto"
+    """auto: skip the old-log-prob forward (the log_prob phase) when the update is exactly on-policy (ppo_epochs 1
+    and the step's rows fit one mini-batch) and use the detached current log-probs in the loss, as TRL does; the
+    forward still runs when algorithm.rollout_correction.rollout_is needs the trainer's log-probs, or for
+    KL-in-reward at a rollout temperature other than 1 | always: recompute every step. docs/algorithms.md."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu rows,
+    for the update and the log-prob pass; verl's key. Gradients are the same either way (docs/algorithms.md)."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: the most padded tokens (rows x longest row) in one micro-batch on one rank; at least
+    actor_rollout_ref.rollout.max_model_len, so every row fits."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = field(default_factory=lambda: FSDPConfig(world_size=2))
 
@@ -129,6 +145,11 @@ class RefConfig:
 
     log_prob_micro_batch_size_per_gpu: int = "${micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Rows per forward on one rank."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Micro-batches by token budget (log_prob_max_token_len_per_gpu) instead of rows (verl's key);
+    config/base.yaml ties it to actor_rollout_ref.actor.use_dynamic_bsz."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """With log_prob_use_dynamic_bsz: the most padded tokens per forward on one rank (>= rollout.max_model_len)."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -161,6 +182,10 @@ class RolloutConfig:
     """Max tokens of a whole episode (prompt and every turn); longer episodes are truncated and end."""
     num_workers: int = 1
     """Rollout engines; episodes are split across them."""
+    mode: str = "sync"
+    """sync: turn-synchronous rollout (every turn waits for all generations, then all env steps) | async: no
+    turn barrier (verl's name): each group's next turn goes to the engine as soon as its own env step returns,
+    env steps of different groups run at once; needs name=vllm (per-request seeds). docs/architecture.md."""
     generate_timeout_s: float = 600.0
     """Seconds one generate call (one turn of an engine's share of the episodes) may take; past it the engine
     is killed, restarted and re-synced, and the turn is generated once more (rollout/engine_failures)."""
@@ -211,6 +236,13 @@ class CriticConfig:
     """How the value loss is averaged."""
     grad_clip: float = 1.0
     """Max global gradient norm."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches by token budget instead of ppo_micro_batch_size_per_gpu rows (verl's key);
+    config/base.yaml ties it to actor_rollout_ref.actor.use_dynamic_bsz."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """With use_dynamic_bsz: the most padded tokens per update micro-batch on one rank (>= rollout.max_model_len)."""
+    forward_max_token_len_per_gpu: int | None = None
+    """With use_dynamic_bsz: the same for compute_values; null = ppo_max_token_len_per_gpu."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
@@ -243,6 +275,19 @@ class GiGPOConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling between the rollout engine and the trainer (verl's
+    ``algorithm.rollout_correction``; TRL's ``vllm_importance_sampling_correction``). docs/algorithms.md."""
+
+    rollout_is: str | None = None
+    """null (off) | token (one weight per generated token) | sequence (one per row): the policy loss of each token
+    is multiplied by min(pi_old / pi_rollout, rollout_is_threshold). Needs rollout temperature 1 (the engine
+    reports temperature-1 log-probs) and the trainer's old log-probs (recompute_old_log_prob auto keeps them)."""
+    rollout_is_threshold: float = 2.0
+    """C, the upper truncation of each weight (verl's default 2.0; TRL's vllm_importance_sampling_cap 3.0)."""
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and KL-in-reward."""
 
@@ -258,12 +303,17 @@ class AlgorithmConfig:
     """Turn-level discount of bi-level GAE."""
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO (no division by the group std)."""
+    advantage_epsilon: float = 1e-6
+    """epsilon in (S - mean) / (std + epsilon) of grpo, grpo_multiturn, rloo and reinforce_plus_plus_baseline
+    (seed 004's key; gigpo has algorithm.gigpo.epsilon)."""
+    multiturn_grpo: MultiturnGRPOConfig = field(default_factory=MultiturnGRPOConfig)
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(policy || ref) from the token rewards."""
     kl_penalty: str = "kl"
     """KL estimator for KL-in-reward."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     nonfinite_reward: str = "error"
     """What a NaN or infinite episode reward does (checked right after each rollout, before shaping):
     error (stop, naming the env tag, env_id and group seed) | drop (leave the episode, all its rows, out of
@@ -278,6 +328,8 @@ class AlgorithmConfig:
         if self.estimator() == "gigpo":
             return {"step_advantage_w": self.gigpo.step_advantage_w, "mode": self.gigpo.mode,
                     "epsilon": self.gigpo.epsilon}
+        if "epsilon" in core_algos.ESTIMATOR_OPTIONS.get(self.estimator(), ()):
+            return {"epsilon": self.advantage_epsilon}
         return {}
 
 
@@ -306,6 +358,11 @@ class AgentProxyConfig:
     """Ray env actors per split; episodes are sharded across them."""
     num_cpus_per_env_actor: float = 0.1
     """Ray CPU accounting per env actor (they mostly wait)."""
+    agent_cls: str | None = None
+    """The agent: what turns env outputs into model inputs and replies into env actions. null = the context
+    manager of ctx_manager.mode; a registered name (full, condensed, tool_call: JSON tool calls in the chat
+    template's tool format) or an import path package.module.ClassName of an agent_trainer.agents.base.Agent
+    subclass whose layout matches ctx_manager.mode. See docs/agents.md."""
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
 
 
@@ -317,8 +374,10 @@ class CtxManagerConfig:
     """full: every turn is appended to one token sequence (one training row per episode). condensed: each
     turn's prompt is rebuilt from the instruction, a text summary of the last keep_last_n_turns turns and the
     current observation; one training row per turn (needs algorithm.adv_estimator=grpo_multiturn or gigpo)."""
-    keep_last_n_turns: int = 2
-    """condensed mode: how many previous turns (answer, reward, observation) the summary in each prompt keeps."""
+    keep_last_n_turns: int | None = None
+    """condensed mode: how many previous turns (answer, reward, observation) the recap in each prompt keeps;
+    alias of multiturn_trajectory.context_condenser.keep_last_n_steps (set either; both set must agree; null in
+    both = 2)."""
 
 
 @dataclass
@@ -423,8 +482,21 @@ class AgentTrainerConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    multiturn_trajectory: MultiturnTrajectoryConfig = field(default_factory=MultiturnTrajectoryConfig)
+    """Multi-turn GRPO (seed 004): the context condenser of ctx_manager.mode=condensed. docs/multiturn_grpo.md."""
+    reward_computation: RewardComputationConfig = field(default_factory=RewardComputationConfig)
+    """Trajectory reward computers of multi-turn GRPO (off unless enable). docs/multiturn_grpo.md."""
+    trajectory_profiling: TrajectoryProfilingConfig = field(default_factory=TrajectoryProfilingConfig)
     envs_file: str = ""
     """YAML with the env tags (RAGEN's custom_envs); empty = config/envs.yaml of this project."""
+    train_cfgs: dict[str, Any] = field(default_factory=dict)
+    """align-anything's section (seed 002), accepted in config files and on the command line: each key is
+    rewritten onto this project's key with a one-line notice, or refused naming what to set
+    (docs/compatibility.md); a key the command line sets under this project's name wins over the file's."""
+    model_cfgs: dict[str, Any] = field(default_factory=dict)
+    """align-anything's section, rewritten like train_cfgs (e.g. use_reward_critic -> critic.enable)."""
+    env_cfgs: dict[str, Any] = field(default_factory=dict)
+    """align-anything's section, rewritten like train_cfgs (its keys are refused, naming what to set)."""
 
     @property
     def critic_enabled(self) -> bool:
@@ -445,14 +517,20 @@ def config_schema() -> DictConfig:
     return OmegaConf.structured(AgentTrainerConfig)
 
 
-def load_config(cfg: DictConfig | Mapping[str, Any]) -> AgentTrainerConfig:
-    """Check the keys against the typed schema, merge, resolve ``${...}``, validate.
+def load_config(cfg: DictConfig | Mapping[str, Any], overrides: Sequence[str] = ()) -> AgentTrainerConfig:
+    """Rewrite align-anything sections, check the keys against the typed schema, merge, resolve ``${...}``, validate.
 
     The keys are checked on the plain key tree first: hydra's ``+key=value`` adds a key
     that the schema lacks, and a merge onto the schema would keep it (config_errors).
+    ``overrides`` (the command line's) win over a config file's ``train_cfgs`` / ``model_cfgs`` /
+    ``env_cfgs`` keys (``compat.rewrite_config_sections``, one notice per key).
     Raises ``ValueError`` with one line naming the key, the value and the fix.
     """
-    typed: AgentTrainerConfig = merge_onto_schema(cfg, config_schema())
+    raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
+    raw, notices = compat.rewrite_config_sections(raw, overrides)
+    for notice in notices:
+        logger.warning(notice)
+    typed: AgentTrainerConfig = merge_onto_schema(raw, config_schema())
     validate_config(typed)
     return typed
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from agent_trainer import core_algos
 from agent_trainer.ctx_manager import CTX_MODES
+from agent_trainer.multiturn_config import validate_multiturn
 from agent_trainer.reward_config import RM_INPUTS
 
 if TYPE_CHECKING:
@@ -31,6 +32,9 @@ MULTI_TURN_ESTIMATORS = ("gigpo",)
 DTYPES = ("float32", "bfloat16", "float16")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODES = ("auto", "disable", "resume_path")
+RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
+ROLLOUT_MODES = ("sync", "async")
+"""actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,12 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("actor_rollout_ref.actor.kl_loss_coef", at_least(0), "0.001"),
     ("actor_rollout_ref.actor.grad_clip", above(0), "1.0"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", at_least(1), "4"),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", at_least(1), "16384"),
+    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", at_least(1), "16384"),
+    ("critic.ppo_max_token_len_per_gpu", at_least(1), "16384"),
+    ("critic.forward_max_token_len_per_gpu", optional(at_least(1)), "null"),
+    ("algorithm.rollout_correction.rollout_is_threshold", above(0, " (the upper truncation of each IS weight)"),
+     "2.0"),
     (f"{_ROLLOUT}.temperature", at_least(0, " (0 = greedy)"), "1.0"),
     (f"{_ROLLOUT}.top_p", between(0, 1, True, False), "1.0"),
     (f"{_ROLLOUT}.top_k", Rule(lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"), "-1"),
@@ -114,7 +124,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("agent_proxy.max_turn", at_least(1), "5"),
     ("agent_proxy.num_env_actors", at_least(1), "2"),
     ("agent_proxy.num_cpus_per_env_actor", at_least(0), "0.1"),
-    ("ctx_manager.keep_last_n_turns", at_least(0, " (0 = no history)"), "2"),
+    ("ctx_manager.keep_last_n_turns", optional(at_least(0, " (0 = no history)")), "2"),
     ("trainer.total_training_steps", at_least(1), "10"),
     ("trainer.seed", at_least(0), "0"),
     ("trainer.ray_num_cpus", optional(above(0)), "null"),
@@ -152,8 +162,13 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
     norm = cfg.agent_proxy.reward_normalization
     return [  # the estimator, policy loss and KL choices are in core_algos.validate_algorithm_choices
         ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, core_algos.KL_PENALTY_TYPES),
+        ("algorithm.rollout_correction.rollout_is", cfg.algorithm.rollout_correction.rollout_is,
+         (None, *core_algos.ROLLOUT_IS_LEVELS)),
+        ("actor_rollout_ref.actor.recompute_old_log_prob", cfg.actor_rollout_ref.actor.recompute_old_log_prob,
+         RECOMPUTE_OLD_LOG_PROB),
         ("actor_rollout_ref.model.dtype", cfg.actor_rollout_ref.model.dtype, DTYPES),
         ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ("vllm", "hf")),
+        ("actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES),
         ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
@@ -192,10 +207,14 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _check_estimator(cfg)
     _validate_algorithm_options(cfg)
     _validate_ctx_manager(cfg)
+    _check_agent(cfg)
     _validate_rollout_shaping(cfg)
     _check_all_batching(cfg)
+    _check_token_budgets(cfg)
+    _check_rollout_correction(cfg)
     _check_datasets(cfg)
     _check_reward_model(cfg)
+    validate_multiturn(cfg)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -265,6 +284,9 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
                                  "set it to 1")
         _check(_cuda_run(cfg), f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size}"
                                " splits the engine over GPUs, and this run has none; set it to 1")
+    _check(r.mode != "async" or r.name == "vllm",
+           f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
+           "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
     for split in ("train", "val"):
         groups = getattr(cfg.es_manager, split).env_groups
         _check(cfg.agent_proxy.num_env_actors <= groups,
@@ -341,6 +363,13 @@ def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
            "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
 
 
+def _check_agent(cfg: AgentTrainerConfig) -> None:
+    """agent_proxy.agent_cls: importable, an Agent subclass, of the layout ctx_manager.mode says (docs/agents.md)."""
+    from agent_trainer.agents.registry import resolve_agent_cls  # imports the agent classes (and a user's module)
+
+    resolve_agent_cls(cfg)
+
+
 def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
     """Rollout filtering thresholds (the names are checked in :func:`choices`)."""
     rollout = cfg.actor_rollout_ref.rollout
@@ -387,6 +416,34 @@ def _check_batching(section: str, rows: int | None, mini: int, micro: int, world
     _check((mini // world) % micro == 0,
            f"{section}.ppo_micro_batch_size_per_gpu ({micro}) must divide ppo_mini_batch_size / fsdp.world_size "
            f"({mini} / {world} = {mini // world})")
+
+
+def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
+    """With dynamic batch size every row must fit one micro-batch's token budget (as verl asserts)."""
+    arr, critic = cfg.actor_rollout_ref, cfg.critic
+    longest = arr.rollout.max_model_len
+    budgets = [("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.use_dynamic_bsz,
+                arr.actor.ppo_max_token_len_per_gpu),
+               ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_use_dynamic_bsz and
+                cfg.ref_enabled, arr.ref.log_prob_max_token_len_per_gpu),
+               ("critic.ppo_max_token_len_per_gpu", critic.use_dynamic_bsz and cfg.critic_enabled,
+                critic.ppo_max_token_len_per_gpu),
+               ("critic.forward_max_token_len_per_gpu", critic.use_dynamic_bsz and cfg.critic_enabled,
+                critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)]
+    for key, on, budget in budgets:
+        _check(not on or budget >= longest,
+               f"{key} = {budget} is smaller than actor_rollout_ref.rollout.max_model_len = {longest}, so a long "
+               f"episode would not fit one micro-batch; set {key}={max(longest, 16384)} or lower max_model_len")
+
+
+def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
+    """The IS weights compare the trainer's log-probs with the engine's, which are temperature-1 log-probs."""
+    level, temperature = cfg.algorithm.rollout_correction.rollout_is, cfg.actor_rollout_ref.rollout.temperature
+    _check(level is None or temperature == 1.0,
+           f"algorithm.rollout_correction.rollout_is = {level!r} compares the trainer's log-probs at "
+           f"actor_rollout_ref.rollout.temperature = {temperature} with the engine's temperature-1 log-probs, which "
+           "differ by the temperature, not by a mismatch; set actor_rollout_ref.rollout.temperature=1.0 or "
+           "algorithm.rollout_correction.rollout_is=null")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:

@@ -16,6 +16,10 @@ For one episode the sequence is::
 ``ctx_manager.mode: condensed`` (one row per turn, each prompt re-rendered
 from a text summary) lives in ``agent_trainer.condensed_ctx`` and shares
 :class:`TrainingRow` and :func:`collate_rows` with this module.
+
+:class:`ContextManager` is the default agent (``agent_trainer.agents``): the
+interface is ``agents.base.Agent``, and the framework checks every batch an
+agent builds against the token-in/token-out contract (``agents.contract``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agent_trainer import prompts
+from agent_trainer.agents.base import Agent
 from agent_trainer.batch import TensorBatch
 from agent_trainer.es_manager import EnvInput, EnvOutput, safe_text
 
@@ -149,8 +154,8 @@ class EpisodeContext(EpisodeStatus):
         self.turn_ids.extend([self.num_turns] * len(ids))
 
 
-class ContextManager:
-    """Builds prompts from environment outputs and turns replies into env inputs.
+class ContextManager(Agent):
+    """Builds prompts from environment outputs and turns replies into env inputs (the default agent).
 
     Works with any tokenizer that has a chat template (ChatML for the tiny
     model and Qwen).
@@ -212,12 +217,15 @@ class ContextManager:
             ctx.done = True
             return
         ctx.anchor = anchor_id(out.observation)
-        msg = prompts.next_user_message(out.observation, out.reward, self.enable_think)
-        ids = self._observation_ids(msg)
+        ids = self._observation_ids(self._next_message(out))
         if len(ctx.token_ids) + len(ids) + response_length > self.max_model_len:
             ctx.done = ctx.truncated = ctx.context_overflow = True
             return
         ctx.extend(ids, generated=False)
+
+    def _next_message(self, out: EnvOutput) -> dict:
+        """The chat message that shows the policy a step's reward and the next observation."""
+        return {"role": "user", "content": prompts.next_user_message(out.observation, out.reward, self.enable_think)}
 
     # -- batch ---------------------------------------------------------------------------
     def build_update_batch(self, episodes: list[EpisodeContext], uid_offset: int = 0) -> TensorBatch:
@@ -233,11 +241,15 @@ class ContextManager:
         """The tokenizer's pad id (its eos when it has none); padding always has attention 0."""
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
 
-    def _chat_prompt_ids(self, user_message: str) -> list[int]:
-        """System message + one user message + the assistant header, tokenized by the chat template."""
+    def _chat_prompt_ids(self, user_message: str, tools: list[dict] | None = None) -> list[int]:
+        """System message + one user message + the assistant header, tokenized by the chat template.
+
+        ``tools`` (JSON schemas) go to the template's own tool format (``apply_chat_template(tools=...)``).
+        """
         messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
                     {"role": "user", "content": safe_text(user_message)}]
-        return _as_ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return _as_ids(self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                          tokenize=True))
 
     # -- chat-template plumbing ----------------------------------------------------------
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -248,15 +260,19 @@ class ContextManager:
 
     _BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
-    def _observation_ids(self, user_message: str) -> list[int]:
-        """Ids the chat template puts after an assistant's eos for a new user turn plus the next header.
+    def _observation_ids(self, message: dict | str) -> list[int]:
+        """Ids the chat template puts after an assistant's eos for a new message plus the next header.
+
+        ``message`` is a chat message (``{"role": "tool", "content": ...}``) or a user message's text.
 
         Found by rendering a conversation with and without the new message
         (templates differ: ChatML puts a newline after the eos), so no
         template is assumed.
         """
+        if isinstance(message, str):
+            message = {"role": "user", "content": message}
         base = self._render(self._BASE, add_generation_prompt=False)
-        full = self._render(self._BASE + [{"role": "user", "content": safe_text(user_message)}],
+        full = self._render(self._BASE + [dict(message, content=safe_text(message["content"]))],
                             add_generation_prompt=True)
         eos_text = self.tokenizer.decode([self.eos_token_id])
         cut = base.rfind(eos_text) + len(eos_text)

@@ -10,11 +10,16 @@ so one hung environment never blocks the others:
 - an actor that misses the deadline is killed and a fresh one with the same name and shard is
   started (:meth:`EnvActorPool.replace`); it is reported in :attr:`EnvCall.timed_out`. The
   fresh actor's episodes are reset by the next rollout.
+
+With ``max_concurrency`` > 1 (``rollout.mode=async``) each actor is a threaded Ray actor:
+calls for different episodes of one actor run at once, and a timeout seen by several of
+them replaces the actor once.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -45,11 +50,17 @@ class EnvCall:
 class EnvActorPool:
     """``len(shards)`` env actors; actor i hosts the episodes ``shards[i]``."""
 
-    def __init__(self, env_worker_cls, split: str, shards: list[list[EpisodeSpec]], actor_kwargs: dict):
+    def __init__(self, env_worker_cls, split: str, shards: list[list[EpisodeSpec]], actor_kwargs: dict,
+                 max_concurrency: int = 1):
         self.env_worker_cls = env_worker_cls
         self.split = split
         self.shards = shards
         self.actor_kwargs = actor_kwargs
+        self.max_concurrency = max(1, int(max_concurrency))
+        """Calls one actor runs at once (1: Ray's default, one call after the other)."""
+        self._replace_lock = threading.Lock()
+        self._killed_for_timeout: list = []
+        """Handles killed after a timeout: a concurrent call that dies with one timed out too."""
         self.actors = [self._start(i) for i in range(len(shards))]
         self.replaced = 0
         """Actors replaced after a timeout, over the pool's life."""
@@ -59,13 +70,16 @@ class EnvActorPool:
         return f"env_{self.split}_{index}"
 
     def _start(self, index: int):
-        return self.env_worker_cls.options(name=self.name(index)).remote(
-            episodes=self.shards[index], **self.actor_kwargs)
+        options = dict(name=self.name(index))
+        if self.max_concurrency > 1:
+            options["max_concurrency"] = self.max_concurrency
+        return self.env_worker_cls.options(**options).remote(episodes=self.shards[index], **self.actor_kwargs)
 
     def call(self, method: str, args_by_index: dict[int, object], timeout_s: float) -> EnvCall:
         """Call ``method`` on the given actors at once (arg None: no argument); wait at most ``timeout_s``."""
-        refs = {i: (getattr(self.actors[i], method).remote() if arg is None
-                    else getattr(self.actors[i], method).remote(arg)) for i, arg in args_by_index.items()}
+        called = {i: self.actors[i] for i in args_by_index}
+        refs = {i: (getattr(called[i], method).remote() if arg is None
+                    else getattr(called[i], method).remote(arg)) for i, arg in args_by_index.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         ready_set = set(ready)
         call = EnvCall()
@@ -77,18 +91,32 @@ class EnvActorPool:
             try:
                 call.results.extend(ray.get(ref))
             except (RayActorError, RayTaskError, ActorUnavailableError) as err:
+                if any(handle is called[i] for handle in self._killed_for_timeout):
+                    call.timed_out.append(i)  # another call's timeout killed it (max_concurrency > 1)
+                    call.errors[i] = f"env actor {self.name(i)} was replaced after a timeout during {method}"
+                    continue
                 call.failed.append(i)
                 call.errors[i] = f"env actor {self.name(i)} failed in {method}: {err}"
         for i in call.timed_out:
             logger.error("%s; killing it and starting a fresh one for its episodes (es_manager.env_%s_timeout_s)",
                          call.errors[i], "reset" if method == "reset" else "step")
-            self.replace(i)
+            self.replace(i, called[i])
         for i in call.failed:
             logger.error("%s", call.errors[i])
         return call
 
-    def replace(self, index: int) -> None:
-        """Kill actor ``index`` (stuck: its process is ended) and start a fresh one with its name and shard."""
+    def replace(self, index: int, stuck=None) -> None:
+        """Kill actor ``index`` (stuck: its process is ended) and start a fresh one with its name and shard.
+
+        ``stuck`` is the handle that missed its deadline: when another caller already replaced
+        it (concurrent calls, ``max_concurrency`` > 1), the fresh actor is kept.
+        """
+        with self._replace_lock:
+            if stuck is None or self.actors[index] is stuck:
+                self._killed_for_timeout.append(self.actors[index])
+                self._replace(index)
+
+    def _replace(self, index: int) -> None:
         ray.kill(self.actors[index], no_restart=True)
         deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
         while True:

@@ -171,9 +171,12 @@ def _single_node_on_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def prepare(raw_cfg: DictConfig | dict) -> tuple[AgentTrainerConfig, dict]:
-    """Validate the config, the env tags and the model (raises ValueError naming the key and the fix)."""
-    cfg = load_config(raw_cfg)
+def prepare(raw_cfg: DictConfig | dict, overrides: Sequence[str] = ()) -> tuple[AgentTrainerConfig, dict]:
+    """Validate the config, the env tags and the model (raises ValueError naming the key and the fix).
+
+    ``overrides``: the command line's, which win over a config file's align-anything sections (compat.py).
+    """
+    cfg = load_config(raw_cfg, overrides)
     if not cfg.envs_file:
         cfg.envs_file = str(CONFIG_DIR / "envs.yaml")
     env_tags = load_envs_file(cfg.envs_file)
@@ -199,7 +202,7 @@ def compose_and_prepare(overrides: Sequence[str] = (), config_name: str = "froze
             logger.warning(notice)
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             raw = compose(config_name, overrides=list(overrides))
-        return prepare(raw)
+        return prepare(raw, overrides)
     except CONFIG_ERRORS as err:
         raise SystemExit(refusal(err, overrides)) from None
 
@@ -272,7 +275,7 @@ def _run(cfg: DictConfig) -> None:
     for notice in _compat_notices:
         logger.warning(notice)
     try:
-        typed, env_tags = prepare(cfg)
+        typed, env_tags = prepare(cfg, _cli_overrides())
     except CONFIG_ERRORS as err:
         raise SystemExit(refusal(err, _cli_overrides())) from None
     train(typed, env_tags)

@@ -77,14 +77,20 @@ def add_scores(batch: TensorBatch, rows: list[int], scores: torch.Tensor, weight
     batch["token_level_rewards"] = rewards
 
 
-def score_metrics(batch: TensorBatch, rows: list[int], scores: torch.Tensor) -> dict[str, float]:
-    """``reward_model/score_mean|std`` and ``reward_model/episode_reward_mean`` (env + weighted RM rewards)."""
+def score_metrics(batch: TensorBatch, rows: list[int], scores: torch.Tensor,
+                  prefix: str = "reward_model") -> dict[str, float]:
+    """``<prefix>/score_mean|std`` and ``<prefix>/episode_reward_mean`` (env + weighted RM rewards)."""
     per_episode: dict[int, float] = {}
     for uid, total in zip(batch["traj_uid"].tolist(), batch["token_level_rewards"].sum(-1).tolist()):
         per_episode[uid] = per_episode.get(uid, 0.0) + total
-    return {"reward_model/score_mean": float(scores.mean()),
-            "reward_model/score_std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "reward_model/episode_reward_mean": sum(per_episode.values()) / max(1, len(per_episode))}
+    return {f"{prefix}/score_mean": float(scores.mean()),
+            f"{prefix}/score_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            f"{prefix}/episode_reward_mean": sum(per_episode.values()) / max(1, len(per_episode))}
+
+
+def dump_name(split: str) -> str:
+    """The run-dir file ``reward_model.dump_scores`` writes a split's scores to."""
+    return "reward_model_scores.jsonl" if split == "train" else f"reward_model_scores_{split}.jsonl"
 
 
 def dump_scores(path: Path, step: int, texts: list[str], scores: torch.Tensor) -> None:

@@ -11,9 +11,16 @@ one training batch plus metrics::
         env actors: parse <answer>, step env, reward, done
     batch    <- ctx_manager.build_update_batch()
 
+``actor_rollout_ref.rollout.mode=async`` plays the same turns without the barrier between
+them: each group's next turn goes to the engines as soon as its own env step returns
+(:meth:`SyncMultiTurnRollout._play_without_barrier`, docs/architecture.md).
+
 ``ctx_manager.mode`` picks the layout: ``full`` (one growing sequence and one
 row per episode, ``agent_trainer.ctx_manager``) or ``condensed`` (a fresh
 prompt per turn and one row per turn, ``agent_trainer.condensed_ctx``).
+``agent_proxy.agent_cls`` (or ``AgentTrainer(agent_cls=...)``) puts another agent in the
+context manager's place (docs/agents.md); every batch an agent builds is checked against the
+token-in/token-out contract before it leaves the rollout (``agent_trainer.agents.contract``).
 
 Faults end only what they touch (docs/reliability.md):
 
@@ -37,8 +44,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections import defaultdict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,12 +55,17 @@ import numpy as np
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from agent_trainer import profiling
+from agent_trainer.agents.base import Agent
+from agent_trainer.agents.contract import check_batch_contract
+from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.batch import TensorBatch
-from agent_trainer.condensed_ctx import CondensedContextManager, CondensedEpisode
+from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.ctx_manager import ContextManager, EpisodeContext
+from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.env_pool import EnvActorPool
 from agent_trainer.es_manager import EnvGroupsConfig, EnvInput, EpisodeSpec, group_seeds, plan_episodes
+from agent_trainer.multiturn_config import condenser_config
 from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
@@ -96,7 +110,8 @@ class SyncMultiTurnRollout:
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
-                 split: str = "train", num_env_actors: int = 2, on_engine_restart: Callable[[], object] | None = None):
+                 split: str = "train", num_env_actors: int = 2, on_engine_restart: Callable[[], object] | None = None,
+                 agent_cls: type[Agent] | None = None):
         self.cfg = cfg
         self.split = split
         self.engines = engines
@@ -108,7 +123,13 @@ class SyncMultiTurnRollout:
         self.turn_budget: dict[str, int] = {tag: min(tag_cfgs[tag].max_tokens, response_length)
                                             for tag in self.split_cfg.tags}
         """Per env tag: the most tokens one turn may generate."""
-        self.ctx = make_context_manager(cfg, tokenizer)
+        self.ctx = make_context_manager(cfg, tokenizer, agent_cls)
+        """The agent (``agent_proxy.agent_cls``, docs/agents.md); its batches are checked (``agents.contract``)."""
+        self.barrier_free = cfg.actor_rollout_ref.rollout.mode == "async"
+        """``rollout.mode=async``: no turn barrier (:meth:`_play_without_barrier`)."""
+        self.seed_per_request = self.barrier_free
+        """Seed each episode's turn on its own (:func:`episode_seed`); ``rollout.mode=async`` needs it, and
+        either turn loop then samples the same episodes. Off: one seed per engine call (:func:`sampling_seed`)."""
         self.episodes: list[EpisodeSpec] = plan_episodes(self.split_cfg)
         # Whole groups per actor, so pass@group and group seeds stay local to one actor.
         group_shards = np.array_split(np.arange(self.split_cfg.env_groups), max(1, num_env_actors))
@@ -118,7 +139,8 @@ class SyncMultiTurnRollout:
         self.env_pool = EnvActorPool(
             env_worker_cls, split, [[self.episodes[i] for i in shard] for shard in shards],
             dict(tags=env_tags, format_penalty=es.format_penalty, action_sep=es.action_sep,
-                 max_actions_per_turn=es.max_actions_per_turn, max_observation_chars=es.max_observation_chars))
+                 max_actions_per_turn=es.max_actions_per_turn, max_observation_chars=es.max_observation_chars),
+            max_concurrency=max(len(g) for g in group_shards) if self.barrier_free else 1)
         self.actor_of_env = {int(self.episodes[i].env_id): a for a, shard in enumerate(shards) for i in shard}
         """env_id -> index of the env actor hosting it."""
         self.logged_errors: set[tuple[str, str]] = set()
@@ -184,7 +206,10 @@ class SyncMultiTurnRollout:
         self.last_generations = defaultdict(list)
         self.faults = RolloutFaults()
         ctxs = self._reset(seeds)
-        self._play(ctxs, sampling, step)
+        if self.barrier_free:
+            self._play_without_barrier(ctxs, sampling, step)
+        else:
+            self._play(ctxs, sampling, step)
         call = self.env_pool.call("get_rollout_states", {i: None for i in range(len(self.env_actors))},
                                   self.cfg.es_manager.env_reset_timeout_s)
         self.faults.actor_failures += len(call.failed)
@@ -197,12 +222,14 @@ class SyncMultiTurnRollout:
                                "actor_rollout_ref.rollout.max_model_len minus the turn budget); see the errors above")
         episodes, dropped = screen_nonfinite(played, self.cfg.algorithm.nonfinite_reward, self.describe_episode)
         batch = self.ctx.build_update_batch(episodes)
+        check_batch_contract(batch, self.last_generations, type(self.ctx).__qualname__, self.describe_episode)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
         prefix = METRIC_PREFIX[self.split]
         metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
         metrics.update(self.faults.metrics(prefix))
         metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
         metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
+        metrics.update(profiling.rollout_profile(self.cfg, self.ctx, self.turn_timings, played, prefix))
         return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
 
     def _reset(self, seeds: list[int]) -> dict[int, EpisodeContext | CondensedEpisode]:
@@ -266,7 +293,12 @@ class SyncMultiTurnRollout:
     def _play(self, ctxs: dict[int, EpisodeContext | CondensedEpisode], sampling: SamplingParams, step: int) -> None:
         """The turn loop: generate for every active episode, step the envs; faults go to ``self.faults``."""
         max_model_len = self.cfg.actor_rollout_ref.rollout.max_model_len
+        self.turn_timings = profiling.TurnTimings()
         for turn in range(self.cfg.agent_proxy.max_turn):
+            if isinstance(self.ctx, CondensedContextManager):  # text a condenser asked the policy for (context only)
+                self.ctx.write_summaries(ctxs.values(), lambda prompts, budgets, temperature: self._generate(
+                    prompts, dataclasses.replace(sampling, temperature=temperature),
+                    sampling_seed(self.cfg.trainer.seed, self.split, step, turn) ^ SUMMARY_SEED_SALT, budgets=budgets))
             for c in ctxs.values():  # a first prompt that leaves no room for the turn ends its episode unplayed
                 if not c.done and len(self.ctx.prompt_ids(c)) + self.turn_budget[c.tag] > max_model_len:
                     c.done = c.truncated = c.context_overflow = True
@@ -274,14 +306,17 @@ class SyncMultiTurnRollout:
             if not active:
                 break
             seed = sampling_seed(self.cfg.trainer.seed, self.split, step, turn)
-            generations = self._generate([self.ctx.prompt_ids(c) for c in active], sampling, seed,
-                                         budgets=[self.turn_budget[c.tag] for c in active])
+            with self.turn_timings.phase("generate", turn):
+                generations = self._generate([self.ctx.prompt_ids(c) for c in active], sampling, seed,
+                                             budgets=[self.turn_budget[c.tag] for c in active],
+                                             prompt_seeds=self._request_seeds(active, step, turn))
             inputs_by_actor: dict = defaultdict(list)
             for ctx, (ids, logprobs) in zip(active, generations):
                 self.last_generations[ctx.env_id].append(ids)
                 env_input: EnvInput = self.ctx.append_reply(ctx, ids, logprobs)
                 inputs_by_actor[self.actor_of_env[ctx.env_id]].append(env_input)
-            call = self.env_pool.call("step", inputs_by_actor, self.cfg.es_manager.env_step_timeout_s)
+            with self.turn_timings.phase("env_step", turn):
+                call = self.env_pool.call("step", inputs_by_actor, self.cfg.es_manager.env_step_timeout_s)
             self.faults.actor_failures += len(call.failed)
             self.faults.timeouts += len(call.timed_out)
             for out in call.results:
@@ -296,7 +331,8 @@ class SyncMultiTurnRollout:
                         self.faults.tag_timeouts[ctx.tag] += 1
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int,
-                  budgets: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
+                  budgets: list[int] | None = None,
+                  prompt_seeds: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
         """Split prompts across the engines, generate, keep the order.
 
         ``budgets[k]`` is prompt k's max new tokens (``sampling.max_tokens`` for all when
@@ -307,6 +343,9 @@ class SyncMultiTurnRollout:
         checkpoint on disk; one that misses ``rollout.generate_timeout_s`` is killed and
         restarted the same way. ``on_engine_restart`` re-syncs the policy weights and the
         turn is generated once more. A second failure raises.
+
+        ``prompt_seeds`` (one per prompt) seeds each request instead (vLLM only): a prompt then
+        samples the same tokens whichever prompts share its call (``rollout.mode=async``).
         """
         budgets = budgets or [sampling.max_tokens] * len(prompts)
         calls = []  # (engine, prompt indices, sampling, seed)
@@ -318,7 +357,9 @@ class SyncMultiTurnRollout:
                                   seed + i + j * len(self.engines)))
         timeout = self.cfg.actor_rollout_ref.rollout.generate_timeout_s
         for attempt in range(2):
-            refs = [engine.generate.remote([prompts[k] for k in chunk], **vars(params), seed=call_seed)
+            refs = [engine.generate.remote([prompts[k] for k in chunk], **vars(params), seed=call_seed,
+                                           **({} if prompt_seeds is None else
+                                              dict(seeds=[prompt_seeds[k] for k in chunk])))
                     for engine, chunk, params, call_seed in calls]
             try:
                 outputs = get_or_kill(refs, [c[0] for c in calls], timeout)
@@ -335,6 +376,155 @@ class SyncMultiTurnRollout:
             for k, out in zip(chunk, chunk_outputs):
                 results[k] = (list(out.token_ids), list(out.logprobs))
         return results
+
+    # -- without a turn barrier (rollout.mode=async) ----------------------------------------
+    def _play_without_barrier(self, ctxs: dict[int, EpisodeContext | CondensedEpisode], sampling: SamplingParams,
+                              step: int) -> None:
+        """The turn loop without a barrier: each group (a :class:`Lane`) runs its own turns.
+
+        A lane's next turn is queued for the engines as soon as its own env step returns;
+        whatever lanes are queued while the engines are busy go out together in the next
+        ``_generate`` call (so the engines keep their batch full and there is one engine call
+        at a time, which keeps ``_generate``'s restart-and-retry as it is). Env steps run in
+        threads, one call per lane, at once across lanes and env actors (threaded actors).
+        Every episode's sampling is seeded per request by (trainer.seed, split, step, env_id,
+        turn) (:func:`episode_seed`), so the batch does not depend on which lanes shared a call.
+        The context manager is used from this thread only.
+        """
+        self.turn_timings = profiling.TurnTimings()
+        self._timings_lock = threading.Lock()
+        self._engine_lock = threading.Lock()
+        lanes = [lane for lane in self._lanes(ctxs) if self._start_lane_turn(lane, sampling, step)]
+        timeout = self.cfg.es_manager.env_step_timeout_s
+        self._lanes_now = lanes
+        queued, running = list(lanes), {}
+        with ThreadPoolExecutor(max_workers=len(lanes) + 1, thread_name_prefix="rollout-lane") as pool:
+            while queued or running:
+                if queued and not any(kind == "generate" for kind, _ in running.values()):
+                    sent = [(lane, lane.active()) for lane in queued if lane.active()]  # (a lost actor's: none)
+                    if sent:
+                        running[self._submit_generation(pool, sent, sampling, step)] = ("generate", sent)
+                    queued = []
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in finished:
+                    kind, payload = running.pop(future)
+                    if kind == "generate":
+                        for lane, stepped, env_inputs in self._take_replies(payload, future.result()):
+                            call = pool.submit(self._timed, "env_step", lane.turn, self.env_pool.call, "step",
+                                               {lane.actor: env_inputs}, timeout)
+                            running[call] = ("step", (lane, stepped))
+                    else:
+                        lane, stepped = payload
+                        self._take_env_outputs(lane, stepped, future.result())
+                        lane.turn += 1
+                        if self._start_lane_turn(lane, sampling, step):
+                            queued.append(lane)
+
+    def _lanes(self, ctxs: dict[int, EpisodeContext | CondensedEpisode]) -> list[Lane]:
+        """One lane per group (a group's episodes live on one env actor), in env_id order."""
+        by_group: dict[int, Lane] = {}
+        for env_id in sorted(ctxs):
+            ctx = ctxs[env_id]
+            lane = by_group.setdefault(ctx.group_id, Lane(actor=self.actor_of_env[env_id]))
+            lane.episodes.append(ctx)
+        return list(by_group.values())
+
+    def _start_lane_turn(self, lane: Lane, sampling: SamplingParams, step: int) -> bool:
+        """Prepare a lane's next turn (summaries, context overflow); False when the lane is finished."""
+        if lane.turn >= self.cfg.agent_proxy.max_turn:
+            return False
+        if isinstance(self.ctx, CondensedContextManager):  # text a condenser asked the policy for (context only)
+            salt = episode_seed(self.cfg.trainer.seed, self.split, step, lane.episodes[0].env_id, lane.turn)
+            self.ctx.write_summaries(lane.episodes, lambda prompts, budgets, temperature: self._generate_alone(
+                prompts, dataclasses.replace(sampling, temperature=temperature), salt ^ SUMMARY_SEED_SALT,
+                budgets=budgets, prompt_seeds=[(salt ^ SUMMARY_SEED_SALT) + k for k in range(len(prompts))]))
+        max_model_len = self.cfg.actor_rollout_ref.rollout.max_model_len
+        for ctx in lane.active():  # a prompt that leaves no room for the turn ends its episode
+            if len(self.ctx.prompt_ids(ctx)) + self.turn_budget[ctx.tag] > max_model_len:
+                ctx.done = ctx.truncated = ctx.context_overflow = True
+        return bool(lane.active())
+
+    def _request_seeds(self, episodes: list, step: int, turn: int) -> list[int] | None:
+        """Each episode's seed for ``turn`` (:func:`episode_seed`), or None when seeding per engine call."""
+        if not self.seed_per_request:
+            return None
+        return [episode_seed(self.cfg.trainer.seed, self.split, step, ctx.env_id, turn) for ctx in episodes]
+
+    def _submit_generation(self, pool: ThreadPoolExecutor, sent: list[tuple[Lane, list]], sampling: SamplingParams,
+                           step: int) -> Future:
+        """One ``_generate`` call for the given (lane, episodes) pairs, each episode seeded per request."""
+        episodes = [ctx for _, ctxs in sent for ctx in ctxs]
+        prompts = [self.ctx.prompt_ids(ctx) for ctx in episodes]
+        seeds = [seed for lane, ctxs in sent for seed in self._request_seeds(ctxs, step, lane.turn)]
+        budgets = [self.turn_budget[ctx.tag] for ctx in episodes]
+        turn = min(lane.turn for lane, _ in sent)
+        return pool.submit(self._timed, "generate", turn, self._generate_alone, prompts, sampling, seeds[0], budgets,
+                           seeds)
+
+    def _generate_alone(self, *args, **kwargs) -> list[tuple[list[int], list[float]]]:
+        """``_generate`` while no other lane thread is in it: an engine restart re-syncs the weights once."""
+        with self._engine_lock:
+            return self._generate(*args, **kwargs)
+
+    def _timed(self, phase: str, turn: int, fn: Callable, *args):
+        """``fn(*args)`` (in a lane thread) timed as ``phase`` of ``turn``; lanes overlap, so the phases add
+        up to more than the rollout's wall time."""
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            with self._timings_lock:
+                self.turn_timings.seconds[(phase, turn + 1)] += time.perf_counter() - start
+
+    def _take_replies(self, sent: list[tuple[Lane, list]], generations: list) -> list[tuple[Lane, list, list]]:
+        """Append each reply to the episode it was generated for; returns, per lane with an episode still
+        active (its actor may have been lost meanwhile), the episodes to step and their env inputs."""
+        replies = iter(generations)
+        out = []
+        for lane, ctxs in sent:
+            inputs = []
+            for ctx in ctxs:
+                ids, logprobs = next(replies)
+                self.last_generations[ctx.env_id].append(ids)
+                inputs.append(self.ctx.append_reply(ctx, ids, logprobs))
+            stepped = [(ctx, env_input) for ctx, env_input in zip(ctxs, inputs) if not ctx.done]
+            if stepped:
+                out.append((lane, [ctx for ctx, _ in stepped], [env_input for _, env_input in stepped]))
+        return out
+
+    def _take_env_outputs(self, lane: Lane, stepped: list, call) -> None:
+        """Append the env outputs of a lane's ``stepped`` episodes. When the call lost the lane's actor (died or
+        timed out), every active episode of that actor ends where it is, as in the sync loop."""
+        self.faults.actor_failures += len(call.failed)
+        self.faults.timeouts += len(call.timed_out)
+        if call.failed or call.timed_out:
+            for ctx in (c for other in self._lanes_now if other.actor == lane.actor for c in other.active()):
+                ctx.done = True
+                self.faults.tag_timeouts[ctx.tag] += int(bool(call.timed_out))
+            return
+        by_env = {out.env_id: out for out in call.results}
+        for ctx in stepped:
+            out = by_env.get(ctx.env_id)
+            if ctx.done or out is None:  # ended meanwhile: another lane lost their actor
+                ctx.done = True
+                continue
+            if out.info.get("error"):
+                self._log_env_error(out.env_id, "step", out.info["error"])
+            self.ctx.append_env_output(ctx, out, self.turn_budget[out.tag])
+
+
+@dataclass
+class Lane:
+    """The episodes of one group: they take their turns together, apart from other groups (rollout.mode=async)."""
+
+    actor: int
+    """Index of the env actor hosting the group."""
+    episodes: list = field(default_factory=list)
+    turn: int = 0
+    """The lane's next turn (0-based)."""
+
+    def active(self) -> list:
+        return [c for c in self.episodes if not c.done]
 
 
 @dataclass
@@ -408,18 +598,26 @@ def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]
     return kept, len(bad)
 
 
-def make_context_manager(cfg: AgentTrainerConfig, tokenizer) -> ContextManager:
-    """The context manager of ``ctx_manager.mode``: full (one row per episode) or condensed (one row per turn)."""
+def make_context_manager(cfg: AgentTrainerConfig, tokenizer, agent_cls: type[Agent] | None = None) -> Agent:
+    """The run's agent (``agent_cls``, else ``agent_proxy.agent_cls``; docs/agents.md), by default the context
+    manager of ``ctx_manager.mode``: full (one row per episode) or condensed (one row per turn)."""
+    cls = resolve_agent_cls(cfg, agent_cls)
     common = dict(enable_think=cfg.agent_proxy.enable_think, action_sep=cfg.es_manager.action_sep,
                   max_model_len=cfg.actor_rollout_ref.rollout.max_model_len)
-    if cfg.ctx_manager.mode == "condensed":
-        return CondensedContextManager(tokenizer, keep_last_n_turns=cfg.ctx_manager.keep_last_n_turns, **common)
-    return ContextManager(tokenizer, **common)
+    if issubclass(cls, CondensedContextManager):
+        return cls(tokenizer, condenser=condenser_config(cfg), rewards=cfg.reward_computation, **common)
+    return cls.from_config(cfg, tokenizer)
 
 
 def sampling_seed(base_seed: int, split: str, step: int, turn: int) -> int:
     """The engines' sampling seed for one turn: a pure function of (base seed, split, step, turn)."""
     key = [base_seed, 0 if split == "train" else 1, step, turn]
+    return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x3FFFFFFF)
+
+
+def episode_seed(base_seed: int, split: str, step: int, env_id: int, turn: int) -> int:
+    """One episode's sampling seed for one turn (``rollout.mode=async``): a pure function of its arguments."""
+    key = [base_seed, SPLITS.index(split), step, turn, env_id]
     return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x3FFFFFFF)
 
 

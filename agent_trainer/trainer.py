@@ -25,7 +25,8 @@ from tqdm import tqdm
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, wait_until_ready
+from agent_trainer.agents.registry import resolve_agent_cls
+from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, wait_until_ready
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
 
@@ -40,11 +41,17 @@ class AgentTrainer:
     (vLLM, or HF generate) and env actors for the train and val splits.
     """
 
-    def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict):
-        """Decide where the run starts (``trainer.resume_mode``) and open the metric sinks; no worker starts."""
+    def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict, agent_cls: type | None = None):
+        """Decide where the run starts (``trainer.resume_mode``) and open the metric sinks; no worker starts.
+
+        ``agent_cls`` (an ``agents.base.Agent`` subclass) replaces ``agent_proxy.agent_cls`` (docs/agents.md).
+        """
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.env_tags = env_tags
+        self.agent_cls = resolve_agent_cls(cfg, agent_cls)
+        """The agent class every split's rollout builds (on the driver); refused here, before any worker starts."""
+        make_context_manager(cfg, tokenizer, self.agent_cls)  # its constructor's checks (e.g. the chat template)
         self.global_step = 0
         self.run_dir = Path(cfg.trainer.default_local_dir)
         checkpoint.seed_everything(cfg.trainer.seed)
@@ -73,7 +80,7 @@ class AgentTrainer:
         rollouts = {
             split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
                                         split=split, num_env_actors=self.cfg.agent_proxy.num_env_actors,
-                                        on_engine_restart=self.sync_weights)
+                                        on_engine_restart=self.sync_weights, agent_cls=self.agent_cls)
             for split in splits
         }
         self.rollouts = rollouts
@@ -198,7 +205,7 @@ class AgentTrainer:
             with timer("shape", metrics):
                 batch = self.shape(result.batch, metrics)
             with timer("log_prob", metrics):
-                batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
+                metrics.update(self.compute_old_log_probs(batch))
             if self.ref_wg is not None:
                 with timer("ref", metrics):
                     batch.update(self.ref_wg.dp_compute("compute_ref_log_prob", batch))
@@ -221,11 +228,13 @@ class AgentTrainer:
         return metrics
 
     # -- phases --------------------------------------------------------------------------
-    def score_with_reward_model(self, batch: TensorBatch) -> dict[str, float]:
+    def score_with_reward_model(self, batch: TensorBatch, split: str = "train") -> dict[str, float]:
         """Add ``reward_model.reward_weight x score`` on every episode's last generated token (before shaping).
 
         The text (the final reply or the whole conversation, ``reward_model.input``) is decoded with the
         policy's tokenizer and re-tokenized with the reward model's (``agent_trainer.reward_model``).
+        ``split`` "val" scores validation episodes: metrics ``val/reward_model/*``, dumps to
+        ``reward_model_scores_val.jsonl``.
         """
         rm_cfg = self.cfg.reward_model
         rows = reward_model.last_rows(batch)
@@ -234,8 +243,9 @@ class AgentTrainer:
         scores = self.rm_wg.dp_compute("compute_rm_score", inputs)["rm_scores"]
         reward_model.add_scores(batch, rows, scores, rm_cfg.reward_weight)
         if rm_cfg.dump_scores:
-            reward_model.dump_scores(self.run_dir / "reward_model_scores.jsonl", self.global_step, texts, scores)
-        return reward_model.score_metrics(batch, rows, scores)
+            reward_model.dump_scores(self.run_dir / reward_model.dump_name(split), self.global_step, texts, scores)
+        return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == "train" else
+                                          f"{split}/reward_model")
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
         """StarPO-S rollout filtering, then RAGEN reward normalisation (``agent_trainer.rollout_shaping``)."""
@@ -258,6 +268,20 @@ class AgentTrainer:
         metrics["rollout/remax_baseline_success_rate"] = baseline.metrics["remax_baseline/success_rate"]
         metrics["rollout/nonfinite_dropped"] += float(dropped)  # groups left without a (finite) baseline
 
+    def compute_old_log_probs(self, batch: TensorBatch) -> dict[str, float]:
+        """``old_log_probs`` from the actor, unless the update is exactly on-policy (:func:`needs_old_log_probs`);
+        then the rollout-correction weights from them (``algorithm.rollout_correction``)."""
+        if not needs_old_log_probs(self.cfg, len(batch)):
+            return {"perf/old_log_prob_skipped": 1.0}
+        batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.rollout_is is None:
+            return {"perf/old_log_prob_skipped": 0.0}
+        batch["rollout_is_weights"], is_metrics = core_algos.compute_rollout_is_weights(
+            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
+            rc.rollout_is_threshold)
+        return {"perf/old_log_prob_skipped": 0.0, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
+
     def run_update(self, group, method: str, batch: TensorBatch, mini_batch_size: int) -> dict[str, float]:
         """Run ``method`` on every rank with the batch padded to whole mini-batches; average the metrics."""
         padded, n_pad = pad_for_update(batch, mini_batch_size)
@@ -270,8 +294,10 @@ class AgentTrainer:
         alg = self.cfg.algorithm
         metrics: dict[str, float] = {}
         if self.kl_ctrl is not None:
+            # Without the old-log-prob pass (on-policy, temperature 1) the engine's log-probs of the same policy stand in.
+            policy_log_probs = batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
             rewards, kl_metrics = core_algos.apply_kl_penalty(
-                batch["token_level_rewards"], batch["old_log_probs"], batch["ref_log_prob"],
+                batch["token_level_rewards"], policy_log_probs, batch["ref_log_prob"],
                 batch["response_mask"], self.kl_ctrl, alg.kl_penalty,
             )
             batch["token_level_rewards"] = rewards
@@ -321,8 +347,11 @@ class AgentTrainer:
                                "log above (Ray restarts an engine at most twice)") from err
 
     def validate(self) -> dict[str, float]:
-        """Greedy rollouts on the held-out validation seeds."""
-        return self.val_rollout.rollout(self.global_step).metrics
+        """Greedy rollouts on the held-out validation seeds, scored by the reward model when it is on."""
+        result = self.val_rollout.rollout(self.global_step)
+        if self.rm_wg is not None:
+            result.metrics.update(self.score_with_reward_model(result.batch, split="val"))
+        return result.metrics
 
     def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
         """Save everything a resume needs into ``global_step_N/``, atomically; return that folder.
@@ -382,6 +411,26 @@ def make_kl_ctrl(cfg: AgentTrainerConfig) -> core_algos.AdaptiveKLController | c
     return core_algos.FixedKLController(ctrl.kl_coef)
 
 
+def needs_old_log_probs(cfg: AgentTrainerConfig, rows: int) -> bool:
+    """Whether this step runs the old-log-prob forward (``actor_rollout_ref.actor.recompute_old_log_prob``).
+
+    ``auto`` skips it when the update is exactly on-policy: one epoch over ``rows`` rows that
+    fit one mini-batch, so the weights that generated are the ones the single optimizer step
+    starts from and the actor's detached current log-probs equal the old ones (TRL's rule).
+    It still runs when something needs the trainer's own log-probs before the update: the
+    rollout correction (TRL, too, keeps the forward with its vLLM IS correction), or
+    KL-in-reward at a temperature other than 1 (the engine's log-probs, which stand in for the
+    old ones there, are temperature-1).
+    """
+    actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
+    if actor.recompute_old_log_prob == "always":
+        return True
+    on_policy = actor.ppo_epochs == 1 and rows <= actor.ppo_mini_batch_size
+    needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or (
+        alg.use_kl_in_reward and cfg.actor_rollout_ref.rollout.temperature != 1.0)
+    return not on_policy or needs_trainer_log_probs
+
+
 def pad_for_update(batch: TensorBatch, mini_batch_size: int) -> tuple[TensorBatch, int]:
     """Append zero-mask copies of leading rows until ``len(batch)`` is a multiple of ``mini_batch_size``.
 
@@ -416,17 +465,18 @@ def batch_metrics(batch: TensorBatch, step_seconds: float) -> dict[str, float]:
     """Sizes and throughput of the step's batch."""
     mask = batch["response_mask"]
     tokens = int(batch["attention_mask"].sum())
-    return {
+    metrics = {
         "perf/num_rows": float(len(batch)),
         "perf/total_tokens": float(tokens),
         "perf/generated_tokens": float(mask.sum()),
         "perf/max_seq_len": float(batch["input_ids"].shape[1]),
         "perf/tokens_per_s": tokens / max(step_seconds, 1e-9),
         "rollout/rollout_logprob_mean": float((batch["rollout_log_probs"] * mask).sum() / mask.sum().clamp(min=1)),
-        "actor/rollout_vs_actor_logprob_diff": float(
-            ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
-        ) if "old_log_probs" in batch else 0.0,
     }
+    if "old_log_probs" in batch:  # otherwise (on-policy skip) update_actor reports it from the current log-probs
+        metrics["actor/rollout_vs_actor_logprob_diff"] = float(
+            ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1))
+    return metrics
 
 
 def load_tokenizer(path: str):

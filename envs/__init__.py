@@ -33,6 +33,7 @@ _BUILTIN = {
     "webshop": "envs.webshop:WebShopEnv",
     "textworld": "envs.text_world:TextWorldEnv",
     "alfworld": "envs.alfworld_env:ALFWorldEnv",
+    "slow_frozen_lake": "envs.slow_env:SlowFrozenLakeEnv",  # test env: simulated slow backend (bench P6)
 }
 for _name, _path in _BUILTIN.items():
     register_env(_name, _path)

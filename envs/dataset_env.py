@@ -12,6 +12,10 @@ function (``agent_trainer.reward_fns``) against the row's ground truth.
   marker is scored; any other answer is a step, recorded and shown back, with reward 0. The
   answer of turn ``max_turns`` is final whatever it says.
 
+Every step's info names the row (``question_id``) and carries its ``ground_truth``, so the
+multi-turn GRPO trajectory reward computers (``reward_computation``, docs/multiturn_grpo.md)
+can check the trajectory's final answer, e.g. run a coding row's tests.
+
 The training tags are built from the ``data.*`` config section (``agent_trainer.datasets``
 docs, docs/rewards.md); the env can also be used directly in an env tag with ``env_type:
 prompt_dataset``. Like every env it imports neither Ray, torch nor a tokenizer.
@@ -87,16 +91,28 @@ class PromptDatasetEnv(BaseEnv):
         """A reasoning step (reward 0) or the final answer (scored); empty text is invalid."""
         valid = isinstance(action, str) and 0 < len(action.strip()) <= MAX_ANSWER_CHARS
         if not valid or self.done or self.record is None:
-            return self.render(), 0.0, self.done, make_info(self.success, False, False)
+            return self.render(), 0.0, self.done, make_info(self.success, False, False, **self._question())
         final, answer = self._final_answer(action)
         if not final:
             self.steps.append(action.strip())
-            return self.render(), 0.0, False, make_info(False, True, True, final_answer=0.0)
+            return self.render(), 0.0, False, make_info(False, True, True, final_answer=0.0, **self._question())
         rec = self.record
         self.last_score = score(self.reward_fn, rec.data_source, answer, rec.ground_truth, rec.extra_info)
         self.done, self.success = True, self.last_score > 0
-        info = make_info(self.success, True, True, final_answer=1.0, score=self.last_score)
+        info = make_info(self.success, True, True, final_answer=1.0, score=self.last_score, **self._question())
         return self.render(), self.last_score, True, info
+
+    def _question(self) -> dict:
+        """Which row this episode serves, for trajectory reward computers (``reward_computation``).
+
+        ``question_id``: the row's ``extra_info.id`` (else its ``index``, else its file position);
+        ``ground_truth``: the row's ground truth as stored (text, or e.g. ``{"tests": [...]}`` for code).
+        """
+        rec = self.record
+        if rec is None:
+            return {}
+        qid = rec.extra_info.get("id", rec.extra_info.get("index", rec.where))
+        return {"question_id": str(qid), "ground_truth": rec.ground_truth}
 
     def _final_answer(self, action: str) -> tuple[bool, str]:
         """(is final, the text to score)."""

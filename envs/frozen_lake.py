@@ -10,6 +10,12 @@ sideways otherwise; the slip randomness is seeded by ``reset(seed)``.
 
 Legend: P player, _ frozen tile, O hole, G goal, X player in a hole,
 W player on the goal. Actions: Left | Down | Right | Up.
+
+With ``describe_surroundings`` the grid is followed by one line naming what lies
+one step in each direction and where the goal is, e.g.
+``Left: wall, Down: ice, Right: hole, Up: wall. The goal is down and right.``:
+the same information as the grid, in words a small model can read without
+locating itself in a character grid first.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class FrozenLakeConfig:
     """Probability of moving in the intended direction when slippery."""
     map_seed: int | None = None
     """Fix the map regardless of the reset seed (None: the map follows the seed)."""
+    describe_surroundings: bool = False
+    """Append a line to the grid naming the tile one step Left / Down / Right / Up of the player (ice, hole,
+    goal, or wall: the map's border, where a move leaves you in place) and the goal's direction
+    (see :func:`describe_surroundings`)."""
 
     def __post_init__(self):
         if isinstance(self.size, bool) or not isinstance(self.size, int) or not 2 <= self.size <= 32:
@@ -49,6 +59,8 @@ class FrozenLakeConfig:
             raise ValueError(f"p must be in [0.3, 1.0], got {self.p!r}")
         if not 0.0 < float(self.success_rate) <= 1.0:
             raise ValueError(f"success_rate must be in (0, 1], got {self.success_rate!r}")
+        if not isinstance(self.describe_surroundings, bool):
+            raise ValueError(f"describe_surroundings must be true or false, got {self.describe_surroundings!r}")
 
 
 def generate_map(size: int, p: float, seed: int | None) -> list[str]:
@@ -64,6 +76,27 @@ def generate_map(size: int, p: float, seed: int | None) -> list[str]:
         if is_valid(board, size):
             return ["".join(row) for row in board]
     raise ValueError(f"no solvable {size}x{size} map found with p={p} in {_MAX_MAP_TRIES} tries; raise p")
+
+
+TILE_WORDS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
+MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+
+
+def describe_surroundings(desc: list[str], row: int, col: int) -> str:
+    """What lies one step in each direction of (row, col) and where the goal is, as one line of words.
+
+    ``Left: wall, Down: ice, Right: hole, Up: wall. The goal is down and right.``
+    (the goal is at the bottom-right corner of every generated map, but the line reads it off ``desc``).
+    """
+    size = len(desc)
+    around = []
+    for name, (dr, dc) in MOVES.items():
+        r, c = row + dr, col + dc
+        around.append(f"{name}: {TILE_WORDS[desc[r][c]] if 0 <= r < size and 0 <= c < size else 'wall'}")
+    goal_r, goal_c = next((r, line.index("G")) for r, line in enumerate(desc) if "G" in line)
+    ways = [word for word, wanted in (("down", goal_r > row), ("up", goal_r < row), ("right", goal_c > col),
+                                      ("left", goal_c < col)) if wanted]
+    return f"{', '.join(around)}. The goal is {' and '.join(ways) or 'here'}."
 
 
 class FrozenLakeEnv(GymnasiumTextEnv):
@@ -115,6 +148,8 @@ class FrozenLakeEnv(GymnasiumTextEnv):
                 else:
                     cells.append({"H": "O", "G": "G"}.get(tile, "_"))
             lines.append(" ".join(cells))
+        if self.config.describe_surroundings and self.desc[row][col] not in "HG":
+            lines.append(describe_surroundings(self.desc, row, col))
         return "\n".join(lines)
 
     def legend(self) -> str:

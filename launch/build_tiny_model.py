@@ -54,12 +54,38 @@ HEAD_DIM = 64  # vLLM CPU attention rejects head_dim 16; 64 is measured to work
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
-# Qwen2-Instruct's ChatML template, verbatim.
+# Qwen2.5-Instruct's ChatML template with its tool-calling format (``tools=`` in apply_chat_template,
+# ``<tool_call>`` / ``<tool_response>`` blocks; agent_trainer/agents/tool_call.py), verbatim but for the
+# default system message (Qwen2's). Without tools it renders exactly what Qwen2-Instruct's template does.
 QWEN2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+    "(message.role == \"assistant\" and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == \"tool\" %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 # Qwen2's pre-tokenizer split, so our tokenizer reloads identically as Qwen2Tokenizer.
 _QWEN2_PRETOKENIZE_REGEX = (
@@ -68,6 +94,11 @@ _QWEN2_PRETOKENIZE_REGEX = (
 )
 _THINK_TEMPLATES = ["I will try {a}.", "Let me go {a}.", "{a} looks good.", "Try {a} now.", "Maybe {a}."]
 _REQUIRED_FILES = ["config.json", "model.safetensors", "tokenizer.json", "build_info.json"]
+# --size presets: same builder, tokenizer and warm-up, wider and deeper decoder (bench P2/P7 scaling).
+SIZE_PRESETS = {
+    "tiny": {"hidden_size": 128, "layers": 2, "kv_heads": 1, "intermediate_size": 384},
+    "20m": {"hidden_size": 512, "layers": 6, "kv_heads": 1, "intermediate_size": 1536},
+}
 
 
 @dataclass
@@ -531,6 +562,11 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--force", action="store_true", help="rebuild even when --out holds a complete model")
     p.add_argument("--reward-model-out", default="",
                    help="also build a tiny reward model (the policy's backbone + a score head) at this path")
+    p.add_argument("--size", choices=sorted(SIZE_PRESETS), default=None,
+                   help="preset shape (tiny: 0.6M params, the default shape; 20m: ~19M params for scaling "
+                        "benchmarks); explicit --hidden-size/--layers/--kv-heads/--intermediate-size still win")
+    preset, _ = p.parse_known_args(argv)
+    p.set_defaults(**SIZE_PRESETS.get(preset.size, {}))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     out = build_tiny_model(

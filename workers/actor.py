@@ -14,15 +14,14 @@ from transformers import AutoModelForCausalLM
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, ModelConfig, RefConfig
-from workers.fsdp_base import (FSDPWorker, greedy_hits, micro_batches, micro_weight, token_entropy,
-                                token_log_probs)
+from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, greedy_hits, micro_batches, micro_weight, scalar,
+                                token_entropy, token_log_probs)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+_DTYPES = DTYPES  # the name workers/reward_model.py imports
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
     """Load any Hugging Face causal LM from ``model.path`` (the tiny model is just a folder)."""
-    lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=_DTYPES[model.dtype])
+    lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=DTYPES[model.dtype])
     if model.enable_gradient_checkpointing:
         lm.gradient_checkpointing_enable()
     lm.config.use_cache = False
@@ -38,26 +37,27 @@ class ReferenceWorker(FSDPWorker):
                  seed: int = 0):
         super().__init__(rank=rank, world_size=world_size, fsdp=ref.fsdp, device=device, seed=seed)
         self.model_config = model
-        self.micro_batch_size = ref.log_prob_micro_batch_size_per_gpu
+        self.batching = MicroBatching(ref.log_prob_micro_batch_size_per_gpu,
+                                      ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None)
 
     def init_model(self) -> None:
         """Load and shard the model (every rank, concurrently)."""
         self.model = self.shard_model(load_causal_lm(self.model_config))
         self.model.eval()
 
-    @torch.no_grad()
-    def _log_probs(self, batch: TensorBatch, micro_batch_size: int) -> torch.Tensor:
+    def _log_probs(self, batch: TensorBatch) -> torch.Tensor:
+        """Log-probs [B, T] of ``batch``'s tokens at the rollout temperature, micro-batched by ``self.batching``."""
         temperature = float(batch.meta.get("temperature", 1.0))
-        outs = []
-        for micro in micro_batches(batch, micro_batch_size):
+
+        def per_token(micro: TensorBatch) -> torch.Tensor:
             inputs = self.model_inputs(micro)
-            logits = self.model(**vars(inputs)).logits
-            outs.append(token_log_probs(logits, inputs.input_ids, temperature).cpu())
-        return torch.cat(outs)
+            return token_log_probs(self.model(**vars(inputs)).logits, inputs.input_ids, temperature)
+
+        return self.forward_rows(batch, self.batching, per_token)
 
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``ref_log_prob`` [B, T] for this rank's shard."""
-        return TensorBatch({"ref_log_prob": self._log_probs(batch, self.micro_batch_size)})
+        return TensorBatch({"ref_log_prob": self._log_probs(batch)})
 
 
 class ActorWorker(ReferenceWorker):
@@ -68,7 +68,8 @@ class ActorWorker(ReferenceWorker):
         FSDPWorker.__init__(self, rank=rank, world_size=world_size, fsdp=actor.fsdp, device=device, seed=seed)
         self.model_config = model
         self.config = actor
-        self.micro_batch_size = actor.ppo_micro_batch_size_per_gpu
+        self.batching = MicroBatching(actor.ppo_micro_batch_size_per_gpu,
+                                      actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
         self.policy_loss_fn = core_algos.get_policy_loss_fn(actor.policy_loss_mode)
 
     def init_model(self) -> None:
@@ -79,33 +80,33 @@ class ActorWorker(ReferenceWorker):
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``old_log_probs`` [B, T] under the current policy for this rank's shard."""
         self.model.eval()
-        return TensorBatch({"old_log_probs": self._log_probs(batch, self.micro_batch_size)})
+        return TensorBatch({"old_log_probs": self._log_probs(batch)})
 
     def update_actor(self, batch: TensorBatch) -> dict[str, float]:
         """PPO epochs over this rank's shard: mini-batches (optimizer steps) of micro-batches.
 
-        Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and
-        ``ref_log_prob`` with ``use_kl_loss``). Every rank holds the same
-        number of rows (the trainer pads updates to whole mini-batches) so the
-        collectives line up; micro-batch losses are weighted so padding rows
-        dilute nothing (``micro_weight``).
+        Needs ``advantages``, ``response_mask`` (and ``ref_log_prob`` with ``use_kl_loss``,
+        ``rollout_is_weights`` with a rollout correction). ``old_log_probs`` may be absent
+        only when the update is exactly on-policy (one epoch, one mini-batch): the policy
+        that generated is then the one being updated, and the detached current log-probs
+        stand in (ratio exactly 1 on the first pass; actor.recompute_old_log_prob=auto).
+        Every rank holds the same number of rows (the trainer pads updates to whole
+        mini-batches) so the collectives line up; micro-batch losses are weighted so
+        padding rows dilute nothing (``micro_weight``).
         """
         cfg = self.config
         self.model.train()
         temperature = float(batch.meta.get("temperature", 1.0))
         mini_size = cfg.ppo_mini_batch_size // self.world_size
-        metrics: dict[str, list[float]] = defaultdict(list)
-        for _ in range(cfg.ppo_epochs):
-            for mini in batch.split(mini_size):
-                for micro in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu):
-                    loss, step_metrics = self._micro_loss(micro, temperature)
-                    weight = micro_weight(micro["response_mask"], mini["response_mask"], cfg.loss_agg())
-                    (loss * weight).backward()
-                    for k, v in step_metrics.items():
-                        metrics[k].append(v)
-                metrics["actor/grad_norm"].append(self.optimizer_step(cfg.grad_clip))
-        metrics["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
-        return {k: sum(v) / len(v) for k, v in metrics.items()}
+        if "old_log_probs" not in batch and (cfg.ppo_epochs != 1 or len(batch) > mini_size):
+            raise RuntimeError(f"update_actor without old_log_probs needs an on-policy update (ppo_epochs 1, one "
+                               f"mini-batch), got ppo_epochs={cfg.ppo_epochs} and {len(batch)} rows for mini-batches "
+                               f"of {mini_size} on this rank; the trainer must run compute_log_prob first")
+        metrics = self.run_update(batch, epochs=cfg.ppo_epochs, mini_batch_size=mini_size, batching=self.batching,
+                                  loss_agg_mode=cfg.loss_agg(), grad_clip=cfg.grad_clip, prefix="actor",
+                                  micro_loss=lambda micro: self._micro_loss(micro, temperature))
+        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        return metrics
 
     def update_sft(self, batch: TensorBatch) -> dict[str, float]:
         """One supervised optimizer step on this rank's shard of a batch (``agent_trainer/sft.py``).
@@ -144,19 +145,23 @@ class ActorWorker(ReferenceWorker):
         mask = micro["response_mask"].to(self.device).float()
         logits = self.model(**vars(inputs)).logits
         nll = -token_log_probs(logits, inputs.input_ids)
-        stats = {"sft/nll_sum": _scalar((nll * mask).sum()), "sft/tokens": _scalar(mask.sum()),
-                 "sft/correct": _scalar((greedy_hits(logits, inputs.input_ids) * mask).sum())}
+        stats = {"sft/nll_sum": scalar((nll * mask).sum()), "sft/tokens": scalar(mask.sum()),
+                 "sft/correct": scalar((greedy_hits(logits, inputs.input_ids) * mask).sum())}
         return core_algos.agg_loss(nll, mask, "token-mean"), stats
 
     def _micro_loss(self, micro: TensorBatch, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
+        scale = micro.meta.get("seq_len")  # the uncut width: seq-mean-token-sum-norm divides by it
         inputs = self.model_inputs(micro)
         mask = micro["response_mask"].to(self.device).float()
         logits = self.model(**vars(inputs)).logits
         log_prob = token_log_probs(logits, inputs.input_ids, temperature)
+        on_policy = "old_log_probs" not in micro
+        old_log_prob = log_prob.detach() if on_policy else micro["old_log_probs"].to(self.device)
+        is_weights = micro["rollout_is_weights"].to(self.device) if "rollout_is_weights" in micro else None
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
-            old_log_prob=micro["old_log_probs"].to(self.device),
+            old_log_prob=old_log_prob,
             log_prob=log_prob,
             advantages=micro["advantages"].to(self.device),
             response_mask=mask,
@@ -164,26 +169,26 @@ class ActorWorker(ReferenceWorker):
             cliprange_high=clip_high,
             clip_ratio_c=cfg.clip_ratio_c,
             loss_agg_mode=agg_mode,
+            rollout_is_weights=is_weights,
+            loss_scale_factor=scale,
         )
         loss = pg_loss
         metrics = {
-            "actor/pg_loss": _scalar(pg_loss),
-            "actor/pg_clipfrac": _scalar(pg_clipfrac),
-            "actor/ppo_kl": _scalar(ppo_kl),
-            "actor/pg_clipfrac_lower": _scalar(pg_clipfrac_lower),
+            "actor/pg_loss": scalar(pg_loss),
+            "actor/pg_clipfrac": scalar(pg_clipfrac),
+            "actor/ppo_kl": scalar(ppo_kl),
+            "actor/pg_clipfrac_lower": scalar(pg_clipfrac_lower),
         }
+        if on_policy and "rollout_log_probs" in micro:  # the driver reports it from old_log_probs otherwise
+            diff = (micro["rollout_log_probs"].to(self.device) - old_log_prob).abs()
+            metrics["actor/rollout_vs_actor_logprob_diff"] = scalar(core_algos.masked_mean(diff, mask))
         if cfg.entropy_coeff:
-            entropy = core_algos.agg_loss(token_entropy(logits), mask, agg_mode)
+            entropy = core_algos.agg_loss(token_entropy(logits), mask, agg_mode, scale)
             loss = loss - cfg.entropy_coeff * entropy
-            metrics["actor/entropy"] = _scalar(entropy)
+            metrics["actor/entropy"] = scalar(entropy)
         if cfg.use_kl_loss:
             kl = core_algos.kl_penalty(log_prob, micro["ref_log_prob"].to(self.device), cfg.kl_loss_type)
-            kl_loss = core_algos.agg_loss(kl, mask, agg_mode)
+            kl_loss = core_algos.agg_loss(kl, mask, agg_mode, scale)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = _scalar(kl_loss)
+            metrics["actor/kl_loss"] = scalar(kl_loss)
         return loss, metrics
-
-
-def _scalar(value) -> float:
-    """A detached Python float from a tensor or number (metrics only)."""
-    return float(value.detach()) if torch.is_tensor(value) else float(value)

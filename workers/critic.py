@@ -7,16 +7,13 @@ initialised), so any causal-LM checkpoint can serve as a critic.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import CriticConfig
-from workers.actor import _DTYPES, _scalar
-from workers.fsdp_base import FSDPWorker, micro_batches, micro_weight
+from workers.fsdp_base import DTYPES, FSDPWorker, MicroBatching, scalar
 
 
 def token_values(scores: torch.Tensor) -> torch.Tensor:
@@ -36,6 +33,10 @@ class CriticWorker(FSDPWorker):
     def __init__(self, *, rank: int, world_size: int, critic: CriticConfig, device: str = "auto", seed: int = 0):
         super().__init__(rank=rank, world_size=world_size, fsdp=critic.fsdp, device=device, seed=seed)
         self.config = critic
+        budget = critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None
+        forward_budget = (critic.forward_max_token_len_per_gpu or budget) if critic.use_dynamic_bsz else None
+        self.update_batching = MicroBatching(critic.ppo_micro_batch_size_per_gpu, budget)
+        self.forward_batching = MicroBatching(critic.ppo_micro_batch_size_per_gpu, forward_budget)
 
     def init_model(self) -> None:
         """Load the backbone with a fresh value head, shard it, build the optimizer."""
@@ -44,7 +45,7 @@ class CriticWorker(FSDPWorker):
         config = AutoConfig.from_pretrained(self.config.model.path, num_labels=1)
         config.classifier_dropout = 0.0  # an attribute, not a from_pretrained kwarg: kwargs ignore unknown keys
         model = AutoModelForTokenClassification.from_pretrained(
-            self.config.model.path, config=config, dtype=_DTYPES[self.config.model.dtype]
+            self.config.model.path, config=config, dtype=DTYPES[self.config.model.dtype]
         )
         # A zero head starts every value at 0: no random initial baseline noise.
         head = getattr(model, "score", None)
@@ -62,35 +63,30 @@ class CriticWorker(FSDPWorker):
         inputs = self.model_inputs(micro)
         return token_values(self.model(**vars(inputs)).logits)
 
-    @torch.no_grad()
     def compute_values(self, batch: TensorBatch) -> TensorBatch:
         """``values`` [B, T] for this rank's shard."""
         self.model.eval()
-        outs = [self._values(m).cpu() for m in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu)]
-        return TensorBatch({"values": torch.cat(outs)})
+        return TensorBatch({"values": self.forward_rows(batch, self.forward_batching, self._values)})
 
     def update_critic(self, batch: TensorBatch) -> dict[str, float]:
         """Clipped value-loss epochs over this rank's shard (needs values, returns, response_mask)."""
         cfg = self.config
         self.model.train()
-        mini_size = cfg.ppo_mini_batch_size // self.world_size
-        metrics: dict[str, list[float]] = defaultdict(list)
-        for _ in range(cfg.ppo_epochs):
-            for mini in batch.split(mini_size):
-                for micro in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu):
-                    mask = micro["response_mask"].to(self.device).float()
-                    vpreds = self._values(micro)
-                    vf_loss, vf_clipfrac = core_algos.compute_value_loss(
-                        vpreds=vpreds,
-                        returns=micro["returns"].to(self.device),
-                        values=micro["values"].to(self.device),
-                        response_mask=mask,
-                        cliprange_value=cfg.cliprange_value,
-                        loss_agg_mode=cfg.loss_agg_mode,
-                    )
-                    (vf_loss * micro_weight(micro["response_mask"], mini["response_mask"], cfg.loss_agg_mode)).backward()
-                    metrics["critic/vf_loss"].append(_scalar(vf_loss))
-                    metrics["critic/vf_clipfrac"].append(_scalar(vf_clipfrac))
-                    metrics["critic/vpred_mean"].append(core_algos.masked_mean(vpreds.detach(), mask).item())
-                metrics["critic/grad_norm"].append(self.optimizer_step(cfg.grad_clip))
-        return {k: sum(v) / len(v) for k, v in metrics.items()}
+        return self.run_update(batch, epochs=cfg.ppo_epochs, mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
+                               batching=self.update_batching, loss_agg_mode=cfg.loss_agg_mode,
+                               grad_clip=cfg.grad_clip, micro_loss=self._micro_loss, prefix="critic")
+
+    def _micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = micro["response_mask"].to(self.device).float()
+        vpreds = self._values(micro)
+        vf_loss, vf_clipfrac = core_algos.compute_value_loss(
+            vpreds=vpreds,
+            returns=micro["returns"].to(self.device),
+            values=micro["values"].to(self.device),
+            response_mask=mask,
+            cliprange_value=self.config.cliprange_value,
+            loss_agg_mode=self.config.loss_agg_mode,
+            loss_scale_factor=micro.meta.get("seq_len"),
+        )
+        return vf_loss, {"critic/vf_loss": scalar(vf_loss), "critic/vf_clipfrac": scalar(vf_clipfrac),
+                         "critic/vpred_mean": core_algos.masked_mean(vpreds.detach(), mask).item()}

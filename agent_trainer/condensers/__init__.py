@@ -1,8 +1,9 @@
 """Context condensers for multi-turn GRPO: build each step's context c_{k+1} within a token budget.
 
 Strategies: ``full``, ``simple``, ``truncate``, ``summary`` (register your own
-with ``@register_condenser`` or name it by import path). Not wired into the
-rollout yet: see docs/multiturn_grpo.md.
+with ``@register_condenser`` or name it by import path). The condensed context
+manager (``agent_trainer.condensed_ctx``, ``ctx_manager.mode=condensed``) builds
+every turn's prompt through the configured one: see docs/multiturn_grpo.md.
 """
 
 from agent_trainer.condensers.base import (
@@ -14,6 +15,7 @@ from agent_trainer.condensers.base import (
     GenerateFn,
     StepRecord,
     SummaryCall,
+    SummaryRequest,
     TrajectorySoFar,
     fit_to_budget,
     get_condenser_cls,
@@ -26,7 +28,7 @@ from agent_trainer.condensers.summary import SummaryCondenser
 
 __all__ = [
     "STEP_VIEWS", "CondensedContext", "ContextCondenser", "ContextCondenserConfig", "Draft", "GenerateFn",
-    "StepRecord", "SummaryCall", "TrajectorySoFar", "fit_to_budget", "get_condenser_cls", "list_condensers",
-    "make_condenser", "register_condenser", "FullCondenser", "SimpleCondenser", "TruncateCondenser",
+    "StepRecord", "SummaryCall", "SummaryRequest", "TrajectorySoFar", "fit_to_budget", "get_condenser_cls",
+    "list_condensers", "make_condenser", "register_condenser", "FullCondenser", "SimpleCondenser", "TruncateCondenser",
     "SummaryCondenser",
 ]

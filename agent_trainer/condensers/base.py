@@ -14,6 +14,12 @@ prefix (at most half the budget) and its most recent tokens, and says so
 
 Strategies register by name (``register_condenser("name")``) and are looked up
 by that name or by a "package.module:ClassName" import path.
+
+A condenser may ask the policy to write part of the context (``summary``): it
+returns a :class:`SummaryRequest` from ``summary_request``; the rollout generates
+every pending request in one batched engine call and hands the ids back through
+``accept_summary``, after which ``condense`` uses them. Standalone (tests, tools),
+a ``generate`` callable does the same synchronously.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from agent_trainer import prompts
 from agent_trainer.condensers.layouts import ConversationLayout
 from agent_trainer.plugins import PluginRegistry
 
+EMPTY_SUMMARY = "(no summary)"
+"""What a context shows for a summary the policy left blank."""
 GenerateFn = Callable[[list[int], int], list[int]]
 """``generate(prompt_ids, max_tokens) -> token ids``: the rollout engine, for condensers that call the policy."""
 STEP_VIEWS = ("answer", "reply")
@@ -65,6 +73,18 @@ class SummaryCall:
     def loss_mask(self) -> list[int]:
         """All 0: summary tokens are never in the loss."""
         return [0] * len(self.output_ids)
+
+
+@dataclass
+class SummaryRequest:
+    """Text a condenser wants the policy to write before it can build the next context (e.g. a summary)."""
+
+    prompt_ids: list[int]
+    """What the engine continues (a chat prompt ending in the assistant header)."""
+    max_tokens: int
+    """Most tokens the engine may generate for it."""
+    covers_steps: int
+    """The summary will cover steps 1..covers_steps."""
 
 
 @dataclass
@@ -162,12 +182,17 @@ class ContextCondenserConfig:
 
     type: str = "simple"
     """full | simple | truncate | summary, or "package.module:ClassName" of your own condenser."""
-    keep_last_n_steps: int = 2
-    """simple / summary: past steps shown (the last n); 0 = none."""
-    max_condensed_tokens: int = 1024
-    """Budget of every context in tokens of the policy's tokenizer, enforced for every strategy."""
+    keep_last_n_steps: int | None = 2
+    """simple / summary: past steps shown (the last n); 0 = none. In the trainer config null (the default) follows
+    ctx_manager.keep_last_n_turns (its alias; both set must agree), else 2."""
+    max_condensed_tokens: int | None = 1024
+    """Budget of every context in tokens of the policy's tokenizer, enforced for every strategy. In the trainer
+    config null (the default) = actor_rollout_ref.rollout.max_model_len - response_length (all the room a prompt
+    has); a set value must leave response_length tokens for the reply."""
     summary_max_tokens: int = 128
     """summary: tokens the policy may generate for one summary of the older steps."""
+    summary_temperature: float = 0.0
+    """summary: sampling temperature of the summary call (0 = greedy); seeded like the turns' sampling."""
     step_view: str = "answer"
     """simple / summary: show a past step's <answer> text ("answer", as ctx_manager.mode=condensed does)
     or its whole reply verbatim ("reply")."""
@@ -176,9 +201,16 @@ class ContextCondenserConfig:
         key = "multiturn_trajectory.context_condenser"
         for name, low in (("keep_last_n_steps", 0), ("max_condensed_tokens", 1), ("summary_max_tokens", 1)):
             value = getattr(self, name)
+            if value is None and name != "summary_max_tokens":
+                continue  # resolved from its alias / the model length by the trainer config
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{key}.{name} = {value!r} must be an int >= {low}")
-        if self.type == "summary" and self.summary_max_tokens >= self.max_condensed_tokens:
+        if isinstance(self.summary_temperature, bool) or not isinstance(self.summary_temperature, (int, float)) \
+                or not 0 <= self.summary_temperature < float("inf"):
+            raise ValueError(f"{key}.summary_temperature = {self.summary_temperature!r} must be a number >= 0 "
+                             "(0 = greedy)")
+        if self.type == "summary" and self.max_condensed_tokens is not None \
+                and self.summary_max_tokens >= self.max_condensed_tokens:
             raise ValueError(f"{key}.summary_max_tokens = {self.summary_max_tokens} must be < "
                              f"{key}.max_condensed_tokens = {self.max_condensed_tokens}; lower it")
         if self.step_view not in STEP_VIEWS:
@@ -200,6 +232,20 @@ class ContextCondenser(abc.ABC):
     @abc.abstractmethod
     def build(self, traj: TrajectorySoFar) -> Draft:
         """The strategy's context for the next step (may exceed the budget; ``condense`` clips it)."""
+
+    def summary_request(self, traj: TrajectorySoFar) -> SummaryRequest | None:
+        """Text the policy must write before ``condense(traj)`` can run (None: nothing; the default)."""
+        return None
+
+    def accept_summary(self, traj: TrajectorySoFar, request: SummaryRequest, output_ids: list[int],
+                       seconds: float) -> SummaryCall:
+        """Keep what the policy wrote for ``request`` on the trajectory (``traj.summary``), for ``condense``."""
+        output = list(output_ids)[: request.max_tokens]
+        text = self.decode(output).strip() or EMPTY_SUMMARY
+        call = SummaryCall(prompt_ids=list(request.prompt_ids), output_ids=output, text=text,
+                           covers_steps=request.covers_steps, seconds=seconds)
+        traj.summary = call
+        return call
 
     def condense(self, traj: TrajectorySoFar) -> CondensedContext:
         """c_{k+1} within ``max_condensed_tokens``, timed, with the uncondensed length for comparison."""
@@ -243,6 +289,9 @@ get_condenser_cls = CONDENSERS.get
 
 def make_condenser(config: ContextCondenserConfig, tokenizer, *, generate: GenerateFn | None = None,
                    enable_think: bool = True, action_sep: str = "||") -> ContextCondenser:
-    """The condenser ``config.type`` names."""
+    """The condenser ``config.type`` names (``keep_last_n_steps`` and ``max_condensed_tokens`` must be resolved)."""
+    if config.keep_last_n_steps is None or config.max_condensed_tokens is None:
+        raise ValueError("multiturn_trajectory.context_condenser: keep_last_n_steps and max_condensed_tokens must "
+                         "be resolved before a condenser is built (multiturn_config.condenser_config does it)")
     return CONDENSERS.get(config.type)(tokenizer, config, generate=generate, enable_think=enable_think,
                                           action_sep=action_sep)

@@ -9,18 +9,48 @@
   so whole segments can be dropped and the rest stays a well-formed chat.
 - Recap (``simple``, ``summary``): one fresh prompt whose user message holds the
   instruction, a text recap of recent steps and the current observation,
-  rendered by ``condensed_ctx.condensed_user_message``: the layout of
-  ``ctx_manager.mode=condensed``.
+  rendered by :func:`condensed_user_message`: the layout the condensed
+  context manager rendered before condensers existed (``simple`` keeps it token for token).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from agent_trainer import prompts
-from agent_trainer.condensed_ctx import NO_ANSWER, TurnSummary, condensed_user_message
 from agent_trainer.ctx_manager import ContextManager
 from agent_trainer.es_manager import EnvOutput
+
+NO_ANSWER = "(no <answer> block)"
+"""How a recap shows a reply without an answer."""
+
+
+@dataclass
+class TurnSummary:
+    """What a recap prompt remembers of a past turn (text only)."""
+
+    turn: int
+    observation: str
+    """The observation the turn answered."""
+    answer: str
+    """The reply's <answer> text (its reasoning is dropped), or the whole reply (step_view=reply)."""
+    reward: float
+
+
+def condensed_user_message(instruction: str, history: list[TurnSummary], observation: str, turn: int,
+                           enable_think: bool = True) -> str:
+    """The user message of a recap prompt: instruction, recent turns as text, current observation, format."""
+    parts = [instruction.strip()]
+    if history:
+        lines = [f"Recent turns (the last {len(history)}):"]
+        for h in history:
+            lines.append(f"Turn {h.turn}:\nObservation:\n{h.observation.strip()}\n"
+                         f"Your answer: {h.answer}\nReward: {h.reward:g}")
+        parts.append("\n".join(lines))
+    parts.append(f"Current observation (turn {turn}):\n{observation.strip()}")
+    parts.append(prompts.format_instruction(enable_think))
+    return "\n".join(p for p in parts if p)
 
 
 class ConversationLayout:

@@ -9,8 +9,9 @@ instruction::
     Recent turns (the last n): ...
     Current observation (turn k): ...
 
-The summary is written by ``generate(prompt_ids, summary_max_tokens)`` (in
-training: the rollout engine, with the current weights). Its ids are returned
+The summary is written by the policy (in training: the rollout engines, with
+the current weights, batched over episodes through ``summary_request`` /
+``accept_summary``; standalone: ``generate(prompt_ids, summary_max_tokens)``). Its ids are returned
 in ``CondensedContext.summary`` for accounting and timing only: they are
 context, never a training row, and their loss mask is 0. Summaries are
 incremental: with the last one kept on the trajectory (``TrajectorySoFar.remember``)
@@ -25,7 +26,7 @@ import time
 from agent_trainer.condensers.base import (
     ContextCondenser,
     Draft,
-    SummaryCall,
+    SummaryRequest,
     TrajectorySoFar,
     fit_to_budget,
     register_condenser,
@@ -35,35 +36,44 @@ from agent_trainer.condensers.strategies import recap_draft
 
 SUMMARY_REQUEST = ("Summarise the earlier turns of this task for yourself in a few sentences: what you tried, "
                    "what happened, and what you know now. Reply with the summary only.")
-EMPTY_SUMMARY = "(no summary)"
 
 
 @register_condenser("summary")
 class SummaryCondenser(ContextCondenser):
-    """The task, a policy-written summary of older steps, and the last ``keep_last_n_steps`` steps."""
+    """The task, a policy-written summary of older steps, and the last ``keep_last_n_steps`` steps.
 
-    def __init__(self, tokenizer, config, *, generate=None, enable_think: bool = True, action_sep: str = "||"):
-        super().__init__(tokenizer, config, generate=generate, enable_think=enable_think, action_sep=action_sep)
-        if generate is None:
-            raise ValueError("multiturn_trajectory.context_condenser.type = 'summary' needs generate(prompt_ids, "
-                             "max_tokens) -> token ids (the rollout engine); pass generate=")
+    In training the rollout asks ``summary_request`` for every episode after each
+    env step, generates all requests in one engine call and hands the ids back
+    through ``accept_summary``; ``build`` then reuses the remembered summary and
+    calls nothing. Standalone, ``generate`` is called inside ``build`` instead.
+    """
 
     def build(self, traj: TrajectorySoFar) -> Draft:
         older = max(0, len(traj.steps) - self.config.keep_last_n_steps)
         if older == 0:
             return recap_draft(self, traj, traj.instruction, summary=None)
-        prev = traj.summary if traj.summary is not None and traj.summary.covers_steps <= older else None
         call = None
-        if prev is not None and prev.covers_steps == older:
-            text = prev.text
-        else:
-            call = self.summarize(traj, prev, older)
-            text = call.text
-        instruction = f"{traj.instruction.strip()}\nSummary of turns 1-{older}:\n{text}"
+        request = self.summary_request(traj)
+        if request is not None:
+            if self.generate is None:
+                raise RuntimeError("the summary condenser needs a summary of turns 1-{} that was never generated: "
+                                   "pass generate= or hand the rollout's ids to accept_summary".format(older))
+            start = time.perf_counter()
+            output = list(self.generate(request.prompt_ids, request.max_tokens))
+            call = self.accept_summary(traj, request, output, time.perf_counter() - start)
+        instruction = f"{traj.instruction.strip()}\nSummary of turns 1-{older}:\n{traj.summary.text}"
         return recap_draft(self, traj, instruction, summary=call)
 
-    def summarize(self, traj: TrajectorySoFar, prev: SummaryCall | None, older: int) -> SummaryCall:
-        """Ask the policy for a summary of steps 1..older (extending ``prev`` when there is one)."""
+    def summary_request(self, traj: TrajectorySoFar) -> SummaryRequest | None:
+        """The prompt of a summary of steps 1..older, or None while the remembered one covers them.
+
+        Incremental: a remembered summary of steps 1..m (m < older) is sent with
+        steps m+1..older only.
+        """
+        older = max(0, len(traj.steps) - self.config.keep_last_n_steps)
+        prev = traj.summary if traj.summary is not None and traj.summary.covers_steps <= older else None
+        if older == 0 or (prev is not None and prev.covers_steps == older):
+            return None
         first = prev.covers_steps if prev is not None else 0
         parts = [SUMMARY_REQUEST, f"Task:\n{traj.instruction.strip()}"]
         if prev is not None:
@@ -74,8 +84,4 @@ class SummaryCondenser(ContextCondenser):
         prompt = self.chat_prompt_ids("\n".join(parts))
         head = common_prefix_len(prompt, self.chat_prompt_ids(parts[0] + "\n" + parts[1]))
         prompt, _, _ = fit_to_budget(prompt, self.config.max_condensed_tokens, head)
-        start = time.perf_counter()
-        output = list(self.generate(prompt, self.config.summary_max_tokens))[: self.config.summary_max_tokens]
-        seconds = time.perf_counter() - start
-        text = self.decode(output).strip() or EMPTY_SUMMARY
-        return SummaryCall(prompt_ids=prompt, output_ids=output, text=text, covers_steps=older, seconds=seconds)
+        return SummaryRequest(prompt_ids=prompt, max_tokens=self.config.summary_max_tokens, covers_steps=older)

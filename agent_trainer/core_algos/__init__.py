@@ -8,8 +8,9 @@ numpy arrays / lists of hashable ids such as strings, converted in one place
 so a verl user reads them at once.
 
 Modules: advantages (GAE, GRPO, RLOO, REINFORCE++, ReMax), multiturn (bi-level GAE,
-multi-turn GRPO), gigpo, losses, kl, shaping (RAGEN reward normalisation and
-rollout filtering), registry (name -> estimator, ``compute_advantage``, config checks).
+multi-turn GRPO), gigpo, losses, rollout_correction (truncated IS between engine and
+trainer), kl, shaping (RAGEN reward normalisation and rollout filtering), registry (name ->
+estimator, ``compute_advantage``, config checks).
 See docs/algorithms.md for the table of estimators and losses.
 """
 
@@ -43,6 +44,7 @@ from .losses import (
     entropy_from_logits,
     get_policy_loss_fn,
 )
+from .rollout_correction import ROLLOUT_IS_LEVELS, compute_rollout_is_weights
 from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage, turn_segments
 from .registry import (
     ADV_ESTIMATOR_NAMES,
@@ -66,7 +68,7 @@ from .shaping import (
 __all__ = [
     "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES", "NONFINITE_REWARD_POLICIES", "POLICY_LOSS_MODES", "REWARD_NORM_GROUPINGS", "REWARD_NORM_METHODS",
-    "ROLLOUT_FILTER_STRATEGIES",
+    "ROLLOUT_FILTER_STRATEGIES", "ROLLOUT_IS_LEVELS", "compute_rollout_is_weights",
     "AdaptiveKLController", "FixedKLController", "agg_loss", "as_group_index", "apply_kl_penalty",
     "compute_advantage", "compute_bi_level_gae_advantage_return", "compute_entropy_loss",
     "compute_gae_advantage_return", "compute_gigpo_outcome_advantage", "compute_grpo_multiturn_advantage",

@@ -68,6 +68,8 @@ def compute_policy_loss(
     cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ):
     """PPO clipped surrogate with decoupled ranges and dual-clip ("vanilla" mode).
 
@@ -80,6 +82,10 @@ def compute_policy_loss(
         L  = min(max(L1, L2), -A * clip_ratio_c) if A < 0   (dual-clip bounds the loss)
         pg_loss = agg_loss(L, mask, loss_agg_mode)
     eps_low / eps_high default to ``cliprange``.
+    With ``rollout_is_weights`` (truncated IS between the rollout engine and the trainer,
+    ``core_algos.rollout_correction``) each token's L is multiplied by its constant weight
+    before aggregation, as in verl and TRL. ``loss_scale_factor``: see :func:`agg_loss`
+    (the full sequence length when a micro-batch's padding columns were trimmed).
 
     Args: [B, T] tensors; clip_ratio_c > 1.
     Returns:
@@ -107,7 +113,9 @@ def compute_policy_loss(
     pg_clipfrac_lower = masked_mean((torch.gt(clipped, pg_losses3) & negative).float(), response_mask)
 
     pg_losses = torch.where(negative, dual_clipped, clipped)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
@@ -121,6 +129,8 @@ def compute_policy_loss_gspo(
     cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "seq-mean-token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ):
     """GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -131,7 +141,8 @@ def compute_policy_loss_gspo(
     log s_it is clamped to <= 10. The paper's clip ranges are tiny (3e-4 / 4e-4)
     and its aggregation is "seq-mean-token-mean" (the default here); a different
     ``loss_agg_mode`` passed in is honoured. ``clip_ratio_c`` is unused (no
-    dual-clip); it is accepted so both modes share one signature.
+    dual-clip); it is accepted so both modes share one signature, as are
+    ``rollout_is_weights`` and ``loss_scale_factor`` (same meaning as in :func:`compute_policy_loss`).
     Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower=0).
     """
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
@@ -144,7 +155,9 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * seq_ratio
     pg_losses2 = -advantages * torch.clamp(seq_ratio, 1.0 - low, 1.0 + high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor)
     pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
     ppo_kl = masked_mean(-log_ratio, response_mask)
     return pg_loss, pg_clipfrac, ppo_kl, torch.zeros_like(pg_loss)
@@ -168,6 +181,7 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ):
     """Clipped value loss (PPO2 style, as in verl / OpenAI baselines).
 
@@ -175,6 +189,7 @@ def compute_value_loss(
         L_t    = max((vpreds - R)^2, (v_clip - R)^2)
         vf_loss = 0.5 * agg_loss(L, mask, loss_agg_mode)
     values: the old (rollout-time) critic values; returns R from the estimator.
+    ``loss_scale_factor``: see :func:`agg_loss`.
     Returns (vf_loss, vf_clipfrac): clipfrac = fraction of masked tokens where the
     clipped term is the larger one.
     """
@@ -182,7 +197,7 @@ def compute_value_loss(
     vpred_clipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
     vf_losses1 = (vpreds - returns) ** 2
     vf_losses2 = (vpred_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(vf_losses1, vf_losses2), response_mask, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(torch.maximum(vf_losses1, vf_losses2), response_mask, loss_agg_mode, loss_scale_factor)
     vf_clipfrac = masked_mean(torch.gt(vf_losses2, vf_losses1).float(), response_mask)
     return vf_loss, vf_clipfrac
 

@@ -1,6 +1,7 @@
 """Trajectory reward computers for multi-turn GRPO (seed 004), and the coding sandbox.
 
-Not wired into the trainer yet: see docs/multiturn_grpo.md.
+Enabled by ``reward_computation.enable`` (the condensed context manager scores each finished
+trajectory at the end of the rollout): see docs/multiturn_grpo.md.
 """
 
 from agent_trainer.trajectory_rewards.base import (

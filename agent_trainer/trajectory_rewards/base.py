@@ -137,8 +137,17 @@ class FormatValidationConfig:
 
 @dataclass
 class RewardComputationConfig:
-    """``reward_computation``: how a finished trajectory becomes one reward."""
+    """``reward_computation``: how a finished trajectory becomes one reward, and how it meets the env rewards."""
 
+    enable: bool = False
+    """Score every finished trajectory with the computer below (needs ctx_manager.mode=condensed and the
+    question environment, data.train_files). The reward sits on the last generated token of the trajectory's
+    last turn: R_total = env_reward_weight x (sum of the env's turn rewards) + trajectory_reward_weight x R."""
+    env_reward_weight: float = 1.0
+    """Weight of the environment's per-turn rewards (format penalty included) when enable; 0 = the trajectory
+    reward alone (seed 004's R)."""
+    trajectory_reward_weight: float = 1.0
+    """Weight of the computer's trajectory reward R when enable."""
     type: str = "grpo"
     """Registered reward computer name, or "package.module:ClassName"."""
     domain: str = "general"
@@ -166,6 +175,10 @@ class RewardComputationConfig:
                              "set it to one of them")
         if not isinstance(self.efficiency_scale, (int, float)) or self.efficiency_scale <= 0:
             raise ValueError(f"reward_computation.efficiency_scale = {self.efficiency_scale!r} must be > 0")
+        for name in ("env_reward_weight", "trajectory_reward_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"reward_computation.{name} = {value!r} must be a finite number >= 0")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
             raise ValueError(f"reward_computation.num_workers = {self.num_workers!r} must be an int >= 1")
         REWARD_COMPUTERS.get(self.type)  # an unknown type fails here, before any worker starts

@@ -56,7 +56,7 @@ _TAIL_GRACE_S = 0.5
 """After the launcher exits, how long to wait for the pipes to close before killing the group."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class SandboxLimits:
     """Resource limits of one sandboxed run."""
 

@@ -61,12 +61,46 @@ def test_a_refused_key_is_one_line_naming_what_to_set(override, names, tiny_mode
     assert names in line, line
 
 
-def test_a_config_file_with_seed_sections_names_the_key_to_write():
-    with pytest.raises(ValueError, match=r"train_cfgs.bi_level_gae is align-anything's name; in a config file "
-                                         r"write algorithm.bi_level_gae=true"):
-        load_config({"train_cfgs": {"bi_level_gae": True}})
-    with pytest.raises(ValueError, match="set trainer.total_training_steps"):
-        load_config({"train_cfgs": {"epochs": 2}})
+def test_a_config_file_with_seed_sections_is_rewritten_with_the_same_notices(caplog):
+    with caplog.at_level(logging.WARNING, logger="agent_trainer.config"):
+        cfg = load_config({"train_cfgs": {"bi_level_gae": True, "gae_lambda": 0.9},
+                           "model_cfgs": {"use_reward_critic": True}})
+    assert cfg.algorithm.bi_level_gae is True and cfg.algorithm.lam == 0.9 and cfg.critic.enable is True
+    assert cfg.train_cfgs == {} and cfg.model_cfgs == {}  # consumed, never silently kept
+    assert [r.getMessage() for r in caplog.records] == [
+        "train_cfgs.bi_level_gae is align-anything's name; using algorithm.bi_level_gae=true",
+        "train_cfgs.gae_lambda is align-anything's name; using algorithm.lam=0.9",
+        "model_cfgs.use_reward_critic is align-anything's name; using critic.enable=true"]
+
+
+@pytest.mark.parametrize("section, words", [
+    ({"train_cfgs": {"epochs": 2}}, "train_cfgs.epochs is align-anything's key and is refused here: counts passes"),
+    ({"train_cfgs": {"foo_typo": 1}}, "train_cfgs.foo_typo is an align-anything key with no meaning here"),
+    ({"env_cfgs": {"env_name": "x"}}, "es_manager.train.env_configs.tags"),
+    ({"model_cfgs": 3}, "model_cfgs = 3 must be a section of keys"),
+    ({"enable_response_mask": True}, "enable_response_mask is RAGEN's name; in a config file write nothing"),
+])
+def test_a_refused_key_in_a_config_file_is_one_line(section, words):
+    with pytest.raises(ValueError) as err:
+        load_config(section)
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_the_shipped_seed_style_config_composes_and_the_command_line_wins(tiny_model_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "algorithm.high_level_gamma=0.9"],
+                                     config_name="seed_style_frozenlake")
+    assert cfg.algorithm.estimator() == "bi_level_gae" and cfg.critic_enabled and not cfg.reward_model.enable
+    assert cfg.agent_proxy.max_turn == 4 and cfg.algorithm.high_level_gamma == 0.9
+    notices = [r.getMessage() for r in caplog.records if "align-anything's name" in r.getMessage()]
+    assert len(notices) == 8 and "using algorithm.bi_level_gae=true" in notices[1]
+    assert notices[2] == ("train_cfgs.high_level_gamma is align-anything's name; using algorithm.high_level_gamma="
+                          "0.95 (the command line's algorithm.high_level_gamma wins)")
+    with pytest.raises(SystemExit) as exit_info:
+        compose_and_prepare([f"model_path={tiny_model_path}", "+train_cfgs.foo_typo=1"],
+                            config_name="seed_style_frozenlake")
+    assert exit_info.value.code == ("agent-trainer: train_cfgs.foo_typo is an align-anything key with no meaning "
+                                    "here; docs/compatibility.md lists the ones that map onto this project's keys")
 
 
 def test_every_mapping_lands_on_a_schema_key():

@@ -5,6 +5,7 @@ import torch
 
 from agent_trainer import core_algos
 from agent_trainer.condensed_ctx import NO_ANSWER, CondensedContextManager
+from agent_trainer.condensers import ContextCondenserConfig
 from agent_trainer.ctx_manager import ContextManager, anchor_id
 
 
@@ -101,11 +102,26 @@ def test_rows_stay_short_while_a_full_sequence_grows(tokenizer, play_mixed):
 def test_an_episode_ends_when_the_next_prompt_would_not_fit(tokenizer, play_mixed):
     ctx_mgr = CondensedContextManager(tokenizer, max_model_len=4096)
     first_prompt = len(play_mixed(ctx_mgr, max_turn=1).prompts[1][0])
-    tight = CondensedContextManager(tokenizer, max_model_len=first_prompt + 40)  # turn 2's prompt has a summary
+    # a budget larger than the model leaves room for: turn 2's recap is kept whole and overflows
+    roomy = ContextCondenserConfig(keep_last_n_steps=2, max_condensed_tokens=4096)
+    tight = CondensedContextManager(tokenizer, condenser=roomy, max_model_len=first_prompt + 40)
     played = play_mixed(tight)
     ep = played.episodes[1]
     assert ep.done and ep.truncated and ep.num_turns == 1
     assert all(len(p) + 32 <= first_prompt + 40 for p in played.prompts[1])
+
+
+def test_a_budget_that_leaves_room_for_the_reply_drops_old_turns_instead_of_ending(tokenizer, play_mixed):
+    first_prompt = len(play_mixed(CondensedContextManager(tokenizer, max_model_len=4096), max_turn=1).prompts[1][0])
+    budget = ContextCondenserConfig(keep_last_n_steps=2, max_condensed_tokens=first_prompt + 8)
+    ctx_mgr = CondensedContextManager(tokenizer, condenser=budget, max_model_len=first_prompt + 40)
+    played = play_mixed(ctx_mgr)
+    ep = played.episodes[1]
+    assert not ep.context_overflow and ep.num_turns == 4
+    assert all(len(p) <= first_prompt + 8 for p in played.prompts[1])
+    # what the full conversation would hold grows every turn, while the condensed prompt stays flat
+    before = [r.uncondensed_tokens for r in ep.rows]
+    assert before == sorted(before) and len(set(before)) == 4 and before[-1] > len(ep.rows[-1].prompt_ids)
 
 
 def test_each_row_carries_the_anchor_of_the_observation_its_turn_answered(tokenizer, play_mixed, mixed_manager):

@@ -254,5 +254,5 @@ def test_registry_finds_names_and_import_paths_and_names_the_key_on_errors(token
         ContextCondenserConfig(type="summary", max_condensed_tokens=64, summary_max_tokens=64)
     with pytest.raises(ValueError, match="step_view"):
         ContextCondenserConfig(step_view="all")
-    with pytest.raises(ValueError, match="'summary' needs generate"):
-        SummaryCondenser(tokenizer, ContextCondenserConfig(type="summary"))
+    with pytest.raises(RuntimeError, match="summary of turns 1-3 that was never generated"):
+        SummaryCondenser(tokenizer, ContextCondenserConfig(type="summary")).condense(hand_made(tokenizer, 5))

@@ -17,7 +17,7 @@ def test_gigpo_options_reach_the_estimator():
                 "algorithm.gigpo.mode=mean_std_norm", "algorithm.gigpo.epsilon=1e-4")
     assert cfg.algorithm.estimator_options() == {"step_advantage_w": 0.5, "mode": "mean_std_norm", "epsilon": 1e-4}
     assert not cfg.critic_enabled
-    assert _load("algorithm.adv_estimator=grpo").algorithm.estimator_options() == {}
+    assert _load("algorithm.adv_estimator=grpo").algorithm.estimator_options() == {"epsilon": 1e-6}  # advantage_epsilon
 
 
 def test_the_shipped_gigpo_and_remax_configs_load():

@@ -41,7 +41,7 @@ def _replay(tag: str, seed: int, actions: list[str]) -> bool:
     return bool(info.get("success", False))
 
 
-@pytest.mark.parametrize("tag", ["FrozenLake3x3", "FrozenLake"])
+@pytest.mark.parametrize("tag", ["FrozenLake3x3", "FrozenLake", "FrozenLakeDescribed"])
 def test_frozenlake_demonstrations_replay_to_success(ctx_mgr, tag):
     demos = _play(ctx_mgr, tag, range(40))
     assert all(d.success and all(d.expert) for d in demos)
@@ -173,3 +173,4 @@ def test_a_custom_system_prompt_keeps_the_reply_mask(ctx_mgr, tokenizer):
     text = tokenizer.decode([t for t, m in zip(ids, mask) if m])
     assert text == reply_text("Down") + "<|im_end|>" + reply_text("Right") + "<|im_end|>"
     assert tokenizer.decode(ids).startswith("<|im_start|>system\nBe brief.<|im_end|>")
+

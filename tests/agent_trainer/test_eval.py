@@ -13,11 +13,12 @@ def test_arguments_and_the_sampled_config(tiny_model_path):
     assert parse_argv(["--config-name=sokoban", "a=1", "b=2"]) == ("sokoban", ["a=1", "b=2"])
     cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "eval.k=3",
                                   "actor_rollout_ref.rollout.temperature=0.7"])
+    before = (cfg.es_manager.val.group_size, cfg.actor_rollout_ref.rollout.val_kwargs.temperature)
     sampled = sampled_config(cfg)
     assert sampled.es_manager.val.group_size == 3 and sampled.actor_rollout_ref.rollout.val_kwargs.temperature == 0.7
     greedy = greedy_config(cfg)
     assert greedy.es_manager.val.group_size == 1 and greedy.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0
-    assert cfg.es_manager.val.group_size == 1 and cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 1.0
+    assert (cfg.es_manager.val.group_size, cfg.actor_rollout_ref.rollout.val_kwargs.temperature) == before  # a copy
     assert cfg.eval.output_dir == f"{cfg.trainer.default_local_dir}/eval"
 
 

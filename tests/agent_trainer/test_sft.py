@@ -21,7 +21,7 @@ def _compose(model, *overrides):
 
 def test_the_frozenlake_config_plays_demonstrations_in_the_rl_format(tiny_model_path):
     run = _compose(tiny_model_path)
-    assert run.rl.es_manager.train.tags == ["FrozenLake3x3"] and run.rl.agent_proxy.max_turn == 6
+    assert run.rl.es_manager.train.tags == ["FrozenLakeDescribed"] and run.rl.agent_proxy.max_turn == 6
     assert run.rl.actor_rollout_ref.rollout.val_kwargs.temperature == 0.0  # greedy held-out episodes
     assert run.rl.actor_rollout_ref.model.path == tiny_model_path
     assert (len(run.data.train), len(run.data.val)) == (18, 2)
@@ -43,7 +43,7 @@ def test_the_frozenlake_config_plays_demonstrations_in_the_rl_format(tiny_model_
     ('rl_overrides=["model_path=x"]', "rl_overrides sets model_path, which the SFT run sets itself"),
     ('rl_overrides=["ctx_manager.mode=condensed","algorithm.adv_estimator=grpo_multiturn"]',
      "ctx_manager.mode = 'condensed' in rl_config 'frozenlake'"),
-    ("data.seed=1073741820", "reaches the RL validation seeds [1073741824, 1073741856)"),
+    ("data.seed=1073741820", "reaches the RL validation seeds [1073741824, 1073741952)"),
     ("data.tags=[Countdown]", "data.noise = 0.3 needs a list of valid actions"),
     ('rl_overrides=["es_manager.train.env_configs.tags=[Bandit]"]', None),
 ])
@@ -63,12 +63,13 @@ def test_jsonl_data_and_a_too_long_conversation(tiny_model_path, tmp_path):
     conv = {"messages": [{"role": "user", "content": "Go?"}, {"role": "assistant", "content": reply_text("Down")}]}
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(json.dumps(conv) for _ in range(10)) + "\n")
-    run = _compose(tiny_model_path, "data.source=jsonl", f"data.train_files=[{train}]", "data.val_fraction=0.3")
+    run = _compose(tiny_model_path, "data.source=jsonl", "data.noise=0", f"data.train_files=[{train}]",
+                   "data.val_fraction=0.3")
     assert (len(run.data.train), len(run.data.val)) == (7, 3) and not run.data.demos
     long = {"messages": [{"role": "user", "content": "word " * 3000}, conv["messages"][1]]}
     train.write_text(json.dumps(conv) + "\n" + json.dumps(long) + "\n")
     with pytest.raises(SystemExit, match=r"train.jsonl: conversation 2 has \d+ tokens, more than"):
-        _compose(tiny_model_path, "data.source=jsonl", f"data.train_files=[{train}]")
+        _compose(tiny_model_path, "data.source=jsonl", "data.noise=0", f"data.train_files=[{train}]")
 
 
 def test_held_out_split_is_disjoint_seeded_and_never_empty():

@@ -49,8 +49,8 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
     assert ("critic/vf_loss" in record) == expect_critic
     assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
     assert ("actor/reward_kl_penalty" in record) == (config_name == "frozenlake_grpo")
-    tags = [t for t in ("FrozenLake3x3", "GuessNumber") if f"env/{t}/num_actions" in record]
-    assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLake3x3"])
+    tags = [t for t in ("FrozenLakeDescribed", "GuessNumber") if f"env/{t}/num_actions" in record]
+    assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLakeDescribed"])
     if config_name == "frozenlake_grpo_multiturn":
         assert record["rollout/filter_kept_ratio"] == 0.5
         rows, padding = record["perf/num_rows"], record["perf/update_actor_padding_rows"]

@@ -266,7 +266,7 @@ def test_evaluating_the_checkpoint_starts_no_trainer_worker(run, tiny_model_path
     report = json.loads((out / "eval_report.json").read_text())
     assert report["model_path"].endswith(f"global_step_{STEPS}/actor") and report["seeds"] == 2
     assert report["greedy"]["episodes"] == 2 and report["sampled"]["episodes"] == 4 and report["sampled"]["k"] == 2
-    tag = report["sampled"]["per_tag"]["FrozenLake3x3"]
+    tag = report["sampled"]["per_tag"]["FrozenLakeDescribed"]  # config/frozenlake.yaml's val tag
     assert 0 <= tag["success_rate"] <= tag["pass@2"] <= 1 and -5 < tag["episode_reward_mean"] < 5
     assert sorted(p.name for p in (out / "trajectories").glob("*.jsonl")) == ["val_greedy_step_0.jsonl",
                                                                              "val_sampled_step_0.jsonl"]

@@ -3,13 +3,16 @@
 - single-turn GRPO over the shipped arithmetic JSONL, scored by a custom reward function;
   the function records every call, and the logged episode rewards are exactly its scores;
 - single-turn PPO over prompts without ground truth, scored by the tiny reward model alone;
-- FrozenLake with environment rewards plus the reward model's score of the whole conversation.
+- FrozenLake with environment rewards plus the reward model's score of the whole conversation,
+  validated after the last step: the validation episodes are scored by the reward model too;
+- FrozenLake from a config file written with align-anything's keys (config/seed_style_frozenlake.yaml).
 The reward-model runs dump every scored text: each score equals a direct forward pass of the
 reward model on that text, and the logged rewards add up to env reward + weight x score.
 """
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +25,15 @@ TINY = ["trainer.test_freq=0", "ppo_mini_batch_size=8", "es_manager.train.env_gr
 ONE_ACTOR_RANK = ["actor_rollout_ref.actor.fsdp.world_size=1"]  # the reward-model runs add two FSDP groups
 
 
-def run_cli(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str]) -> list[dict]:
-    """One CLI run; returns its metrics records."""
+def run_cli(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str], tiny: list[str] = TINY,
+            console: list[str] | None = None) -> list[dict]:
+    """One CLI run; returns its metrics records (and appends its stdout and stderr lines to ``console``)."""
     cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", config_name, f"model_path={tiny_model_path}",
-           f"trainer.default_local_dir={run_dir}", *TINY, *extra]
+           f"trainer.default_local_dir={run_dir}", *tiny, *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if console is not None:  # hydra's log handler writes to stdout, the one-line refusals to stderr
+        console.extend(proc.stdout.splitlines() + proc.stderr.splitlines())
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -83,18 +89,24 @@ def tiny_rm_path(tiny_model_path, tmp_path_factory) -> str:
     return str(build_reward_model(tiny_model_path, tmp_path_factory.mktemp("rm") / "tiny-qwen2-rm"))
 
 
-def check_reward_model_rewards(run_dir: Path, records: list[dict], rm_path: str, weight: float) -> list[dict]:
-    """Dumped scores = a direct HF forward pass; logged rewards = env reward + weight x score, per step."""
+def dumped_scores(path: Path, rm_path: str) -> list[dict]:
+    """The scores a run dumped, each checked against a direct HF forward pass of the reward model on its text."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    dumped = [json.loads(line) for line in (run_dir / "reward_model_scores.jsonl").read_text().splitlines()]
+    dumped = [json.loads(line) for line in path.read_text().splitlines()]
     model = AutoModelForSequenceClassification.from_pretrained(rm_path).eval()
     tokenizer = AutoTokenizer.from_pretrained(rm_path)
     with torch.no_grad():
         for d in dumped:
             direct = model(**tokenizer(d["text"], return_tensors="pt")).logits[0, 0].item()
             assert d["score"] == pytest.approx(direct, abs=1e-4), d["text"]
+    return dumped
+
+
+def check_reward_model_rewards(run_dir: Path, records: list[dict], rm_path: str, weight: float) -> list[dict]:
+    """Dumped scores = a direct HF forward pass; logged rewards = env reward + weight x score, per step."""
+    dumped = dumped_scores(run_dir / "reward_model_scores.jsonl", rm_path)
     for r in records:
         scores = [d["score"] for d in dumped if d["step"] == r["step"]]
         assert len(scores) == 8  # 2 groups x 4 episodes, one score each
@@ -121,11 +133,55 @@ def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_pat
 
 @pytest.mark.e2e
 def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_path, tmp_path):
-    """2 steps of FrozenLake PPO; each episode's reward is its env rewards + 0.5 x the RM's conversation score."""
+    """2 steps of FrozenLake PPO; each episode's reward is its env rewards + 0.5 x the RM's conversation score.
+
+    Validated after step 2 on 2 episodes: the validation episodes get the reward model's scores too.
+    """
     run_dir = tmp_path / "run"
+    validate = [o for o in TINY if not o.startswith("trainer.test_freq=")] + [
+        "trainer.test_freq=2", "trainer.val_before_train=false", "es_manager.val.env_groups=2",
+        "es_manager.val.env_configs.n_groups=[2]"]
     records = run_cli("frozenlake_rm", run_dir, tiny_model_path, [
         "trainer.total_training_steps=2", *ONE_ACTOR_RANK, f"reward_model.model.path={tiny_rm_path}",
-        "reward_model.dump_scores=true", "agent_proxy.max_turn=2"])
-    assert [r["step"] for r in records] == [1, 2] and all("env/FrozenLake3x3/num_actions" in r for r in records)
+        "reward_model.dump_scores=true", "agent_proxy.max_turn=2"], tiny=validate)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(any(re.fullmatch(r"env/FrozenLake\w*/num_actions", k) for k in r) for r in records)  # the config's tag
     dumped = check_reward_model_rewards(run_dir, records, tiny_rm_path, weight=0.5)
     assert all(d["text"].count("<|im_start|>user") >= 1 for d in dumped)  # input=conversation: the whole episode
+    val = dumped_scores(run_dir / "reward_model_scores_val.jsonl", tiny_rm_path)
+    assert [d["step"] for d in val] == [2, 2]  # the 2 validation episodes, scored once, after the last step
+    assert records[1]["val/reward_model/score_mean"] == pytest.approx(sum(d["score"] for d in val) / 2, abs=1e-5)
+    assert records[1]["val/reward_model/episode_reward_mean"] == pytest.approx(
+        records[1]["val/episode_reward_mean"] + 0.5 * sum(d["score"] for d in val) / 2, abs=1e-5)
+    assert "val/reward_model/score_mean" not in records[0]
+
+
+@pytest.mark.e2e
+def test_a_config_file_with_align_anything_keys_trains(tiny_model_path, tmp_path):
+    """config/seed_style_frozenlake.yaml (train_cfgs / model_cfgs sections) composes, logs one notice per key,
+    and trains 2 steps with the mapped values: bi-level GAE with a critic, 4 turns; the command line wins."""
+    import yaml
+
+    run_dir, console = tmp_path / "run", []
+    records = run_cli("seed_style_frozenlake", run_dir, tiny_model_path, [
+        "trainer.total_training_steps=2", "algorithm.high_level_gamma=0.9"], console=console)
+    notices = [line[line.index(m.group(1)):] for line in console
+               if (m := re.search(r"\b((?:train|model)_cfgs\.\w+ is align-anything's name)", line))]
+    assert notices == [
+        "train_cfgs.multi_turn is align-anything's name; train_cfgs.multi_turn=true needs nothing set here (true: "
+        "nothing to set (every run is multi-turn; agent_proxy.max_turn sets the turns); false: agent_proxy.max_turn=1)",
+        "train_cfgs.bi_level_gae is align-anything's name; using algorithm.bi_level_gae=true",
+        "train_cfgs.high_level_gamma is align-anything's name; using algorithm.high_level_gamma=0.95 (the command "
+        "line's algorithm.high_level_gamma wins)",
+        "train_cfgs.gamma is align-anything's name; using algorithm.gamma=1.0",
+        "train_cfgs.gae_lambda is align-anything's name; using algorithm.lam=1.0",
+        "train_cfgs.max_turn is align-anything's name; using agent_proxy.max_turn=4",
+        "model_cfgs.use_reward_model is align-anything's name; using reward_model.enable=false",
+        "model_cfgs.use_reward_critic is align-anything's name; using critic.enable=true",
+    ], console[:20]
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["algorithm"]["bi_level_gae"] is True and saved["algorithm"]["high_level_gamma"] == 0.9
+    assert saved["agent_proxy"]["max_turn"] == 4 and saved["critic"]["enable"] is True
+    assert saved["train_cfgs"] == {} and saved["model_cfgs"] == {}
+    assert [r["step"] for r in records] == [1, 2]
+    assert all("critic/vf_loss" in r and r["rollout/num_turns_mean"] <= 4 for r in records)

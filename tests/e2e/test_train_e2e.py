@@ -23,6 +23,7 @@ def _config(model_path: str, run_dir: Path, *overrides: str):
             f"trainer.default_local_dir={run_dir}",
             "trainer.total_training_steps=2",
             "trainer.test_freq=2",
+            "trainer.val_before_train=false",
             "trainer.progress_bar=false",
             "es_manager.train.env_groups=2",
             "es_manager.train.group_size=4",

@@ -109,3 +109,43 @@ def test_gymnasium_wrapper_on_cliffwalking(garbage_actions, fuzz):
     fuzz(env, garbage_actions[:2000])
     with pytest.raises(ValueError, match="discrete actions"):
         envs.make_env("gymnasium", action_names=["A", "B"]).reset(seed=0)
+
+
+def test_describe_surroundings_names_each_neighbour_and_the_goal():
+    from envs.frozen_lake import describe_surroundings
+
+    desc = ["SFH", "FHF", "FFG"]
+    both = "The goal is down and right."
+    assert describe_surroundings(desc, 0, 0) == f"Left: wall, Down: ice, Right: ice, Up: wall. {both}"
+    assert describe_surroundings(desc, 0, 1) == f"Left: ice, Down: hole, Right: hole, Up: wall. {both}"
+    assert describe_surroundings(desc, 1, 2) == "Left: hole, Down: goal, Right: wall, Up: hole. The goal is down."
+    assert describe_surroundings(desc, 2, 1) == "Left: ice, Down: wall, Right: goal, Up: hole. The goal is right."
+
+
+def test_describe_surroundings_option_adds_a_line_under_the_grid_until_the_episode_ends():
+    plain = FrozenLakeEnv(FrozenLakeConfig(size=4))
+    described = FrozenLakeEnv(FrozenLakeConfig(size=4, describe_surroundings=True))
+    for seed in range(10):
+        grid, obs = plain.reset(seed=seed), described.reset(seed=seed)
+        assert obs.startswith(grid + "\n") and obs.count("\n") == grid.count("\n") + 1
+        assert obs.splitlines()[-1].startswith("Left: wall, Down: ")
+        done = False
+        while not done:  # the expert walks to the goal: every observation on the way has the line
+            obs, _, done, info = described.step(described.expert_action())
+            assert ("Left: " in obs) == (not done)
+        assert info["success"]
+    # a hole ends the episode: no line under the grid either
+    seed = next(s for s in range(200) if generate_map(4, 0.8, s)[0][1] == "H")
+    described.reset(seed=seed)
+    obs, _, done, info = described.step("Right")
+    assert done and not info["success"] and "X" in obs and "Left: " not in obs
+
+
+def test_describe_surroundings_is_off_by_default_and_validated_by_the_tag():
+    assert FrozenLakeConfig().describe_surroundings is False
+    with pytest.raises(ValueError, match="describe_surroundings must be true or false, got 'yes'"):
+        FrozenLakeConfig(describe_surroundings="yes")
+    tags = envs.load_env_tags()
+    env = envs.make_env("FrozenLakeDescribed", tags)
+    assert env.config.describe_surroundings and env.config.size == 4 and not env.config.is_slippery
+    assert "Left: wall" in env.reset(seed=1)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP_DIRS = {".git", ".venv", "models", "outputs", "runs", "node_modules", "__pycache__", ".hypothesis"}
+SKIP_DIRS = {".git", "models", "outputs", "runs", "node_modules", "__pycache__", ".hypothesis"}
+"""Not the project's scripts; nor is any virtualenv (.venv, bench/.venv-trl) or bench/results."""
 SHELL_SHEBANG = re.compile(rb"^#!\s*(?:\S*/)?(?:env\s+)?(?:ba|da|k)?sh\b")
 # The submit script as it was: the apostrophe in "cluster's" opens a quote that never closes.
 BROKEN = '#!/usr/bin/env bash\n: "${RAY_ADDRESS:?set RAY_ADDRESS to the cluster\'s dashboard address}"\necho ok\n'
@@ -25,7 +26,8 @@ def shell_scripts() -> list[Path]:
     """Files ending in .sh, and files whose first line is a sh/bash/dash/ksh shebang."""
     found = []
     for dirpath, dirnames, filenames in os.walk(REPO):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv")
+                       and Path(dirpath, d) != REPO / "bench" / "results"]
         for name in filenames:
             path = Path(dirpath, name)
             if path.suffix == ".sh" or _has_shell_shebang(path):

@@ -110,3 +110,184 @@ def test_checkpoint_round_trip_continues_bit_exactly(tiny_model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(str(tmp_path / "actor"))
+
+
+# -- trainer-side optimisations: on-policy skip of old log-probs, dynamic batch size ---------------------------
+
+def _ragged_batch(lengths: list[int], T: int = 16, seed: int = 0) -> TensorBatch:
+    """Right-padded rows of the given lengths: prompt 4 tokens (mask 0), the rest generated (mask 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    B = len(lengths)
+    attention = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        attention[b, :n] = 1
+    response = attention.clone()
+    response[:, :4] = 0
+    return TensorBatch({"input_ids": torch.randint(3, 200, (B, T), generator=gen) * attention,
+                        "attention_mask": attention, "position_ids": torch.arange(T).expand(B, T).clone(),
+                        "response_mask": response, "advantages": torch.randn(B, T, generator=gen) * response,
+                        "rollout_log_probs": -torch.rand(B, T, generator=gen) * response})
+
+
+def _actor(path: str, **overrides) -> ActorWorker:
+    cfg = ActorConfig(**{"ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": 2, "optim": OptimConfig(lr=1e-3),
+                         "fsdp": FSDPConfig(world_size=1), "grad_clip": 1e9, **overrides})
+    torch.manual_seed(0)
+    worker = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=path), actor=cfg, device="cpu")
+    worker.init_model()
+    return worker
+
+
+def test_on_policy_update_without_old_log_probs_is_the_recomputed_update(tiny_model_path):
+    """Skipping the old-log-prob forward (one epoch, one mini-batch) gives the very same first update: ratio 1."""
+    lengths = [16, 9, 12, 5, 16, 7]
+    results = {}
+    for name in ("recomputed", "skipped"):
+        worker = _actor(tiny_model_path)
+        batch = _ragged_batch(lengths)
+        if name == "recomputed":
+            batch.update(worker.compute_log_prob(batch))
+        results[name] = (worker.update_actor(batch), {k: v.detach().clone() for k, v in worker.model.state_dict().items()})
+    (rec_metrics, rec_params), (skip_metrics, skip_params) = results["recomputed"], results["skipped"]
+    assert skip_metrics["actor/ppo_kl"] == 0.0 and skip_metrics["actor/pg_clipfrac"] == 0.0  # ratio exactly 1
+    assert rec_metrics["actor/ppo_kl"] == 0.0  # the recomputed old log-probs equal the training forward's bit for bit
+    assert skip_metrics["actor/pg_loss"] == rec_metrics["actor/pg_loss"]
+    assert skip_metrics["actor/grad_norm"] == rec_metrics["actor/grad_norm"]
+    for key, value in rec_params.items():
+        assert torch.equal(value, skip_params[key]), key
+    assert "actor/rollout_vs_actor_logprob_diff" in skip_metrics  # reported by the actor when the driver cannot
+
+
+def test_update_without_old_log_probs_refuses_an_off_policy_update(tiny_model_path):
+    worker = _actor(tiny_model_path, ppo_mini_batch_size=2)  # 6 rows = 3 optimizer steps: not on-policy
+    with pytest.raises(RuntimeError, match="on-policy"):
+        worker.update_actor(_ragged_batch([16, 9, 12, 5, 16, 7]))
+
+
+@pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
+def test_dynamic_batch_size_gives_the_fixed_micro_batch_update(tiny_model_path, mode):
+    """Micro-batches by token budget (rows packed by length, padding columns cut) accumulate the same gradient."""
+    lengths = [16, 9, 12, 5, 16, 7]
+    out = {}
+    for name, dynamic in (("fixed", {}), ("dynamic", {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 36})):
+        worker = _actor(tiny_model_path, loss_agg_mode=mode, **dynamic)
+        batch = _ragged_batch(lengths)
+        batch.update(worker.compute_log_prob(batch))
+        plan = worker.plan_micro_batches(batch, worker.batching)
+        grads = _record_grads(worker)
+        out[name] = (plan, worker.update_actor(batch)["actor/grad_norm"], grads)
+    fixed_plan, dynamic_plan = out["fixed"][0], out["dynamic"][0]
+    assert [r.tolist() for r, _ in fixed_plan] == [[0, 1], [2, 3], [4, 5]]
+    # 36 tokens: the two 16-token rows (2 x 16), then 12 + 9 + 7 (3 x 12), then the 5 alone (cut to 5 columns)
+    assert [r.tolist() for r, _ in dynamic_plan] == [[0, 4], [1, 2, 5], [3]]
+    assert [m["input_ids"].shape[1] for _, m in dynamic_plan] == [16, 12, 5]
+    assert out["dynamic"][1] == pytest.approx(out["fixed"][1], rel=1e-5)
+    for key, value in out["fixed"][2].items():  # float32 sums in another order: within 1e-5 of the tensor's scale
+        assert (value - out["dynamic"][2][key]).abs().max() <= 1e-5 * value.abs().max(), key
+
+
+def _record_grads(worker) -> dict[str, torch.Tensor]:
+    """Filled with each parameter's accumulated gradient just before the worker's optimizer step."""
+    grads, step = {}, worker.optimizer_step
+
+    def recording_step(grad_clip: float) -> float:
+        grads.update({k: p.grad.detach().clone() for k, p in worker.model.named_parameters() if p.grad is not None})
+        return step(grad_clip)
+
+    worker.optimizer_step = recording_step
+    return grads
+
+
+def test_log_probs_are_the_same_under_every_micro_batching(tiny_model_path):
+    lengths = [16, 9, 12, 5, 16, 7]
+    batch = _ragged_batch(lengths)
+    one_row = _actor(tiny_model_path, ppo_micro_batch_size_per_gpu=1).compute_log_prob(batch)["old_log_probs"]
+    dynamic = _actor(tiny_model_path, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20).compute_log_prob(batch)
+    attended = batch["attention_mask"].bool()  # padding positions hold whatever their micro-batch computed there
+    assert torch.allclose(one_row[attended], dynamic["old_log_probs"][attended], atol=1e-5)
+    assert (one_row * ~attended).abs().sum() == 0  # one row per micro-batch: every padding column was cut, comes back 0
+
+
+def test_token_budget_groups_and_split_to_count():
+    from workers.fsdp_base import split_to_count, token_budget_groups
+
+    lengths = [10, 3, 8, 3, 20]
+    groups = token_budget_groups(lengths, 20)
+    assert groups == [[4], [0, 2], [1, 3]]  # 20 alone; 10 + 8 -> 2 x 10 = 20; 3 + 3
+    assert all(len(g) * max(lengths[i] for i in g) <= 20 for g in groups)
+    assert token_budget_groups([30, 2], 20) == [[0], [1]]  # a row over the budget gets its own micro-batch
+    split = split_to_count(groups, lengths, 4)
+    assert len(split) == 4 and sorted(i for g in split for i in g) == [0, 1, 2, 3, 4] and all(split)
+    with pytest.raises(ValueError, match="non-empty"):
+        split_to_count([[0], [1]], [1, 1], 3)
+
+
+def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
+    """One rank of a 2-rank FSDP2 (gloo) actor with a token budget: log-probs and one on-policy update."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        worker = ActorWorker(rank=rank, world_size=2, model=ModelConfig(path=path), device="cpu",
+                             actor=ActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
+                                               optim=OptimConfig(lr=1e-3), fsdp=FSDPConfig(world_size=2),
+                                               use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20))
+        worker.init_model()
+        batch = _two_rank_rows(rank)
+        counts = len(worker.plan_micro_batches(batch, worker.batching))
+        log_probs = worker.compute_log_prob(batch)["old_log_probs"]
+        metrics = worker.update_actor(batch)
+        results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_rank_rows(rank: int) -> TensorBatch:
+    # rank 0: four long rows, one micro-batch each under 20 tokens; rank 1: short rows, two micro-batches (7+6, 6+5)
+    return _ragged_batch([16, 16, 15, 14] if rank == 0 else [6, 5, 7, 6], seed=rank)
+
+
+def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path, tmp_path):
+    """Ranks whose rows pack into different numbers of micro-batches still run as many forwards (an
+    all-reduce agrees on the count; a mismatch would hang FSDP's all-gathers), with the right log-probs."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Manager().dict()
+    procs = [ctx.Process(target=_two_rank_update, args=(r, str(tmp_path / "pg"), tiny_model_path, results))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert results[0][0] == results[1][0] == 4  # rank 1 split its two micro-batches to match rank 0's four
+    assert results[0][2] == results[1][2] > 0  # one global gradient norm
+    single = _actor(tiny_model_path)  # the same weights on one rank, fixed micro-batches
+    for rank in range(2):
+        batch = _two_rank_rows(rank)
+        attended = batch["attention_mask"].bool()
+        expected = single.compute_log_prob(batch)["old_log_probs"]
+        assert torch.allclose(results[rank][1][attended], expected[attended], atol=1e-5)
+
+
+def test_critic_shares_the_update_loop_and_the_dynamic_batching(tiny_model_path):
+    """The critic's values and its update's gradient norm are the same under rows or a token budget."""
+    from agent_trainer.config import CriticConfig
+    from workers.critic import CriticWorker
+
+    out = {}
+    for name, dynamic in (("fixed", {}), ("dynamic", {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 36})):
+        cfg = CriticConfig(model=ModelConfig(path=tiny_model_path), ppo_mini_batch_size=6,
+                           ppo_micro_batch_size_per_gpu=2, fsdp=FSDPConfig(world_size=1), grad_clip=1e9,
+                           optim=OptimConfig(lr=1e-3), **dynamic)
+        torch.manual_seed(0)
+        worker = CriticWorker(rank=0, world_size=1, critic=cfg, device="cpu")
+        worker.init_model()
+        batch = _ragged_batch([16, 9, 12, 5, 16, 7])
+        batch.update(worker.compute_values(batch))
+        batch["returns"] = batch["advantages"] + 0.5
+        out[name] = (batch["values"], worker.update_critic(batch)["critic/grad_norm"])
+    attended = _ragged_batch([16, 9, 12, 5, 16, 7])["attention_mask"].bool()
+    assert torch.allclose(out["fixed"][0][attended], out["dynamic"][0][attended], atol=1e-6)
+    assert out["dynamic"][1] == pytest.approx(out["fixed"][1], rel=1e-5) and out["fixed"][1] > 0

@@ -1,0 +1,224 @@
+"""Baselines no model is needed for, played on the RL config's own held-out episodes; and ``make train``'s report.
+
+    python bench/baselines.py --config-name frozenlake                       # the baseline table
+    python bench/baselines.py --config-name frozenlake \\
+        --sft-dir outputs/agent_trainer/sft_frozenlake      # + the runs (RL: trainer.default_local_dir)
+
+Every policy plays the validation seeds the RL run evaluates on (``es_manager.val``: seed
+``es_manager.seed + 2**30 + group``) for ``agent_proxy.max_turn`` moves, through the env
+itself (``envs.make_env``), one action per turn:
+
+- ``random valid``: a uniformly random action of the env's action list each turn;
+- ``random Down/Right`` (FrozenLake): Down or Right at random, never reading the map;
+- ``best fixed sequence``: the expert's most common action sequence on training seeds
+  (seeds below the validation range), replayed blindly on every held-out map: the best a
+  policy that ignores the observation can do when one sequence solves many maps;
+- ``safe Down/Right`` (FrozenLake): Down or Right at random among those not leading into a
+  hole or off the map: a heuristic that reads the tiles next to the player;
+- ``expert``: the env's expert solver (``expert_action``).
+
+Random policies play ``--repeats`` episodes per seed (seeded); the table gives greedy
+success rates of the model runs (val/success_rate of the RL run's first and last validation:
+step 0 is the SFT warm start on exactly these seeds) beside the baselines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent_trainer.es_manager import VAL_SEED_OFFSET  # noqa: E402
+from agent_trainer.demonstrations import has_expert as has_expert_solver  # noqa: E402
+from envs import make_env  # noqa: E402
+from envs.frozen_lake import FrozenLakeEnv  # noqa: E402
+from envs.registry import normalize_tags  # noqa: E402
+
+Policy = Callable[[object, random.Random, int], str]
+"""(env after reset/steps, rng, turn index) -> action text."""
+
+
+@dataclass
+class Score:
+    """A policy's mean over episodes: success rate and total env reward."""
+
+    success: float
+    reward: float
+    episodes: int
+
+
+def valid_actions(env) -> list[str]:
+    """The env's ``|``-separated action list."""
+    return [a.strip() for a in env.action_description().split("|") if a.strip()]
+
+
+def random_valid(env, rng: random.Random, turn: int) -> str:
+    """A uniformly random valid action."""
+    return rng.choice(valid_actions(env))
+
+
+def random_down_right(env, rng: random.Random, turn: int) -> str:
+    """Down or Right at random (FrozenLake's goal is always down and to the right)."""
+    return rng.choice(["Down", "Right"])
+
+
+def safe_down_right(env, rng: random.Random, turn: int) -> str:
+    """Down or Right at random among the moves that stay on the map and out of holes (reads the neighbours)."""
+    row, col = env.position
+    size = len(env.desc)
+    safe = [name for name, (r, c) in (("Down", (row + 1, col)), ("Right", (row, col + 1)))
+            if r < size and c < size and env.desc[r][c] != "H"]
+    return rng.choice(safe or ["Down", "Right"])
+
+
+def expert(env, rng: random.Random, turn: int) -> str:
+    """The env's expert solver."""
+    return env.expert_action()
+
+
+def fixed_sequence(actions: list[str]) -> Policy:
+    """Replay ``actions`` whatever the observation (the last one repeats if the episode runs longer)."""
+    def policy(env, rng: random.Random, turn: int) -> str:
+        return actions[min(turn, len(actions) - 1)]
+    return policy
+
+
+def play(tag: str, env_tags: dict, seeds: list[int], policy: Policy, max_turn: int, repeats: int = 1,
+         rng_seed: int = 0) -> Score:
+    """Mean success and reward of ``policy`` over ``seeds`` x ``repeats`` episodes of ``max_turn`` moves at most."""
+    env = make_env(tag, env_tags)
+    limit = min(max_turn, normalize_tags(env_tags)[tag].max_actions_per_traj)
+    rng = random.Random(rng_seed)
+    wins = reward = 0.0
+    try:
+        for seed in seeds:
+            for _ in range(repeats):
+                env.reset(seed=seed)
+                info: dict = {}
+                for turn in range(limit):
+                    _, r, done, info = env.step(policy(env, rng, turn))
+                    reward += r
+                    if done:
+                        break
+                wins += bool(info.get("success", False))
+    finally:
+        env.close()
+    n = len(seeds) * repeats
+    return Score(success=wins / n, reward=reward / n, episodes=n)
+
+
+def expert_sequence(tag: str, env_tags: dict, seed: int, max_turn: int) -> tuple[str, ...]:
+    """The expert's actions on the episode of ``seed``."""
+    env = make_env(tag, env_tags)
+    try:
+        env.reset(seed=seed)
+        actions = []
+        for _ in range(max_turn):
+            actions.append(env.expert_action())
+            if env.step(actions[-1])[2]:
+                break
+        return tuple(actions)
+    finally:
+        env.close()
+
+
+def best_fixed_sequence(tag: str, env_tags: dict, train_seeds: range, max_turn: int) -> list[str]:
+    """The expert's most common action sequence on ``train_seeds`` (ties: the first seen)."""
+    counts = collections.Counter(expert_sequence(tag, env_tags, s, max_turn) for s in train_seeds)
+    return list(counts.most_common(1)[0][0])
+
+
+def baselines(tag: str, env_tags: dict, val_seeds: list[int], max_turn: int, repeats: int = 8,
+              train_seeds: range = range(1000)) -> dict[str, Score]:
+    """Every baseline that applies to ``tag`` (FrozenLake-only heuristics are skipped elsewhere)."""
+    env = make_env(tag, env_tags)
+    is_frozen_lake = isinstance(env, FrozenLakeEnv)
+    has_expert = has_expert_solver(env)
+    env.close()
+    policies: dict[str, tuple[Policy, int]] = {"random valid": (random_valid, repeats)}
+    if is_frozen_lake:
+        policies["random Down/Right"] = (random_down_right, repeats)
+    if has_expert:
+        policies["best fixed sequence"] = (fixed_sequence(best_fixed_sequence(tag, env_tags, train_seeds, max_turn)), 1)
+    if is_frozen_lake:
+        policies["safe Down/Right (reads the neighbours)"] = (safe_down_right, repeats)
+    if has_expert:
+        policies["expert"] = (expert, 1)
+    return {name: play(tag, env_tags, val_seeds, policy, max_turn, n) for name, (policy, n) in policies.items()}
+
+
+def val_seeds(cfg) -> list[int]:
+    """The RL run's held-out seeds, one per validation group."""
+    return [cfg.es_manager.seed + VAL_SEED_OFFSET + g for g in range(cfg.es_manager.val.env_groups)]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of ``<run_dir>/metrics.jsonl`` (data: ``json.loads`` only)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def val_points(records: list[dict], key: str = "val/success_rate") -> list[tuple[int, float]]:
+    """(step, value) of every record holding ``key``."""
+    return [(int(r["step"]), float(r[key])) for r in records if key in r]
+
+
+def report(cfg, env_tags: dict, sft_dir: Path | None, rl_dir: Path | None, repeats: int = 8) -> str:
+    """The comparison table: model runs (greedy, held-out) and baselines on the same seeds."""
+    tags = list(cfg.es_manager.val.tags)
+    seeds = val_seeds(cfg)
+    rows: list[tuple[str, str, str]] = []
+    if sft_dir is not None:
+        sft = val_points(read_metrics(sft_dir))
+        if sft:
+            rows.append((f"SFT (its own evaluation after step {sft[-1][0]})", f"{sft[-1][1]:.3f}", ""))
+    success: list[tuple[int, float]] = []
+    if rl_dir is not None:
+        records = read_metrics(rl_dir)
+        success, reward = val_points(records), dict(val_points(records, "val/episode_reward_mean"))
+        if success:
+            (s0, v0), (s1, v1) = success[0], success[-1]
+            rows.append((f"RL start = SFT warm start (step {s0})", f"{v0:.3f}", f"{reward.get(s0, float('nan')):.3f}"))
+            rows.append((f"RL end (step {s1})", f"{v1:.3f}", f"{reward.get(s1, float('nan')):.3f}"))
+    heuristic = 0.0
+    for tag in tags:
+        for name, score in baselines(tag, env_tags, seeds, cfg.agent_proxy.max_turn, repeats).items():
+            rows.append((f"{name} [{tag}]", f"{score.success:.3f}", f"{score.reward:.3f}"))
+            heuristic = max(heuristic, score.success if name != "expert" else 0.0)
+    verdict = [f"RL gain over its SFT start: {v1 - v0:+.3f} (issue 11 asks for at least +0.200); RL end "
+               f"{'above' if v1 > heuristic else 'NOT above'} the best heuristic ({heuristic:.3f})."] if success else []
+    width = max(len(r[0]) for r in rows)
+    lines = [f"Held-out greedy success on {len(seeds)} validation seeds ({', '.join(tags)}, "
+             f"{cfg.agent_proxy.max_turn} turns):",
+             f"{'policy'.ljust(width)}  success  reward", f"{'-' * width}  -------  ------"]
+    lines += [f"{name.ljust(width)}  {succ:>7}  {rew:>6}" for name, succ, rew in rows]
+    return "\n".join(lines + verdict)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Compose the RL config (validated like a run), print the table."""
+    from agent_trainer.main import compose_and_prepare
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config-name", default="frozenlake", help="the RL config (config/<name>.yaml)")
+    parser.add_argument("--sft-dir", type=Path, default=None, help="an SFT run folder (metrics.jsonl)")
+    parser.add_argument("--rl-dir", type=Path, default=None,
+                        help="an RL run folder (metrics.jsonl); default: the RL config's trainer.default_local_dir")
+    parser.add_argument("--repeats", type=int, default=8, help="episodes per seed of the random policies")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL config")
+    args = parser.parse_args(argv)
+    cfg, env_tags = compose_and_prepare(args.overrides, config_name=args.config_name)
+    rl_dir = args.rl_dir or Path(cfg.trainer.default_local_dir)
+    print(report(cfg, env_tags, args.sft_dir, rl_dir, args.repeats), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""P1's baseline: the raw vLLM engine generating one training step's turns, nothing else.
+
+Input (JSON): per turn, the contexts the multi-turn rollout sent to its engine
+(token ids) and how many tokens it generated for each. The raw engine gets the same
+contexts in the same per-turn batches and generates exactly as many tokens
+(``min_tokens = max_tokens = n``, eos ignored), so both sides do the same work; the
+difference is the rollout's own cost (tokenising, context building, env steps, Ray
+hops). Engine arguments are the project engine's (``workers/rollout.py``): float32,
+eager, in-process, the same KV-cache size and seed. Writes JSON: seconds, tokens.
+
+    python bench/raw_vllm.py --model models/tiny-qwen2 --turns turns.json --out raw.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+# As workers/rollout.py: in-process engine, no thread pinning on shared cores.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def main() -> None:
+    """Generate every turn once untimed (warm-up), then once timed."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--turns", required=True, help='JSON: [[{"ids": [...], "n": 12}, ...], ...] one list per turn')
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-model-len", type=int, default=1536)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    a = p.parse_args()
+
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    turns = json.loads(Path(a.turns).read_text())
+    llm = LLM(model=a.model, dtype="float32", max_model_len=a.max_model_len, seed=0, enforce_eager=True,
+              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30))
+
+    def generate_all() -> tuple[float, int]:
+        seconds, tokens = 0.0, 0
+        for batch in turns:
+            prompts = [TokensPrompt(prompt_token_ids=row["ids"]) for row in batch]
+            params = [SamplingParams(max_tokens=row["n"], min_tokens=row["n"], ignore_eos=True, temperature=1.0)
+                      for row in batch]
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            seconds += time.perf_counter() - start
+            tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+        return seconds, tokens
+
+    generate_all()  # warm-up: the rollout's measured step is not its first either
+    seconds, tokens = generate_all()
+    Path(a.out).write_text(json.dumps({"seconds": seconds, "generated_tokens": tokens,
+                                       "turns": len(turns), "rows": sum(len(b) for b in turns)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Markdown of one bench invocation: ``<results>/report.md`` and, on request, ``docs/benchmarks.md``.
+
+Only the block between ``BEGIN`` and ``END`` in docs/benchmarks.md is rewritten, so
+sections other people add around it (trainer-side optimisations, context
+condensation) survive ``make bench ARGS=--update-docs``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from results import fmt, render_table
+
+BEGIN = "<!-- make bench: generated block, begin -->"
+END = "<!-- make bench: generated block, end -->"
+DOC_ASSETS = ("results.json", "step_breakdown.png", "ratios.png", "p7_scaling.png")
+
+
+def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
+    """(label, ratio, issue-12 target, higher is better) of every headline figure present."""
+    rows = []
+    if r.get("main"):
+        rows.append((f"main job speedup vs {r['main']['ref']}", r["main"]["speedup"], 2.0, True))
+    for name, p2 in (r.get("P2") or {}).items():
+        if "error" not in p2:
+            rows.append((f"P2 GRPO step speedup vs TRL ({name})", p2["speedup"], 2.0, True))
+    if r.get("P1"):
+        rows.append(("P1 rollout / raw engine tokens/s", r["P1"]["ratio"], 0.9, True))
+    if r.get("P3"):
+        rows.append(("P3 weight-sync share of step", r["P3"]["frozenlake_share"], 0.02, False))
+    if r.get("P5"):
+        rows.append(("P5 peak RSS, main job / TRL", r["P5"]["ratio"], 2.0, False))
+        rows.append(("P5 peak RSS, GRPO run / TRL", r["P5"].get("grpo_ratio"), 2.0, False))
+    if r.get("P6"):
+        rows.append(("P6 rollout slow env / no latency", r["P6"]["rollout_slowdown"], None, False))
+    return [row for row in rows if row[1] is not None]
+
+
+def _phase_table(runs: dict[str, dict[str, float]]) -> str:
+    phases = ("rollout", "log_prob", "ref", "values", "update_critic", "update_actor", "sync", "step")
+    rows = [[p, *(runs[label].get(p, 0.0) for label in runs)] for p in phases]
+    return render_table(["phase (s, median of steps 2..N)", *runs], rows)
+
+
+def render(r: dict, asset_prefix: str) -> str:
+    """The Markdown block for results ``r``; images referenced as ``<asset_prefix><name>.png``."""
+    m = r["meta"]
+    loaded = " **Numbers from a loaded machine** (load average above half the cores at the start)." \
+        if m["loaded"] else ""
+    out = [f"Run `{m['command']}` on {m['date']} (UTC): {m['machine'].get('cores')} cores "
+           f"({m['machine'].get('cpu', '?')}), {m['machine'].get('memory_gib', '?')} GiB, no GPU; load average "
+           f"{fmt(m['machine'].get('load_avg_1m'))} at the start, {m['steps']} steps per run.{loaded} "
+           "Every figure is a ratio of two measurements taken one after the other in this run; every number "
+           f"and command is in [`{asset_prefix}results.json`]({asset_prefix}results.json).", ""]
+    rows = ratio_rows(r)
+    if rows:
+        out += [render_table(["figure", "measured", "issue 12 target"],
+                             [[label, value, "-" if t is None else (f">= {t}" if hi else f"<= {t}")]
+                              for label, value, t, hi in rows]), "", f"![ratios]({asset_prefix}ratios.png)", ""]
+    out += _main_section(r)
+    if r.get("runs"):
+        out += ["Phases of every trainer run of this invocation (medians of steps 2..N):", "",
+                f"![step breakdown]({asset_prefix}step_breakdown.png)", ""]
+    out += _p2_section(r) + _other_sections(r)
+    if r.get("P7"):
+        out += [f"![scaling]({asset_prefix}p7_scaling.png)", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _main_section(r: dict) -> list[str]:
+    main = r.get("main")
+    if not main:
+        return []
+    return ["### Main job: working tree vs the previous commit", "",
+            f"`config/frozenlake.yaml` (PPO + GAE, 32 episodes x up to 6 turns), `{main['ref']}` "
+            f"({main['ref_sha'][:10]}, a `git worktree`) then the working tree, same seeds, back to back"
+            f"{_repeats(main)}: "
+            f"{fmt(main['ref_step_s'])} s -> {fmt(main['current_step_s'])} s per step, "
+            f"**{fmt(main['speedup'])}x**. Mean load average during each run: {fmt(main.get('ref_load'), 1)} and "
+            f"{fmt(main.get('current_load'), 1)} (2 cores).", "",
+            _phase_table({f"{main['ref']}": main["ref_phases"], "working tree": main["current_phases"]}), ""]
+
+
+def _repeats(main: dict) -> str:
+    n = main.get("repeats", 1)
+    return f", alternating, {n} runs each (median)" if n > 1 else ""
+
+
+def _p2_section(r: dict) -> list[str]:
+    p2 = r.get("P2")
+    if not p2:
+        return []
+    failed = [f"{name}: {v['error']}" for name, v in p2.items() if "error" in v]
+    p2 = {name: v for name, v in p2.items() if "error" not in v}
+    if not p2:
+        return ["### P2: GRPO step vs TRL GRPOTrainer", "", "Failed: " + "; ".join(failed), ""]
+    rows = [[name, f"{v['n_params']/1e6:.1f}M", v["trl_threads"], v["project_step_s"], v["trl_step_s"],
+             v["speedup"], f"{fmt(v.get('project_load'), 1)} / {fmt(v.get('trl_load'), 1)}"] for name, v in p2.items()]
+    first = next(iter(p2.values()))
+    return ["### P2: GRPO step vs TRL GRPOTrainer", "",
+            "32 rows = 8 groups x 4, one turn of at most 64 new tokens, one optimizer step, micro-batch 4, "
+            f"KL 0.001 against a reference model; TRL {first['trl_version']} in `bench/.venv-trl` (same torch "
+            "and transformers as the project), HF `generate`; same first-turn prompts (one per group). "
+            "Speedup = TRL seconds / project seconds.", "",
+            render_table(["model", "params", "TRL threads", "project s/step", "TRL s/step", "speedup",
+                          "mean load (project / TRL)"], rows), "",
+            f"Project: `{first['project_command']}`", "", f"TRL: `{first['trl_command']}`", "",
+            *([f"Failed: {'; '.join(failed)}", ""] if failed else [])]
+
+
+def _other_sections(r: dict) -> list[str]:
+    out = []
+    if r.get("P1"):
+        p = r["P1"]
+        out += ["### P1: multi-turn rollout vs the raw engine", "",
+                f"Last step of the main-job run: {fmt(p['generated_tokens'], 0)} tokens in "
+                f"{fmt(p['rollout_seconds'])} s ({fmt(p['rollout_tokens_per_s'], 0)} tokens/s, env steps "
+                f"included). The raw vLLM engine on the same contexts, per-turn batches and reply lengths: "
+                f"{fmt(p['raw_seconds'])} s ({fmt(p['raw_engine_tokens_per_s'], 0)} tokens/s). "
+                f"Ratio **{fmt(p['ratio'])}**.", ""]
+    if r.get("P3"):
+        out += [f"### P3: weight sync\n\n{fmt(r['P3']['sync_s'], 3)} s of a {fmt(r['P3']['step_s'])} s step: "
+                f"**{fmt(100 * r['P3']['frozenlake_share'], 1)}%**.", ""]
+    if r.get("P4"):
+        p = r["P4"]
+        out += [f"### P4: env actors\n\nOne turn of {p['episodes']} FrozenLake3x3 episodes: "
+                f"{fmt(p['local_turn_ms'])} ms in-process, {fmt(p['actor_turn_ms'])} ms through a Ray actor "
+                f"({fmt(p['ratio_actor_vs_local'], 1)}x); {fmt(p['overhead_ms_per_env_step'], 3)} ms of overhead per "
+                f"env step" + (f", {fmt(100 * p['share_of_main_step'], 2)}% of a main-job step (6 turns)."
+                               if p.get("share_of_main_step") else "."), ""]
+    if r.get("P5"):
+        p = r["P5"]
+        out += [f"### P5: peak memory\n\nPeak RSS summed over the process tree: the main job "
+                f"{fmt(p['project_peak_gib'])} GiB ({p['project_processes']} processes: driver, Ray, every worker) "
+                f"vs TRL {fmt(p['trl_peak_gib'])} GiB ({p['trl_processes']} process) on the same model: "
+                f"**{fmt(p['ratio'])}x**."
+                + (f" On TRL's own work (P2's GRPO run, no critic): {fmt(p['grpo_peak_gib'])} GiB, "
+                   f"{p['grpo_processes']} processes, **{fmt(p['grpo_ratio'])}x**." if p.get("grpo_ratio") else ""),
+                ""]
+    if r.get("P6"):
+        p = r["P6"]
+        out += [f"### P6: slow environment, turn-synchronous baseline\n\n`SlowFrozenLake3x3` "
+                "(`envs/slow_env.py`: FrozenLake whose steps sleep 50-500 ms, long tail, seeded): rollout "
+                f"{fmt(p['rollout_s'])} s -> {fmt(p['slow_rollout_s'])} s (**{fmt(p['rollout_slowdown'])}x**), "
+                f"step {fmt(p['step_s'])} s -> {fmt(p['slow_step_s'])} s. Today's rollout waits for every "
+                "episode's env step each turn; this is the number a barrier-free rollout is compared against.", ""]
+    if r.get("P7"):
+        rows = [[name, v["axis"], v["step_s"], v["ratio_to_base"]] for name, v in r["P7"].items()]
+        out += ["### P7: scaling", "", "Base: the main job (32 rows, 6 turns, 2 actor ranks, tiny model).", "",
+                render_table(["run", "axis", "s/step", "ratio to base"], rows), ""]
+    return out
+
+
+def update_docs(results_folder: Path, block: str, doc: Path, assets: Path) -> None:
+    """Replace the generated block of ``doc`` and copy the run's assets into ``assets``."""
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{doc} lacks the markers {BEGIN!r} / {END!r}; add them where the block goes")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{block}{END}{tail}")
+    assets.mkdir(parents=True, exist_ok=True)
+    for name in DOC_ASSETS:
+        if (results_folder / name).exists():
+            shutil.copy2(results_folder / name, assets / name)

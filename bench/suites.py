@@ -1,0 +1,263 @@
+"""The parts of ``make bench`` (issue 12's P1-P7 and the main job), each returning plain JSON.
+
+Every figure is a ratio of two things measured in this invocation, one after the
+other on the same machine. Runs are shared through :class:`Bench` (one trainer run
+feeds the main job, P1, P3 and P5), so asking for several parts costs fewer runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import project_run
+from project_run import REPO, RunResult, RunSpec
+from results import ratio, steady_median
+from trl_venv import ensure_trl_venv
+
+PARTS = ("main", "P1", "P2", "P3", "P4", "P5", "P6", "P7")
+TINY = REPO / "models" / "tiny-qwen2"
+MODEL_20M = REPO / "models" / "tiny-qwen2-20m"
+MODELS = {"tiny": TINY, "20m": MODEL_20M}
+# P2's matched GRPO work: 32 rows = 8 groups x 4, one turn of <= 64 new tokens, one optimizer step
+# (mini-batch = all rows), micro-batch 4, KL loss 0.001 against the reference model.
+GRPO_MATCHED = ["agent_proxy.max_turn=1", "ppo_mini_batch_size=32", "micro_batch_size_per_gpu=4",
+                "actor_rollout_ref.rollout.response_length=64", "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.actor.kl_loss_coef=0.001"]
+SLOW_ENV = ["envs_file=bench/slow_envs.yaml", "es_manager.train.env_configs.tags=[SlowFrozenLake3x3]",
+            "es_manager.val.env_configs.tags=[SlowFrozenLake3x3]"]
+
+
+@dataclass
+class Bench:
+    """Shared state of one invocation: sizes, the results folder, memoised runs."""
+
+    out: Path
+    steps: int
+    ref: str = ""
+    """Commit (any git ref) the main job is compared against."""
+    tree: Path = REPO
+    """The checkout measured as "current" (the working tree unless ``--tree``)."""
+    repeats: int = 1
+    """Alternating ref / working-tree runs of the main job."""
+    trl_threads: tuple[int, ...] = (0,)
+    """torch threads of the TRL process, one TRL run each; 0 = torch's default (all cores), what a TRL user
+    gets. On a loaded machine multi-threaded OpenMP loses more than the project's one-thread workers."""
+    runs: dict[str, RunResult] = field(default_factory=dict)
+    trl: dict[str, dict] = field(default_factory=dict)
+
+    def project(self, spec: RunSpec) -> RunResult:
+        """Run ``spec`` once per invocation (by label); log its result."""
+        if spec.label not in self.runs:
+            print(f"[bench] training {spec.label} ({spec.steps} steps) ...", flush=True)
+            self.runs[spec.label] = project_run.run(spec, self.out / "logs")
+            print(f"[bench]   step {self.runs[spec.label].phases['step']:.2f} s (median of steps 2..N)", flush=True)
+        return self.runs[spec.label]
+
+    def current(self, repeat: int = 0) -> RunResult:
+        """The main job (``config/frozenlake.yaml``) on the working tree, episodes kept for P1."""
+        return self.project(RunSpec(f"frozenlake_current{_suffix(repeat)}", steps=self.steps, code_dir=self.tree,
+                                    keep_trajectories=True, overrides=[f"model_path={TINY}"]))
+
+    def grpo(self, model: Path) -> RunResult:
+        """P2's matched GRPO step on ``model``."""
+        return self.project(RunSpec(f"grpo_{model.name}", config="frozenlake_grpo", steps=self.steps,
+                                    code_dir=self.tree, keep_trajectories=True,
+                                    overrides=[f"model_path={model}", *GRPO_MATCHED]))
+
+    def trl_grpo(self, model: Path, threads: int = 0) -> dict:
+        """TRL GRPOTrainer on ``model`` with the project run's first-turn prompts (own venv, subprocess)."""
+        key = f"{model.name}_threads{threads}"
+        if key not in self.trl:
+            firsts = {ep["group_id"]: ep["turns"][0]["prompt"] for ep in self.grpo(model).trajectories}
+            prompts = [firsts[g] for g in sorted(firsts)]  # one per group (maps may repeat across groups)
+            work = self.out / "trl" / key
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "prompts.json").write_text(json.dumps(prompts))
+            print(f"[bench] TRL GRPOTrainer on {model.name}, threads {threads or 'default'} ...", flush=True)
+            cmd = [str(ensure_trl_venv()), str(REPO / "bench" / "trl_grpo.py"), "--model", str(model),
+                   "--prompts", str(work / "prompts.json"), "--out", str(work / "result.json"),
+                   "--steps", str(self.steps), "--threads", str(threads)]
+            _run_logged(cmd, work / "trl.log")
+            res = json.loads((work / "result.json").read_text())
+            res["step_median"] = steady_median(res["step_seconds"])
+            res["command"] = " ".join(["bench/.venv-trl/bin/python", *cmd[1:]])
+            self.trl[key] = res
+        return self.trl[key]
+
+
+def _suffix(repeat: int) -> str:
+    """Run-label suffix of the main job's repeat ``repeat`` (none for the first)."""
+    return f"_{repeat + 1}" if repeat else ""
+
+
+def _run_logged(cmd: list[str], log: Path, **kwargs) -> None:
+    """Run ``cmd`` with its output in ``log``; raise with the log's tail on failure."""
+    with open(log, "w") as fh:
+        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, **kwargs).returncode
+    if code != 0:
+        raise RuntimeError(f"{cmd[1]} exited {code}; log {log}:\n{project_run.log_tail(log)}")
+
+
+def main_job(b: Bench) -> dict:
+    """config/frozenlake.yaml step time: ``b.ref`` (a git worktree) vs the working tree, back to back.
+
+    With ``b.repeats`` > 1 the two alternate (ref, tree, ref, tree, ...) and each side's figure is the
+    median of its runs' medians, so a change of load on a shared machine hits both sides.
+    """
+    sha = subprocess.run(["git", "rev-parse", b.ref], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    before, after = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-ref-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), sha], cwd=REPO, check=True)
+        try:
+            for i in range(b.repeats):
+                before.append(b.project(RunSpec(f"frozenlake_ref{_suffix(i)}", steps=b.steps, code_dir=tree,
+                                                keep_trajectories=True, overrides=[f"model_path={TINY}"])))
+                after.append(b.current(i))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+    ref_s = statistics.median(r.phases["step"] for r in before)
+    cur_s = statistics.median(r.phases["step"] for r in after)
+    return {"ref": b.ref, "ref_sha": sha, "ref_step_s": ref_s, "current_step_s": cur_s, "repeats": b.repeats,
+            "ref_runs_s": [r.phases["step"] for r in before], "current_runs_s": [r.phases["step"] for r in after],
+            "ref_load": statistics.mean(r.mean_load_1m or 0.0 for r in before),
+            "current_load": statistics.mean(r.mean_load_1m or 0.0 for r in after),
+            "speedup": ratio(ref_s, cur_s), "ref_phases": before[0].phases, "current_phases": after[0].phases,
+            "command": after[0].command}
+
+
+def replay_turns(trajectories: list[dict]) -> list[list[dict]]:
+    """Per turn, each live episode's context (ids before the reply) and its reply length.
+
+    A turn's ``token_ids`` are its prompt span (mask 0) then its reply (mask 1); the
+    context of turn k is every earlier turn's ids plus turn k's prompt span.
+    """
+    turns: list[list[dict]] = []
+    for episode in trajectories:
+        context: list[int] = []
+        for k, turn in enumerate(episode["turns"]):
+            prompt = [t for t, m in zip(turn["token_ids"], turn["mask"]) if m == 0]
+            n = sum(turn["mask"])
+            if n:
+                while len(turns) <= k:
+                    turns.append([])
+                turns[k].append({"ids": context + prompt, "n": n})
+            context += turn["token_ids"]
+    return turns
+
+
+def p1_rollout_vs_engine(b: Bench) -> dict:
+    """Multi-turn rollout tokens/s (last step of the main-job run) vs the raw engine on its contexts."""
+    run = b.current()
+    turns = replay_turns(run.trajectories)
+    work = b.out / "p1"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "turns.json").write_text(json.dumps(turns))
+    print("[bench] raw vLLM engine on the same contexts ...", flush=True)
+    # One intra-op thread, like the rollout's engine actor (Ray gives a 1-CPU actor OMP_NUM_THREADS=1).
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    _run_logged([sys.executable, str(REPO / "bench" / "raw_vllm.py"), "--model", str(TINY), "--turns",
+                 str(work / "turns.json"), "--out", str(work / "raw.json")], work / "raw_vllm.log", env=env)
+    raw = json.loads((work / "raw.json").read_text())
+    rollout_s, generated = run.last["timing_s/rollout"], run.last["perf/generated_tokens"]
+    rollout_tps, raw_tps = generated / rollout_s, raw["generated_tokens"] / raw["seconds"]
+    return {"rollout_tokens_per_s": rollout_tps, "raw_engine_tokens_per_s": raw_tps,
+            "ratio": ratio(rollout_tps, raw_tps), "rollout_seconds": rollout_s, "raw_seconds": raw["seconds"],
+            "generated_tokens": generated, "raw_generated_tokens": raw["generated_tokens"], "turns": len(turns)}
+
+
+def p2_vs_trl(b: Bench, models: list[Path]) -> dict:
+    """Matched GRPO step time, project vs TRL, per model (and TRL thread count): TRL s / project s."""
+    out = {}
+    for model, threads in [(m, t) for m in models for t in b.trl_threads]:
+        name = model.name if not threads else f"{model.name}, TRL {threads} thread{'s' * (threads > 1)}"
+        try:
+            ours, theirs = b.grpo(model), b.trl_grpo(model, threads)
+        except RuntimeError as exc:  # keep the other models' rows
+            print(f"[bench] P2 {name} failed: {exc}", flush=True)
+            out[name] = {"error": str(exc).splitlines()[0]}
+            continue
+        out[name] = {"project_step_s": ours.phases["step"], "trl_step_s": theirs["step_median"],
+                     "speedup": ratio(theirs["step_median"], ours.phases["step"]),
+                     "project_phases": ours.phases, "trl_threads": theirs["threads"],
+                     "trl_version": theirs["trl"], "n_params": theirs["n_params"],
+                     "project_load": ours.mean_load_1m, "trl_load": theirs.get("mean_load_1m"),
+                     "project_command": ours.command, "trl_command": theirs["command"]}
+    return out
+
+
+def p3_sync_share(b: Bench) -> dict:
+    """Weight sync as a share of the step (main job and matched GRPO)."""
+    run = b.current()
+    return {"frozenlake_share": ratio(run.phases["sync"], run.phases["step"]), "sync_s": run.phases["sync"],
+            "step_s": run.phases["step"]}
+
+
+def p4_env_actor(b: Bench) -> dict:
+    """Per-turn cost of stepping 16 episodes through a Ray env actor vs the same calls in-process."""
+    import bench_envs
+
+    r = bench_envs.bench_actor("FrozenLake3x3", 16, 200)
+    step_s = b.runs["frozenlake_current"].phases["step"] if "frozenlake_current" in b.runs else None
+    return {**r, "ratio_actor_vs_local": ratio(r["actor_turn_ms"], r["local_turn_ms"]),
+            "overhead_ms_per_env_step": r["overhead_ms_per_turn"] / r["episodes"],
+            # the main job calls each env actor once per turn, 6 turns a step
+            "share_of_main_step": ratio(6 * r["overhead_ms_per_turn"] / 1e3, step_s) if step_s else None}
+
+
+def p5_peak_rss(b: Bench) -> dict:
+    """Peak RSS of the trainer's whole process tree during the main job vs TRL's on the same model."""
+    run, trl, grpo = b.current(), b.trl_grpo(TINY, b.trl_threads[0]), b.grpo(TINY)
+    return {"project_peak_gib": run.peak_rss_bytes / 2**30, "project_processes": run.peak_processes,
+            "trl_peak_gib": trl["peak_rss_bytes"] / 2**30, "trl_processes": trl["processes"],
+            "ratio": ratio(run.peak_rss_bytes, trl["peak_rss_bytes"]),
+            # the same work as TRL's (P2's matched GRPO run: no critic)
+            "grpo_peak_gib": grpo.peak_rss_bytes / 2**30, "grpo_processes": grpo.peak_processes,
+            "grpo_ratio": ratio(grpo.peak_rss_bytes, trl["peak_rss_bytes"])}
+
+
+def p6_slow_env(b: Bench) -> dict:
+    """Rollout time with a 50-500 ms long-tailed env vs the same job without latency (turn barrier kept)."""
+    fast = b.current()
+    slow = b.project(RunSpec("frozenlake_slow_env", steps=b.steps, code_dir=b.tree,
+                             overrides=[f"model_path={TINY}", *SLOW_ENV]))
+    return {"rollout_s": fast.phases["rollout"], "slow_rollout_s": slow.phases["rollout"],
+            "rollout_slowdown": ratio(slow.phases["rollout"], fast.phases["rollout"]),
+            "step_s": fast.phases["step"], "slow_step_s": slow.phases["step"],
+            "step_slowdown": ratio(slow.phases["step"], fast.phases["step"]), "command": slow.command}
+
+
+def p7_variants(with_20m: bool) -> dict[str, tuple[str, list[str]]]:
+    """name -> (axis, overrides) of the scaling runs; the base (32 rows, 6 turns, 2 ranks) is the main job."""
+    variants = {}
+    for rows in (8, 128):
+        groups = rows // 4
+        variants[f"rows_{rows}"] = ("rows", [f"es_manager.train.env_groups={groups}",
+                                             f"es_manager.train.env_configs.n_groups=[{groups}]",
+                                             f"ppo_mini_batch_size={min(16, rows)}"])
+    for turns in (1, 3):
+        variants[f"turns_{turns}"] = ("turns", [f"agent_proxy.max_turn={turns}"])
+    variants["ranks_1"] = ("ranks", ["actor_rollout_ref.actor.fsdp.world_size=1"])
+    if with_20m:
+        variants["model_20m"] = ("model", [f"model_path={MODEL_20M}"])
+    return variants
+
+
+def p7_scaling(b: Bench, with_20m: bool) -> dict:
+    """Step time per variant, and its ratio to the base run (the main job's config)."""
+    base = b.current()
+    out = {"base": {"axis": "base", "step_s": base.phases["step"], "ratio_to_base": 1.0}}
+    for name, (axis, overrides) in p7_variants(with_20m).items():
+        model = [] if any(o.startswith("model_path=") for o in overrides) else [f"model_path={TINY}"]
+        run = b.project(RunSpec(f"p7_{name}", steps=b.steps, code_dir=b.tree, overrides=[*model, *overrides]))
+        out[name] = {"axis": axis, "step_s": run.phases["step"],
+                     "ratio_to_base": ratio(run.phases["step"], base.phases["step"]), "phases": run.phases}
+    return out

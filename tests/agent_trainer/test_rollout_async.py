@@ -1,0 +1,183 @@
+"""``actor_rollout_ref.rollout.mode=async``: the rollout without a turn barrier (issue 12 item 3).
+
+The e2e tests run the real thing: a local Ray cluster, the vLLM engine on the tiny model and
+real (threaded) env actors hosting FrozenLake with a simulated long-tailed step latency
+(``envs.slow_env``), so the groups really do finish their turns at different times.
+"""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from hydra import compose, initialize_config_dir
+
+from agent_trainer.config import load_config
+from agent_trainer.main import CONFIG_DIR, compose_and_prepare
+from agent_trainer.rollout import SyncMultiTurnRollout
+from envs import load_env_tags
+
+SLOW_TAG = "SlowFrozenLake3x3"
+BUILT_MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2"
+
+
+@pytest.fixture(scope="module")
+def model_path(tiny_model_path) -> str:
+    """A tiny model that answers FrozenLake in format, so turns really step the slow env: the one ``make
+    model`` built (``make test`` passes it as AGENT_TRAINER_TEST_MODEL); the untrained test build never does."""
+    if os.environ.get("AGENT_TRAINER_TEST_MODEL") or not (BUILT_MODEL / "config.json").exists():
+        return tiny_model_path
+    return str(BUILT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def _config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return load_config(compose("frozenlake", overrides=[
+            "es_manager.train.env_groups=4", "es_manager.train.group_size=2",
+            "es_manager.train.env_configs.n_groups=[4]", "agent_proxy.max_turn=3",
+            "actor_rollout_ref.rollout.response_length=64", "actor_rollout_ref.rollout.mode=async",
+            "ppo_mini_batch_size=8", "micro_batch_size_per_gpu=1", *overrides]))
+
+
+def _slow_tags(max_latency_ms: float = 60.0) -> dict:
+    """FrozenLake3x3 whose steps take 1..max_latency_ms (long tail): groups get out of step."""
+    tags = load_env_tags()
+    env_config = dict(tags["FrozenLake3x3"].env_config, min_latency_ms=1.0, max_latency_ms=max_latency_ms,
+                      tail_power=1.0)
+    tags[SLOW_TAG] = dataclasses.replace(tags["FrozenLake3x3"], env_type="slow_frozen_lake", env_config=env_config)
+    return tags
+
+
+def _assert_same_batch(a, b, logprob_atol: float = 0.0) -> None:
+    assert sorted(a.batch.keys()) == sorted(b.batch.keys())
+    for key in a.batch.keys():
+        x, y = a.batch[key], b.batch[key]
+        if key == "rollout_log_probs" and logprob_atol:
+            assert torch.allclose(x, y, atol=logprob_atol), key
+        else:
+            assert torch.equal(x, y), key
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["actor_rollout_ref.rollout.mode=fast"], "actor_rollout_ref.rollout.mode"),
+    (["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.name=hf"], "rollout.name=vllm"),
+])
+def test_bad_rollout_mode_is_refused_in_one_line(overrides, needle, tiny_model_path):
+    """Refused before Ray starts (this test runs before the module's e2e tests start their cluster)."""
+    with pytest.raises(SystemExit) as exit_info:
+        compose_and_prepare([*overrides, f"model_path={tiny_model_path}"])
+    line = exit_info.value.code
+    assert isinstance(line, str) and "\n" not in line and needle in line, line
+    assert not ray.is_initialized()
+
+
+def _count_engine_calls(rollout) -> list[int]:
+    """Record the number of prompts of each ``_generate`` call the rollout makes (it still calls through)."""
+    calls: list[int] = []
+    generate = rollout._generate
+
+    def counted(prompts, *args, **kwargs):
+        calls.append(len(prompts))
+        return generate(prompts, *args, **kwargs)
+
+    rollout._generate = counted
+    return calls
+
+
+@pytest.fixture(scope="module")
+def engine(ray_cluster, model_path):
+    from workers.rollout import VLLMRolloutWorker
+
+    return ray_cluster.remote(VLLMRolloutWorker).options(num_cpus=0.5).remote(model_path, max_model_len=1536)
+
+
+def _rollout(cfg, tokenizer, engine) -> SyncMultiTurnRollout:
+    from workers.env_worker import EnvWorker
+
+    return SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, _slow_tags(), split="train", num_env_actors=2)
+
+
+@pytest.mark.e2e
+def test_sampled_rollout_without_barrier_equals_the_synchronous_one(engine, model_path, tokenizer):
+    """Temperature 1, same seeds: the barrier-free batch is the turn-synchronous batch, row for row.
+
+    Each request is seeded by (seed, split, step, env_id, turn), so it does not matter which groups
+    shared an engine call; the env latency puts the groups out of step, so they do not share the same ones.
+    """
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]")
+    rollout = _rollout(cfg, tokenizer, engine)
+    assert rollout.env_pool.max_concurrency == 2  # two groups per actor step at once
+    calls = _count_engine_calls(rollout)
+    free = rollout.rollout(step=5)
+    free_calls, calls[:] = list(calls), []
+    replies = dict(rollout.last_generations)
+    rollout.barrier_free = False  # the same actors, engine and seeding; the turn-synchronous loop
+    synced = rollout.rollout(step=5, seeds=free.group_seeds)
+    assert len(free_calls) > len(calls)  # the groups really went out of step: more, smaller engine calls
+    assert dict(rollout.last_generations) == replies
+    _assert_same_batch(free, synced, logprob_atol=1e-4)  # a logprob may differ in its last bits with the batch
+    assert free.metrics["rollout/num_turns_mean"] > 1 and free.metrics["rollout/format_error_rate"] < 0.5
+    rollout.barrier_free = True
+    rollout.rollout(step=6, seeds=free.group_seeds)
+    assert dict(rollout.last_generations) != replies  # the seeds follow the step: not one fixed sample
+
+
+@pytest.mark.e2e
+def test_greedy_rollout_without_barrier_equals_todays_synchronous_one(engine, model_path, tokenizer):
+    """Greedy: the barrier-free batch equals the default (rollout.mode=sync, one seed per call) batch."""
+    cfg = _config(f"model_path={model_path}", "actor_rollout_ref.rollout.temperature=0",
+                  f"es_manager.train.env_configs.tags=[{SLOW_TAG}]")
+    rollout = _rollout(cfg, tokenizer, engine)
+    free = rollout.rollout(step=3)
+    replies = dict(rollout.last_generations)
+    rollout.barrier_free = rollout.seed_per_request = False  # what rollout.mode=sync runs
+    synced = rollout.rollout(step=3, seeds=free.group_seeds)
+    assert dict(rollout.last_generations) == replies
+    _assert_same_batch(free, synced, logprob_atol=1e-4)
+    assert free.metrics["rollout/num_turns_mean"] == synced.metrics["rollout/num_turns_mean"] > 1
+
+
+@pytest.mark.e2e
+def test_condensed_rollout_with_summaries_without_barrier(engine, model_path, tokenizer):
+    """The condensation hook (summaries written by the policy) and the contract check run in the async loop;
+    with greedy summaries it gives the batch the sync loop gives."""
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]",
+                  "ctx_manager.mode=condensed", "algorithm.adv_estimator=grpo_multiturn",
+                  "multiturn_trajectory.context_condenser.type=summary",
+                  "multiturn_trajectory.context_condenser.keep_last_n_steps=1",
+                  "multiturn_trajectory.context_condenser.summary_max_tokens=16", "trajectory_profiling.enable=true")
+    rollout = _rollout(cfg, tokenizer, engine)
+    free = rollout.rollout(step=2)
+    assert free.metrics["profile/summaries"] > 0 and len(free.batch) > 8  # one row per turn
+    rollout.barrier_free = False
+    synced = rollout.rollout(step=2, seeds=free.group_seeds)
+    _assert_same_batch(free, synced, logprob_atol=1e-4)
+    assert free.metrics["profile/summaries"] == synced.metrics["profile/summaries"]
+
+
+@pytest.mark.e2e
+def test_an_env_timeout_ends_only_that_actors_episodes(engine, model_path, tokenizer):
+    """A step that misses env_step_timeout_s: its actor is replaced once, the rollout still ends with a batch."""
+    from workers.env_worker import EnvWorker
+
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]",
+                  "es_manager.env_step_timeout_s=0.5", "agent_proxy.max_turn=2")
+    tags = _slow_tags()
+    env_config = dict(tags[SLOW_TAG].env_config, min_latency_ms=2000.0, max_latency_ms=2000.0)
+    tags[SLOW_TAG] = dataclasses.replace(tags[SLOW_TAG], env_config=env_config)
+    rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, tags, split="train", num_env_actors=2)
+    result = rollout.rollout(step=1)
+    assert result.metrics["rollout/env_timeouts"] >= 2 and rollout.env_pool.replaced == 2  # once per actor
+    assert len(result.batch) == 8  # every episode ended with what it had ...
+    assert result.metrics[f"env/{SLOW_TAG}/timeouts"] == 8  # ... at its actor's timeout, as in sync
+    # (a group whose first replies stepped nothing may have generated its second turn meanwhile)
+    assert 1.0 <= result.metrics["rollout/num_turns_mean"] < 1.5

@@ -1,0 +1,115 @@
+"""The bench's pure parts: results-folder naming, steady-state medians, ratio tables, docs block, replay."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import report  # noqa: E402
+import results  # noqa: E402
+import run as bench_run  # noqa: E402
+from suites import p7_variants, replay_turns  # noqa: E402
+
+NOON = dt.datetime(2026, 11, 22, 12, 0, 5, tzinfo=dt.timezone.utc)
+
+
+def test_results_dir_is_utc_stamp_and_never_reused(tmp_path):
+    first = results.results_dir(tmp_path, NOON)
+    assert first == tmp_path / "20261122T120005Z"
+    first.mkdir()
+    assert results.results_dir(tmp_path, NOON) == tmp_path / "20261122T120005Z-1"
+    # A local time names the same UTC instant.
+    cet = NOON.astimezone(dt.timezone(dt.timedelta(hours=1)))
+    assert results.results_dir(tmp_path / "other", cet).name == "20261122T120005Z"
+
+
+def test_steady_median_skips_the_first_step():
+    assert results.steady_median([100.0, 3.0, 1.0, 2.0]) == 2.0
+    assert results.steady_median([100.0, 4.0, 2.0]) == 3.0
+    assert results.steady_median([7.0]) == 7.0  # a single step is all there is
+    with pytest.raises(ValueError):
+        results.steady_median([])
+
+
+def test_ratio_and_table_rendering():
+    assert results.ratio(3.0, 1.5) == 2.0
+    assert results.ratio(1.0, 0.0) is None
+    table = results.render_table(["figure", "measured", "target"], [["P1", 0.912, ">= 0.9"], ["P3", None, "-"]])
+    assert table.splitlines() == [
+        "| figure | measured | target |",
+        "| --- | ---: | ---: |",
+        "| P1 | 0.91 | >= 0.9 |",
+        "| P3 | n/a | - |",
+    ]
+
+
+def test_ratio_rows_and_block_from_results():
+    r = {"meta": {"command": "python bench/run.py --quick", "date": "2026-11-22 12:00", "steps": 3,
+                  "loaded": True, "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 3.0}},
+         "main": {"ref": "HEAD", "ref_sha": "abcdef1234567", "ref_step_s": 6.0, "current_step_s": 3.0,
+                  "speedup": 2.0, "ref_phases": {"step": 6.0}, "current_phases": {"step": 3.0}},
+         "P1": {"ratio": 0.8, "generated_tokens": 100.0, "rollout_seconds": 1.0, "rollout_tokens_per_s": 100.0,
+                "raw_seconds": 0.8, "raw_engine_tokens_per_s": 125.0},
+         "P3": {"frozenlake_share": 0.01, "sync_s": 0.03, "step_s": 3.0}}
+    rows = report.ratio_rows(r)
+    assert [(label.split()[0], value, target) for label, value, target, _ in rows] == [
+        ("main", 2.0, 2.0), ("P1", 0.8, 0.9), ("P3", 0.01, 0.02)]
+    block = report.render(r, asset_prefix="bench/")
+    assert "**Numbers from a loaded machine**" in block
+    assert "| main job speedup vs HEAD | 2.00 | >= 2.0 |" in block
+    assert "![ratios](bench/ratios.png)" in block
+    r["P2"] = {"tiny-qwen2": {"error": "trainer exited 1"}}
+    assert report.ratio_rows(r)[1][0].startswith("P1")  # a failed row has no ratio
+    assert "Failed: tiny-qwen2: trainer exited 1" in report.render(r, asset_prefix="")
+
+
+def test_update_docs_replaces_only_the_generated_block(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\nintro\n{report.BEGIN}\nold numbers\n{report.END}\n"
+                   "## Trainer-side optimisations\nkept\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "results.json").write_text("{}")
+    report.update_docs(folder, "new numbers\n", doc, tmp_path / "assets")
+    assert doc.read_text() == (f"# Benchmarks\nintro\n{report.BEGIN}\nnew numbers\n{report.END}\n"
+                               "## Trainer-side optimisations\nkept\n")
+    assert (tmp_path / "assets" / "results.json").exists()
+    doc.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        report.update_docs(folder, "x", doc, tmp_path / "assets")
+
+
+def test_replay_turns_rebuilds_each_turns_context():
+    episode = {"turns": [{"token_ids": [1, 2, 3, 4], "mask": [0, 0, 1, 1]},
+                         {"token_ids": [5, 6, 7], "mask": [0, 1, 1]},
+                         {"token_ids": [8], "mask": [0]}]}  # last observation, no reply
+    short = {"turns": [{"token_ids": [9, 10], "mask": [0, 1]}]}
+    assert replay_turns([episode, short]) == [
+        [{"ids": [1, 2], "n": 2}, {"ids": [9], "n": 1}],
+        [{"ids": [1, 2, 3, 4, 5], "n": 2}],
+    ]
+
+
+def test_cli_parts_and_sizes():
+    assert "P7" not in bench_run.parse_args(["--quick"]).parts
+    assert bench_run.parse_args(["--quick"]).steps == 3
+    assert bench_run.parse_args(["--only", "P5,main"]).parts == ["main", "P5"]  # suite order
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--only", "P9"])
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--steps", "1"])
+    assert bench_run.parse_args(["--trl-threads", "0,1"]).trl_threads == (0, 1)
+    assert bench_run.parse_args(["--quick"]).models == ["tiny"]
+    assert bench_run.parse_args([]).models == ["tiny", "20m"]
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--models", "7b"])
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--trl-threads", "all"])
+    rows = {name: axis for name, (axis, _) in p7_variants(with_20m=True).items()}
+    assert rows == {"rows_8": "rows", "rows_128": "rows", "turns_1": "turns", "turns_3": "turns",
+                    "ranks_1": "ranks", "model_20m": "model"}

@@ -1,0 +1,29 @@
+"""The builder's --size presets: the ~19M-parameter model of the scaling benchmarks (bench P2/P7)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+from launch import build_tiny_model as btm
+
+
+def test_size_preset_shapes_the_model_and_explicit_flags_win(tmp_path):
+    out = btm.main(["--size", "20m", "--layers", "1", "--out", str(tmp_path / "m"), "--warmup-steps", "0",
+                    "--corpus-seeds", "2", "--format-samples", "1"])
+    info = json.loads((out / "build_info.json").read_text())
+    preset = btm.SIZE_PRESETS["20m"]
+    assert (info["hidden_size"], info["intermediate_size"], info["kv_heads"]) == (
+        preset["hidden_size"], preset["intermediate_size"], preset["kv_heads"])
+    assert info["layers"] == 1  # --layers overrides the preset
+
+    from transformers import AutoTokenizer
+
+    full = btm.make_model(AutoTokenizer.from_pretrained(out), **{**preset, "max_position_embeddings": 2048})
+    assert 15e6 < sum(p.numel() for p in full.parameters()) < 25e6  # "about 20M", as issue 12 asks
+
+
+def test_tiny_preset_is_the_builders_default_shape():
+    preset = btm.SIZE_PRESETS["tiny"]
+    defaults = inspect.signature(btm.build_tiny_model).parameters
+    assert {key: defaults[key].default for key in preset} == preset
