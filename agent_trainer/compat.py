@@ -43,6 +43,11 @@ def _to(key: str) -> Callable[[Any], dict[str, Any]]:
     return lambda value: {key: value}
 
 
+def _moved(old: str, system: str, new: str) -> CompatKey:
+    """A key that is ``new`` here under another name, its value unchanged."""
+    return CompatKey(old, system, new, _to(new))
+
+
 def _multi_turn(value: Any) -> dict[str, Any]:
     if value is True:
         return {}  # every run here is multi-turn; agent_proxy.max_turn sets the turns
@@ -72,30 +77,25 @@ AA, RAGEN = "align-anything", "RAGEN"
 TABLE: tuple[CompatKey, ...] = (
     CompatKey("train_cfgs.multi_turn", AA, "true: nothing to set (every run is multi-turn; agent_proxy.max_turn "
               "sets the turns); false: agent_proxy.max_turn=1", _multi_turn),
-    CompatKey("train_cfgs.bi_level_gae", AA, "algorithm.bi_level_gae", _to("algorithm.bi_level_gae")),
-    CompatKey("train_cfgs.high_level_gamma", AA, "algorithm.high_level_gamma", _to("algorithm.high_level_gamma")),
-    CompatKey("train_cfgs.max_turn", AA, "agent_proxy.max_turn", _to("agent_proxy.max_turn")),
-    CompatKey("train_cfgs.gamma", AA, "algorithm.gamma", _to("algorithm.gamma")),
-    CompatKey("train_cfgs.gae_lambda", AA, "algorithm.lam", _to("algorithm.lam")),
+    _moved("train_cfgs.bi_level_gae", AA, "algorithm.bi_level_gae"),
+    _moved("train_cfgs.high_level_gamma", AA, "algorithm.high_level_gamma"),
+    _moved("train_cfgs.max_turn", AA, "agent_proxy.max_turn"),
+    _moved("train_cfgs.gamma", AA, "algorithm.gamma"),
+    _moved("train_cfgs.gae_lambda", AA, "algorithm.lam"),
     CompatKey("train_cfgs.kl_coeff", AA, "KL penalty in the reward: algorithm.use_kl_in_reward=(value != 0), "
               "algorithm.kl_ctrl.kl_coef=value", _kl_coeff),
-    CompatKey("train_cfgs.update_iters", AA, "actor_rollout_ref.actor.ppo_epochs",
-              _to("actor_rollout_ref.actor.ppo_epochs")),
-    CompatKey("train_cfgs.clip_range_ratio", AA, "actor_rollout_ref.actor.clip_ratio",
-              _to("actor_rollout_ref.actor.clip_ratio")),
-    CompatKey("train_cfgs.clip_range_value", AA, "critic.cliprange_value", _to("critic.cliprange_value")),
-    CompatKey("train_cfgs.actor_lr", AA, "actor_rollout_ref.actor.optim.lr", _to("actor_rollout_ref.actor.optim.lr")),
-    CompatKey("train_cfgs.critic_lr", AA, "critic.optim.lr", _to("critic.optim.lr")),
-    CompatKey("train_cfgs.actor_weight_decay", AA, "actor_rollout_ref.actor.optim.weight_decay",
-              _to("actor_rollout_ref.actor.optim.weight_decay")),
-    CompatKey("train_cfgs.critic_weight_decay", AA, "critic.optim.weight_decay", _to("critic.optim.weight_decay")),
+    _moved("train_cfgs.update_iters", AA, "actor_rollout_ref.actor.ppo_epochs"),
+    _moved("train_cfgs.clip_range_ratio", AA, "actor_rollout_ref.actor.clip_ratio"),
+    _moved("train_cfgs.clip_range_value", AA, "critic.cliprange_value"),
+    _moved("train_cfgs.actor_lr", AA, "actor_rollout_ref.actor.optim.lr"),
+    _moved("train_cfgs.critic_lr", AA, "critic.optim.lr"),
+    _moved("train_cfgs.actor_weight_decay", AA, "actor_rollout_ref.actor.optim.weight_decay"),
+    _moved("train_cfgs.critic_weight_decay", AA, "critic.optim.weight_decay"),
     CompatKey("train_cfgs.adam_betas", AA, "actor_rollout_ref.actor.optim.betas and critic.optim.betas", _betas),
-    CompatKey("train_cfgs.actor_gradient_checkpointing", AA, "actor_rollout_ref.model.enable_gradient_checkpointing",
-              _to("actor_rollout_ref.model.enable_gradient_checkpointing")),
-    CompatKey("train_cfgs.critic_gradient_checkpointing", AA, "critic.model.enable_gradient_checkpointing",
-              _to("critic.model.enable_gradient_checkpointing")),
-    CompatKey("train_cfgs.seed", AA, "trainer.seed", _to("trainer.seed")),
-    CompatKey("train_cfgs.eval_interval", AA, "trainer.test_freq", _to("trainer.test_freq")),
+    _moved("train_cfgs.actor_gradient_checkpointing", AA, "actor_rollout_ref.model.enable_gradient_checkpointing"),
+    _moved("train_cfgs.critic_gradient_checkpointing", AA, "critic.model.enable_gradient_checkpointing"),
+    _moved("train_cfgs.seed", AA, "trainer.seed"),
+    _moved("train_cfgs.eval_interval", AA, "trainer.test_freq"),
     CompatKey("train_cfgs.use_reward_model", AA, "reward_model.enable (seed 002 spells it under train_cfgs too)",
               _to("reward_model.enable")),
     CompatKey("train_cfgs.use_reward_critic", AA, "critic.enable (seed 002 spells it under train_cfgs too)",
@@ -107,11 +107,9 @@ TABLE: tuple[CompatKey, ...] = (
               "the environment or the reward function"),
     CompatKey("model_cfgs.actor_model_name_or_path", AA, "model_path (actor, reference and critic backbone)",
               _to("model_path")),
-    CompatKey("model_cfgs.reward_model_name_or_path", AA, "reward_model.model.path",
-              _to("reward_model.model.path")),
-    CompatKey("model_cfgs.reward_critic_model_name_or_path", AA, "critic.model.path", _to("critic.model.path")),
-    CompatKey("model_cfgs.model_max_length", AA, "actor_rollout_ref.rollout.max_model_len",
-              _to("actor_rollout_ref.rollout.max_model_len")),
+    _moved("model_cfgs.reward_model_name_or_path", AA, "reward_model.model.path"),
+    _moved("model_cfgs.reward_critic_model_name_or_path", AA, "critic.model.path"),
+    _moved("model_cfgs.model_max_length", AA, "actor_rollout_ref.rollout.max_model_len"),
     CompatKey("model_cfgs.use_reward_model", AA, "reward_model.enable (also set reward_model.model.path)",
               _to("reward_model.enable")),
     CompatKey("model_cfgs.use_reward_critic", AA, "critic.enable: true needs a GAE-family algorithm.adv_estimator "
