@@ -150,7 +150,12 @@ class RefConfig:
     config/base.yaml ties it to actor_rollout_ref.actor.use_dynamic_bsz."""
     log_prob_max_token_len_per_gpu: int = 16384
     """With log_prob_use_dynamic_bsz: the most padded tokens per forward on one rank (>= rollout.max_model_len)."""
+    colocate: bool = True
+    """Host the reference weights in the actor's processes (verl colocates them): each actor rank holds its
+    shard of the frozen copy too and computes ``ref_log_prob`` data-parallel over the actor's ranks, with no
+    process of its own. False: a separate group of ``ref.fsdp.world_size`` ranks (its own CPUs or GPUs)."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """The separate group's sharding (only with colocate=false: colocated, the reference uses the actor's)."""
 
 
 @dataclass

@@ -211,6 +211,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _validate_rollout_shaping(cfg)
     _check_all_batching(cfg)
     _check_token_budgets(cfg)
+    _check_reference(cfg)
     _check_rollout_correction(cfg)
     _check_datasets(cfg)
     _check_reward_model(cfg)
@@ -434,6 +435,21 @@ def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
         _check(not on or budget >= longest,
                f"{key} = {budget} is smaller than actor_rollout_ref.rollout.max_model_len = {longest}, so a long "
                f"episode would not fit one micro-batch; set {key}={max(longest, 16384)} or lower max_model_len")
+
+
+def _check_reference(cfg: AgentTrainerConfig) -> None:
+    """A colocated reference lives in the actor's ranks: its own group's sharding keys would do nothing."""
+    from agent_trainer.config import FSDPConfig
+
+    ref = cfg.actor_rollout_ref.ref
+    if not (cfg.ref_enabled and ref.colocate):
+        return
+    for key, default in vars(FSDPConfig()).items():
+        value = getattr(ref.fsdp, key)
+        _check(value == default,
+               f"actor_rollout_ref.ref.fsdp.{key} = {value} has no effect: actor_rollout_ref.ref.colocate=true hosts "
+               "the reference in the actor's ranks (actor_rollout_ref.actor.fsdp.*); set "
+               f"actor_rollout_ref.ref.colocate=false for a separate reference group, or drop ref.fsdp.{key}")
 
 
 def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorAlreadyExistsError, ActorUnavailableError, RayActorError, RayTaskError
 
 from agent_trainer.es_manager import EpisodeSpec
 
@@ -70,10 +70,19 @@ class EnvActorPool:
         return f"env_{self.split}_{index}"
 
     def _start(self, index: int):
+        """Start actor ``index``; waits up to NAME_RELEASE_TIMEOUT_S while an ended actor still holds its name
+        (a replaced actor, or the last pool of the same split in this namespace, killed moments ago)."""
         options = dict(name=self.name(index))
         if self.max_concurrency > 1:
             options["max_concurrency"] = self.max_concurrency
-        return self.env_worker_cls.options(**options).remote(episodes=self.shards[index], **self.actor_kwargs)
+        deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+        while True:
+            try:
+                return self.env_worker_cls.options(**options).remote(episodes=self.shards[index], **self.actor_kwargs)
+            except ActorAlreadyExistsError:  # the name is released once Ray has marked the ended actor dead
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def call(self, method: str, args_by_index: dict[int, object], timeout_s: float) -> EnvCall:
         """Call ``method`` on the given actors at once (arg None: no argument); wait at most ``timeout_s``."""
@@ -118,13 +127,5 @@ class EnvActorPool:
 
     def _replace(self, index: int) -> None:
         ray.kill(self.actors[index], no_restart=True)
-        deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
-        while True:
-            try:
-                self.actors[index] = self._start(index)
-                break
-            except ValueError:  # the name is released once Ray has marked the killed actor dead
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        self.actors[index] = self._start(index)
         self.replaced += 1

@@ -292,16 +292,13 @@ class SyncMultiTurnRollout:
 
     def _play(self, ctxs: dict[int, EpisodeContext | CondensedEpisode], sampling: SamplingParams, step: int) -> None:
         """The turn loop: generate for every active episode, step the envs; faults go to ``self.faults``."""
-        max_model_len = self.cfg.actor_rollout_ref.rollout.max_model_len
         self.turn_timings = profiling.TurnTimings()
         for turn in range(self.cfg.agent_proxy.max_turn):
             if isinstance(self.ctx, CondensedContextManager):  # text a condenser asked the policy for (context only)
                 self.ctx.write_summaries(ctxs.values(), lambda prompts, budgets, temperature: self._generate(
                     prompts, dataclasses.replace(sampling, temperature=temperature),
                     sampling_seed(self.cfg.trainer.seed, self.split, step, turn) ^ SUMMARY_SEED_SALT, budgets=budgets))
-            for c in ctxs.values():  # a first prompt that leaves no room for the turn ends its episode unplayed
-                if not c.done and len(self.ctx.prompt_ids(c)) + self.turn_budget[c.tag] > max_model_len:
-                    c.done = c.truncated = c.context_overflow = True
+            self._end_overflowing(c for c in ctxs.values() if not c.done)
             active = [c for c in ctxs.values() if not c.done]
             if not active:
                 break
@@ -438,11 +435,15 @@ class SyncMultiTurnRollout:
             self.ctx.write_summaries(lane.episodes, lambda prompts, budgets, temperature: self._generate_alone(
                 prompts, dataclasses.replace(sampling, temperature=temperature), salt ^ SUMMARY_SEED_SALT,
                 budgets=budgets, prompt_seeds=[(salt ^ SUMMARY_SEED_SALT) + k for k in range(len(prompts))]))
+        self._end_overflowing(lane.active())
+        return bool(lane.active())
+
+    def _end_overflowing(self, episodes) -> None:
+        """End (as truncated, ``context_overflow``) each episode whose next prompt leaves no room for its turn."""
         max_model_len = self.cfg.actor_rollout_ref.rollout.max_model_len
-        for ctx in lane.active():  # a prompt that leaves no room for the turn ends its episode
+        for ctx in episodes:
             if len(self.ctx.prompt_ids(ctx)) + self.turn_budget[ctx.tag] > max_model_len:
                 ctx.done = ctx.truncated = ctx.context_overflow = True
-        return bool(lane.active())
 
     def _request_seeds(self, episodes: list, step: int, turn: int) -> list[int] | None:
         """Each episode's seed for ``turn`` (:func:`episode_seed`), or None when seeding per engine call."""

@@ -97,10 +97,9 @@ class AgentTrainer:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
         lifecycle.kill_actors([a for rollout in self.rollouts.values() for a in rollout.env_actors])
         self.rollouts = {}
-        for group in (self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg):
-            if group is not None:
-                group.shutdown()
-                lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
+        for group in self.worker_groups():
+            group.shutdown()
+            lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
 
     def restart(self) -> None:
@@ -142,10 +141,14 @@ class AgentTrainer:
                              "latest checkpoint in %s", cause, restarts, self.cfg.trainer.max_restarts, self.run_dir)
                 self.restart()
 
+    def worker_groups(self) -> list:
+        """Every started group, each once (a colocated reference is the actor's group in a second role)."""
+        groups = [self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg]
+        return [g for i, g in enumerate(groups) if g is not None and all(g is not seen for seen in groups[:i])]
+
     def named_workers(self) -> dict[str, list]:
         """Every worker's name (as in the Ray namespace) -> its actor handle, for error messages."""
-        named = {f"{g.name} rank {i}": [w] for g in (self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group,
-                                                                self.rm_wg) if g is not None for i, w in enumerate(g.workers)}
+        named = {f"{g.name} rank {i}": [w] for g in self.worker_groups() for i, w in enumerate(g.workers)}
         named.update({f"env actor {i} ({split})": [a] for split, r in self.rollouts.items()
                       for i, a in enumerate(r.env_actors)})
         return named

@@ -1,7 +1,10 @@
 """The policy worker (FSDP2): log probs, the PPO/GRPO update, full weights for sync.
 
-One rank of the actor group. ``ReferenceWorker`` is the frozen copy used for
-KL terms: the same forward, no optimizer.
+One rank of the actor group. The reference policy (the frozen copy used for KL terms)
+lives either in the actor's own processes (``actor_rollout_ref.ref.colocate``, the default,
+as verl colocates it): each actor rank also holds its shard of the frozen weights and answers
+``compute_ref_log_prob``; or in a group of its own, ``ReferenceWorker``: the same forward, no
+optimizer.
 """
 
 from __future__ import annotations
@@ -28,8 +31,14 @@ def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
     return lm
 
 
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """A model that is only ever evaluated: eval mode, no gradients."""
+    model.eval()
+    return model.requires_grad_(False)
+
+
 class ReferenceWorker(FSDPWorker):
-    """A frozen policy: ``compute_ref_log_prob`` only."""
+    """A frozen policy in a group of its own (``actor_rollout_ref.ref.colocate=false``): ``compute_ref_log_prob``."""
 
     hf_auto_class = AutoModelForCausalLM
 
@@ -37,50 +46,64 @@ class ReferenceWorker(FSDPWorker):
                  seed: int = 0):
         super().__init__(rank=rank, world_size=world_size, fsdp=ref.fsdp, device=device, seed=seed)
         self.model_config = model
-        self.batching = MicroBatching(ref.log_prob_micro_batch_size_per_gpu,
-                                      ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None)
+        self.ref_model: torch.nn.Module | None = None
+        self.ref_batching = ref_batching(ref)
 
     def init_model(self) -> None:
         """Load and shard the model (every rank, concurrently)."""
-        self.model = self.shard_model(load_causal_lm(self.model_config))
-        self.model.eval()
+        self.model = self.ref_model = frozen(self.shard_model(load_causal_lm(self.model_config)))
 
-    def _log_probs(self, batch: TensorBatch) -> torch.Tensor:
-        """Log-probs [B, T] of ``batch``'s tokens at the rollout temperature, micro-batched by ``self.batching``."""
+    def _log_probs(self, batch: TensorBatch, model: torch.nn.Module, batching: MicroBatching) -> torch.Tensor:
+        """Log-probs [B, T] of ``batch``'s tokens under ``model`` at the rollout temperature, micro-batched."""
         temperature = float(batch.meta.get("temperature", 1.0))
 
         def per_token(micro: TensorBatch) -> torch.Tensor:
             inputs = self.model_inputs(micro)
-            return token_log_probs(self.model(**vars(inputs)).logits, inputs.input_ids, temperature)
+            return token_log_probs(model(**vars(inputs)).logits, inputs.input_ids, temperature)
 
-        return self.forward_rows(batch, self.batching, per_token)
+        return self.forward_rows(batch, batching, per_token)
 
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
-        """``ref_log_prob`` [B, T] for this rank's shard."""
-        return TensorBatch({"ref_log_prob": self._log_probs(batch)})
+        """``ref_log_prob`` [B, T] for this rank's shard, under the frozen reference weights."""
+        if self.ref_model is None:
+            raise RuntimeError("this actor group hosts no reference model (it was started without one: "
+                               "actor_rollout_ref.ref.colocate=false or no KL term)")
+        return TensorBatch({"ref_log_prob": self._log_probs(batch, self.ref_model, self.ref_batching)})
+
+
+def ref_batching(ref: RefConfig) -> MicroBatching:
+    """The reference forward's micro-batches (rows, or a token budget with log_prob_use_dynamic_bsz)."""
+    return MicroBatching(ref.log_prob_micro_batch_size_per_gpu,
+                         ref.log_prob_max_token_len_per_gpu if ref.log_prob_use_dynamic_bsz else None)
 
 
 class ActorWorker(ReferenceWorker):
     """The trained policy: ``compute_log_prob``, ``update_actor``, ``full_state_dict``."""
 
     def __init__(self, *, rank: int, world_size: int, model: ModelConfig, actor: ActorConfig, device: str = "auto",
-                 seed: int = 0):
+                 seed: int = 0, ref: RefConfig | None = None):
+        """``ref``: host the reference policy too (``actor_rollout_ref.ref.colocate``), else None."""
         FSDPWorker.__init__(self, rank=rank, world_size=world_size, fsdp=actor.fsdp, device=device, seed=seed)
         self.model_config = model
         self.config = actor
         self.batching = MicroBatching(actor.ppo_micro_batch_size_per_gpu,
                                       actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
         self.policy_loss_fn = core_algos.get_policy_loss_fn(actor.policy_loss_mode)
+        self.ref_model = None
+        self.ref_batching = ref_batching(ref) if ref is not None else None
+        self.hosts_ref = ref is not None
 
     def init_model(self) -> None:
-        """Load, shard, and build the optimizer (every rank, concurrently)."""
+        """Load, shard, and build the optimizer (every rank, concurrently); the frozen reference too when hosted."""
         self.model = self.shard_model(load_causal_lm(self.model_config))
         self.build_optimizer(self.config.optim)
+        if self.hosts_ref:  # its own copy from model_path: the policy's weights move, the reference's never do
+            self.ref_model = frozen(self.shard_model(load_causal_lm(self.model_config)))
 
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``old_log_probs`` [B, T] under the current policy for this rank's shard."""
         self.model.eval()
-        return TensorBatch({"old_log_probs": self._log_probs(batch)})
+        return TensorBatch({"old_log_probs": self._log_probs(batch, self.model, self.batching)})
 
     def update_actor(self, batch: TensorBatch) -> dict[str, float]:
         """PPO epochs over this rank's shard: mini-batches (optimizer steps) of micro-batches.

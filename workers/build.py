@@ -22,6 +22,7 @@ class Workers:
     actor: WorkerGroup
     critic: WorkerGroup | None
     ref: WorkerGroup | None
+    """The reference group: the actor's group itself when colocated (actor_rollout_ref.ref.colocate)."""
     engines: list[Any]
     """Ray actor handles of the rollout engines."""
     engine_group: WorkerGroup
@@ -43,7 +44,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     """Start the actor, critic, reference and rollout groups and load their models.
 
     On GPU every FSDP rank takes one GPU and every engine
-    ``tensor_model_parallel_size`` GPUs (no colocation yet).
+    ``tensor_model_parallel_size`` GPUs (engines are not colocated with the FSDP ranks yet; the
+    reference is, by default: ``actor_rollout_ref.ref.colocate``).
     """
     device = resolve_device(cfg.trainer.device)
     check_placement(resource_demands(cfg, device), ray.cluster_resources())
@@ -51,10 +53,12 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     arr = cfg.actor_rollout_ref
     timeouts = {"placement_timeout_s": cfg.trainer.placement_timeout_s,
                 "collective_timeout_s": cfg.trainer.collective_timeout_s}
+    colocate_ref = cfg.ref_enabled and arr.ref.colocate
     actor = WorkerGroup(
         ActorWorker, name="actor", world_size=arr.actor.fsdp.world_size, num_cpus_per_rank=arr.actor.fsdp.num_cpus_per_rank,
         num_gpus_per_rank=gpus, distributed=True, **timeouts,
-        init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed},
+        init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed,
+                     "ref": arr.ref if colocate_ref else None},
     )
     critic = None
     if cfg.critic_enabled:
@@ -63,8 +67,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
             num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True, **timeouts,
             init_kwargs={"critic": cfg.critic, "device": device, "seed": cfg.trainer.seed},
         )
-    ref = None
-    if cfg.ref_enabled:
+    ref = actor if colocate_ref else None  # the actor's ranks answer compute_ref_log_prob
+    if cfg.ref_enabled and not colocate_ref:
         ref = WorkerGroup(
             ReferenceWorker, name="ref", world_size=arr.ref.fsdp.world_size, num_cpus_per_rank=arr.ref.fsdp.num_cpus_per_rank,
             num_gpus_per_rank=gpus, distributed=True, **timeouts,
@@ -82,8 +86,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
         )
     engines = build_engines(cfg, device)
     # Load every model at once: the groups' collectives are independent of each other.
-    groups = (actor, critic, ref, reward_model)
-    for group, refs in [(g, g.execute_all_async("init_model")) for g in groups if g is not None]:
+    groups = [g for g in (actor, critic, ref if ref is not actor else None, reward_model) if g is not None]
+    for group, refs in [(g, g.execute_all_async("init_model")) for g in groups]:
         group.get(refs)
     # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it. The rollout
     # names each one (``env_train_0``, ``env_val_0``, ...) with ``.options(name=...)``.
@@ -136,10 +140,8 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
     demands = [Demand("actor", arr.actor.fsdp.world_size, arr.actor.fsdp.num_cpus_per_rank, gpus)]
     if cfg.critic_enabled:
         demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
-    if cfg.ref_enabled:
+    if cfg.ref_enabled and not arr.ref.colocate:
         demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))
-    if cfg.reward_model.enable:
-        demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
     if cfg.reward_model.enable:
         demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
     demands.append(Demand("rollout", r.num_workers, r.num_cpus_per_worker,

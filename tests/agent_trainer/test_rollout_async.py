@@ -100,10 +100,26 @@ def engine(ray_cluster, model_path):
     return ray_cluster.remote(VLLMRolloutWorker).options(num_cpus=0.5).remote(model_path, max_model_len=1536)
 
 
-def _rollout(cfg, tokenizer, engine) -> SyncMultiTurnRollout:
+_made: list[SyncMultiTurnRollout] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_env_actors_after_each_test():
+    """Each test's env actors are dead (names free) before the next test builds ``env_train_*`` again."""
+    yield
+    from agent_trainer.lifecycle import kill_actors
+
+    kill_actors([actor for rollout in _made for actor in rollout.env_actors])
+    _made.clear()
+
+
+def _rollout(cfg, tokenizer, engine, tags=None) -> SyncMultiTurnRollout:
     from workers.env_worker import EnvWorker
 
-    return SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, _slow_tags(), split="train", num_env_actors=2)
+    rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, tags or _slow_tags(), split="train",
+                                   num_env_actors=2)
+    _made.append(rollout)
+    return rollout
 
 
 @pytest.mark.e2e
@@ -167,14 +183,12 @@ def test_condensed_rollout_with_summaries_without_barrier(engine, model_path, to
 @pytest.mark.e2e
 def test_an_env_timeout_ends_only_that_actors_episodes(engine, model_path, tokenizer):
     """A step that misses env_step_timeout_s: its actor is replaced once, the rollout still ends with a batch."""
-    from workers.env_worker import EnvWorker
-
     cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]",
                   "es_manager.env_step_timeout_s=0.5", "agent_proxy.max_turn=2")
     tags = _slow_tags()
     env_config = dict(tags[SLOW_TAG].env_config, min_latency_ms=2000.0, max_latency_ms=2000.0)
     tags[SLOW_TAG] = dataclasses.replace(tags[SLOW_TAG], env_config=env_config)
-    rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, tags, split="train", num_env_actors=2)
+    rollout = _rollout(cfg, tokenizer, engine, tags)
     result = rollout.rollout(step=1)
     assert result.metrics["rollout/env_timeouts"] >= 2 and rollout.env_pool.replaced == 2  # once per actor
     assert len(result.batch) == 8  # every episode ended with what it had ...

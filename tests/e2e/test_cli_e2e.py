@@ -15,8 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "config_name, extra, expect_critic",
     [
-        # GRPO: no critic, a reference worker for the KL loss and (adaptive) KL-in-reward
+        # GRPO: no critic, the reference (in the actor's ranks) for the KL loss and (adaptive) KL-in-reward
         ("frozenlake_grpo", ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"], False),
+        # the same with the reference in a group of its own instead of the actor's ranks
+        ("frozenlake_grpo", ["actor_rollout_ref.ref.colocate=false"], False),
         # bi-level GAE with the GSPO sequence-level loss
         ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
         # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and
@@ -48,7 +50,7 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
     assert all(math.isfinite(r["critic/advantages_mean"]) and r["rollout/nonfinite_dropped"] == 0 for r in records)
     assert ("critic/vf_loss" in record) == expect_critic
     assert ("actor/kl_loss" in record) == (config_name == "frozenlake_grpo")
-    assert ("actor/reward_kl_penalty" in record) == (config_name == "frozenlake_grpo")
+    assert ("actor/reward_kl_penalty" in record) == ("algorithm.use_kl_in_reward=true" in extra)
     tags = [t for t in ("FrozenLakeDescribed", "GuessNumber") if f"env/{t}/num_actions" in record]
     assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLakeDescribed"])
     if config_name == "frozenlake_grpo_multiturn":

@@ -32,6 +32,14 @@ def test_the_reported_deadlock_is_refused_listing_every_demand(tiny_model_path):
     check_placement(demands, {"CPU": 2.4})  # exactly enough is enough
 
 
+@pytest.mark.parametrize("colocate", [True, False])
+def test_a_colocated_reference_asks_for_nothing_of_its_own(tiny_model_path, colocate):
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "actor_rollout_ref.actor.use_kl_loss=true",
+                                  f"actor_rollout_ref.ref.colocate={str(colocate).lower()}"])
+    demands = [d.what for d in resource_demands(cfg, "cuda")]
+    assert demands == ["actor", "critic"] + ([] if colocate else ["ref"]) + ["rollout", "env_train", "env_val"]
+
+
 def test_gpus_are_counted_too():
     with pytest.raises(PlacementError, match="need 3 GPU but the Ray cluster has 2"):
         check_placement([Demand("actor", 2, 0.25, 1.0), Demand("rollout", 1, 0.5, 1.0)], {"CPU": 8.0, "GPU": 2.0})

@@ -5,8 +5,8 @@ import torch
 
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
-from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
-from workers.actor import ActorWorker
+from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
+from workers.actor import ActorWorker, ReferenceWorker
 from workers.fsdp_base import micro_weight, token_log_probs
 
 
@@ -156,6 +156,28 @@ def test_on_policy_update_without_old_log_probs_is_the_recomputed_update(tiny_mo
     for key, value in rec_params.items():
         assert torch.equal(value, skip_params[key]), key
     assert "actor/rollout_vs_actor_logprob_diff" in skip_metrics  # reported by the actor when the driver cannot
+
+
+def test_a_colocated_reference_is_the_separate_reference_and_never_moves(tiny_model_path):
+    """actor_rollout_ref.ref.colocate: the actor rank's frozen copy gives the separate ReferenceWorker's log-probs,
+    before and after the policy's update, while the policy's own log-probs move."""
+    batch = _ragged_batch([16, 9, 12, 5, 16, 7])
+    ref = RefConfig(log_prob_micro_batch_size_per_gpu=4)
+    separate = ReferenceWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), ref=ref, device="cpu")
+    separate.init_model()
+    expected = separate.compute_ref_log_prob(batch)["ref_log_prob"]
+    cfg = ActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2),
+                      fsdp=FSDPConfig(world_size=1))
+    actor = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=cfg, device="cpu", ref=ref)
+    actor.init_model()
+    assert not any(p.requires_grad for p in actor.ref_model.parameters())
+    assert torch.equal(actor.compute_ref_log_prob(batch)["ref_log_prob"], expected)
+    before = actor.compute_log_prob(batch)["old_log_probs"]
+    actor.update_actor(batch.update({"old_log_probs": before}))
+    assert not torch.allclose(actor.compute_log_prob(batch)["old_log_probs"], before)  # the policy moved ...
+    assert torch.equal(actor.compute_ref_log_prob(batch)["ref_log_prob"], expected)  # ... the reference did not
+    with pytest.raises(RuntimeError, match="no reference"):
+        _actor(tiny_model_path).compute_ref_log_prob(batch)
 
 
 def test_update_without_old_log_probs_refuses_an_off_policy_update(tiny_model_path):
