@@ -225,14 +225,20 @@ def p5_peak_rss(b: Bench) -> dict:
 
 
 def p6_slow_env(b: Bench) -> dict:
-    """Rollout time with a 50-500 ms long-tailed env vs the same job without latency (turn barrier kept)."""
+    """A 50-500 ms long-tailed env: the rollout with the turn barrier (rollout.mode=sync) and without it (async),
+    and the same job without latency."""
     fast = b.current()
-    slow = b.project(RunSpec("frozenlake_slow_env", steps=b.steps, code_dir=b.tree,
-                             overrides=[f"model_path={TINY}", *SLOW_ENV]))
+    runs = {mode: b.project(RunSpec(f"frozenlake_slow_env_{mode}", steps=b.steps, code_dir=b.tree,
+                                    overrides=[f"model_path={TINY}", *SLOW_ENV, f"actor_rollout_ref.rollout.mode={mode}"]))
+            for mode in ("sync", "async")}
+    slow, free = runs["sync"], runs["async"]
     return {"rollout_s": fast.phases["rollout"], "slow_rollout_s": slow.phases["rollout"],
             "rollout_slowdown": ratio(slow.phases["rollout"], fast.phases["rollout"]),
             "step_s": fast.phases["step"], "slow_step_s": slow.phases["step"],
-            "step_slowdown": ratio(slow.phases["step"], fast.phases["step"]), "command": slow.command}
+            "step_slowdown": ratio(slow.phases["step"], fast.phases["step"]),
+            "async_rollout_s": free.phases["rollout"], "async_step_s": free.phases["step"],
+            "barrier_free_speedup": ratio(slow.phases["rollout"], free.phases["rollout"]),
+            "command": slow.command, "async_command": free.command}
 
 
 def p7_variants(with_20m: bool) -> dict[str, tuple[str, list[str]]]:

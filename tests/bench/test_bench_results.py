@@ -66,6 +66,10 @@ def test_ratio_rows_and_block_from_results():
     r["P2"] = {"tiny-qwen2": {"error": "trainer exited 1"}}
     assert report.ratio_rows(r)[1][0].startswith("P1")  # a failed row has no ratio
     assert "Failed: tiny-qwen2: trainer exited 1" in report.render(r, asset_prefix="")
+    r["P6"] = {"rollout_s": 0.5, "slow_rollout_s": 10.0, "rollout_slowdown": 20.0, "step_s": 3.0, "slow_step_s": 12.5,
+               "async_rollout_s": 4.0, "async_step_s": 6.5, "barrier_free_speedup": 2.5}
+    assert report.ratio_rows(r)[-1][1:3] == (2.5, 2.0)
+    assert "rollout 4.00 s, step 6.50 s: **2.50x** faster rollout" in report.render(r, asset_prefix="")
 
 
 def test_update_docs_replaces_only_the_generated_block(tmp_path):
