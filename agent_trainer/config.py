@@ -194,8 +194,10 @@ class RolloutConfig:
     generate_timeout_s: float = 600.0
     """Seconds one generate call (one turn of an engine's share of the episodes) may take; past it the engine
     is killed, restarted and re-synced, and the turn is generated once more (rollout/engine_failures)."""
-    kv_cache_space_gib: float = 1.0
-    """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE)."""
+    kv_cache_space_gib: float = 0.25
+    """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), allocated at start: it should hold the tokens of the
+    largest rollout batch (2 x layers x KV heads x head dim x dtype bytes per token; the tiny model: 1 KiB);
+    a smaller cache makes the engine queue sequences, a larger one only costs memory."""
     gpu_memory_utilization: float = 0.5
     """vLLM GPU memory share (GPU only)."""
     tensor_model_parallel_size: int = 1

@@ -171,6 +171,16 @@ def val_points(records: list[dict], key: str = "val/success_rate") -> list[tuple
     return [(int(r["step"]), float(r[key])) for r in records if key in r]
 
 
+def training_trend(records: list[dict], window: int = 5, key: str = "rollout/success_rate") -> str | None:
+    """The sampled training episodes' success over the first and the last ``window`` steps (what RL trains on)."""
+    values = [float(r[key]) for r in records if key in r]
+    if len(values) < 2 * window:
+        return None
+    first, last = values[:window], values[-window:]
+    return (f"Sampled training success (the episodes RL trains on): {sum(first) / window:.3f} over steps 1-{window}"
+            f" -> {sum(last) / window:.3f} over the last {window} steps.")
+
+
 def report(cfg, env_tags: dict, sft_dir: Path | None, rl_dir: Path | None, repeats: int = 8) -> str:
     """The comparison table: model runs (greedy, held-out) and baselines on the same seeds."""
     tags = list(cfg.es_manager.val.tags)
@@ -181,6 +191,7 @@ def report(cfg, env_tags: dict, sft_dir: Path | None, rl_dir: Path | None, repea
         if sft:
             rows.append((f"SFT (its own evaluation after step {sft[-1][0]})", f"{sft[-1][1]:.3f}", ""))
     success: list[tuple[int, float]] = []
+    records: list[dict] = []
     if rl_dir is not None:
         records = read_metrics(rl_dir)
         success, reward = val_points(records), dict(val_points(records, "val/episode_reward_mean"))
@@ -200,7 +211,8 @@ def report(cfg, env_tags: dict, sft_dir: Path | None, rl_dir: Path | None, repea
              f"{cfg.agent_proxy.max_turn} turns):",
              f"{'policy'.ljust(width)}  success  reward", f"{'-' * width}  -------  ------"]
     lines += [f"{name.ljust(width)}  {succ:>7}  {rew:>6}" for name, succ, rew in rows]
-    return "\n".join(lines + verdict)
+    trend = training_trend(records)
+    return "\n".join(lines + ([trend] if trend else []) + verdict)
 
 
 def main(argv: list[str] | None = None) -> None:

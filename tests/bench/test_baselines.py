@@ -47,6 +47,8 @@ def test_report_puts_the_runs_beside_the_baselines(tmp_path):
         folder.mkdir()
         (folder / "metrics.jsonl").write_text("".join(
             json.dumps({"step": s, "val/success_rate": v, "val/episode_reward_mean": v}) + "\n" for s, v in points))
+    with (rl / "metrics.jsonl").open("a") as f:  # training steps: sampled success 0.1 ... 1.0
+        f.writelines(json.dumps({"step": s, "rollout/success_rate": s / 10}) + "\n" for s in range(1, 11))
     cfg, tags = compose_and_prepare(["es_manager.val.env_groups=16", "es_manager.val.env_configs.n_groups=[16]"])
     text = bl.report(cfg, tags, sft, rl, repeats=1)
     lines = text.splitlines()
@@ -55,5 +57,7 @@ def test_report_puts_the_runs_beside_the_baselines(tmp_path):
     assert any("RL start = SFT warm start (step 0)" in line and "0.250" in line for line in lines)
     assert any("RL end (step 40)" in line and "0.600" in line for line in lines)
     assert any(line.startswith("expert [FrozenLakeDescribed]") and "1.000" in line for line in lines)
+    assert lines[-2] == ("Sampled training success (the episodes RL trains on): 0.300 over steps 1-5 -> 0.800 over "
+                         "the last 5 steps.")
     assert lines[-1].startswith("RL gain over its SFT start: +0.350 (issue 11 asks for at least +0.200); "
                                 "RL end NOT above")
