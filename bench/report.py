@@ -139,6 +139,10 @@ def _other_sections(r: dict) -> list[str]:
                 + (f" On TRL's own work (P2's GRPO run, no critic): {fmt(p['grpo_peak_gib'])} GiB, "
                    f"{p['grpo_processes']} processes, **{fmt(p['grpo_ratio'])}x**." if p.get("grpo_ratio") else ""),
                 ""]
+        if p.get("project_by_kind"):  # where the main job's peak is, largest first
+            kinds = sorted(p["project_by_kind"].items(), key=lambda kv: -kv[1][1])
+            out += ["The main job's peak by process (RSS counts shared library pages once per process):", "",
+                    render_table(["process", "count", "RSS (GiB)"], [[k, n, gib] for k, (n, gib) in kinds]), ""]
     if r.get("P6"):
         p = r["P6"]
         out += [f"### P6: slow environment, with and without the turn barrier\n\n`SlowFrozenLake3x3` "

@@ -14,8 +14,25 @@ import threading
 import psutil
 
 
-def tree_rss(pid: int) -> tuple[int, int]:
-    """(summed RSS in bytes, number of processes) of ``pid`` and all its descendants."""
+def process_kind(name: str, cmdline: str) -> str:
+    """What a process of the tree is, from its title: Ray workers by actor class, Ray's own daemons by name."""
+    if name.startswith("ray::") or cmdline.startswith("ray::"):
+        title = name if name.startswith("ray::") else cmdline.split()[0]
+        return title[len("ray::"):].split(".")[0] or "ray worker"
+    if name.startswith("ray-dashboard") or "dashboard/dashboard.py" in cmdline:
+        return "dashboard"
+    for marker, kind in (("agent_trainer.main", "driver"), ("log_monitor", "log_monitor"), ("monitor.py", "monitor"),
+                         ("gcs_server", "gcs_server"), ("raylet", "raylet")):
+        if marker in cmdline or marker == name:
+            return kind
+    return name
+
+
+def tree_rss(pid: int, by_kind: dict[str, list[int]] | None = None) -> tuple[int, int]:
+    """(summed RSS in bytes, number of processes) of ``pid`` and all its descendants.
+
+    ``by_kind``, when given, is filled with kind -> [processes, RSS bytes] (:func:`process_kind`).
+    """
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -24,7 +41,12 @@ def tree_rss(pid: int) -> tuple[int, int]:
     total = count = 0
     for proc in procs:
         try:
-            total += proc.memory_info().rss
+            rss = proc.memory_info().rss
+            if by_kind is not None:
+                entry = by_kind.setdefault(process_kind(proc.name(), " ".join(proc.cmdline())), [0, 0])
+                entry[0] += 1
+                entry[1] += rss
+            total += rss
             count += 1
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -41,13 +63,18 @@ class PeakRSS:
     def __init__(self, pid: int, interval: float = 0.25):
         self.pid, self.interval = pid, interval
         self.peak_bytes = self.peak_processes = 0
+        self.peak_by_kind: dict[str, list[int]] = {}
+        """At the sample with the largest total: process kind -> [processes, RSS bytes]."""
         self.loads: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss, count = tree_rss(self.pid)
+            by_kind: dict[str, list[int]] = {}
+            rss, count = tree_rss(self.pid, by_kind)
+            if rss > self.peak_bytes:
+                self.peak_by_kind = by_kind
             self.peak_bytes = max(self.peak_bytes, rss)
             self.peak_processes = max(self.peak_processes, count)
             self.loads.append(os.getloadavg()[0])

@@ -221,7 +221,9 @@ def p5_peak_rss(b: Bench) -> dict:
             "ratio": ratio(run.peak_rss_bytes, trl["peak_rss_bytes"]),
             # the same work as TRL's (P2's matched GRPO run: no critic)
             "grpo_peak_gib": grpo.peak_rss_bytes / 2**30, "grpo_processes": grpo.peak_processes,
-            "grpo_ratio": ratio(grpo.peak_rss_bytes, trl["peak_rss_bytes"])}
+            "grpo_ratio": ratio(grpo.peak_rss_bytes, trl["peak_rss_bytes"]),
+            # where the main job's peak is: process kind -> [processes, GiB]
+            "project_by_kind": {kind: [n, rss / 2**30] for kind, (n, rss) in run.peak_rss_by_kind.items()}}
 
 
 def p6_slow_env(b: Bench) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 
@@ -66,6 +67,10 @@ def test_ratio_rows_and_block_from_results():
     r["P2"] = {"tiny-qwen2": {"error": "trainer exited 1"}}
     assert report.ratio_rows(r)[1][0].startswith("P1")  # a failed row has no ratio
     assert "Failed: tiny-qwen2: trainer exited 1" in report.render(r, asset_prefix="")
+    r["P5"] = {"project_peak_gib": 6.0, "project_processes": 3, "trl_peak_gib": 0.5, "trl_processes": 1, "ratio": 12.0,
+               "project_by_kind": {"driver": [1, 0.5], "VLLMRolloutWorker": [1, 1.9], "ActorWorker": [2, 1.4]}}
+    by_kind = report.render(r, asset_prefix="").split("The main job's peak by process")[1].splitlines()
+    assert by_kind[4:7] == ["| VLLMRolloutWorker | 1 | 1.90 |", "| ActorWorker | 2 | 1.40 |", "| driver | 1 | 0.50 |"]
     r["P6"] = {"rollout_s": 0.5, "slow_rollout_s": 10.0, "rollout_slowdown": 20.0, "step_s": 3.0, "slow_step_s": 12.5,
                "async_rollout_s": 4.0, "async_step_s": 6.5, "barrier_free_speedup": 2.5}
     assert report.ratio_rows(r)[-1][1:3] == (2.5, 2.0)
@@ -117,3 +122,18 @@ def test_cli_parts_and_sizes():
     rows = {name: axis for name, (axis, _) in p7_variants(with_20m=True).items()}
     assert rows == {"rows_8": "rows", "rows_128": "rows", "turns_1": "turns", "turns_3": "turns",
                     "ranks_1": "ranks", "model_20m": "model"}
+
+
+def test_process_kinds_name_ray_workers_by_class_and_ray_daemons_by_role():
+    from rss import process_kind, tree_rss
+
+    assert process_kind("ray::ActorWorker.update_actor", "ray::ActorWorker.update_actor") == "ActorWorker"
+    assert process_kind("python", "ray::VLLMRolloutWorker") == "VLLMRolloutWorker"
+    assert process_kind("ray::IDLE", "ray::IDLE") == "IDLE"
+    assert process_kind("ray-dashboard-JobHead-0", "ray-dashboard-JobHead-0") == "dashboard"
+    assert process_kind("python", "/x/python -m agent_trainer.main --config-name frozenlake") == "driver"
+    assert process_kind("gcs_server", "/x/gcs_server --port 1") == "gcs_server"
+    assert process_kind("bash", "bash -c true") == "bash"
+    by_kind: dict = {}
+    total, count = tree_rss(os.getpid(), by_kind)  # this very process: one kind, the whole total
+    assert count >= 1 and sum(n for n, _ in by_kind.values()) == count and sum(b for _, b in by_kind.values()) == total
