@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from agent_trainer.agents.base import agent_options
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensers import (
     ContextCondenserConfig,
@@ -55,6 +56,7 @@ from agent_trainer.condensers import (
 from agent_trainer.condensers.layouts import NO_ANSWER, TurnSummary, condensed_user_message  # noqa: F401 (re-exported)
 from agent_trainer.ctx_manager import ContextManager, EpisodeStatus, TrainingRow, anchor_id, collate_rows
 from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.multiturn_config import condenser_config
 from agent_trainer.trajectory_rewards import (
     BatchRewards,
     BatchTrajectoryRewardComputer,
@@ -179,6 +181,12 @@ class CondensedContextManager(ContextManager):
         self.reward_config = rewards
         self.last_rewards: BatchRewards | None = None
         """The trajectory rewards of the last ``build_update_batch`` (for metrics and profiling)."""
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer) -> CondensedContextManager:
+        """The run's condenser (``multiturn_trajectory.context_condenser``) and trajectory rewards
+        (``reward_computation``) besides the common agent options."""
+        return cls(tokenizer, condenser=condenser_config(cfg), rewards=cfg.reward_computation, **agent_options(cfg))
 
     @property
     def keep_last_n_turns(self) -> int:

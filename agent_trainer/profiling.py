@@ -24,6 +24,7 @@ The condensation group (``ctx_manager.mode=condensed`` only) and the reward grou
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ class TurnTimings:
 
     def __init__(self):
         self.seconds: dict[tuple[str, int], float] = defaultdict(float)
+        self._lock = threading.Lock()  # rollout.mode=async times phases from several lane threads
 
     @contextmanager
     def phase(self, name: str, turn: int) -> Iterator[None]:
@@ -48,7 +50,8 @@ class TurnTimings:
         try:
             yield
         finally:
-            self.seconds[(name, turn + 1)] += time.perf_counter() - start
+            with self._lock:
+                self.seconds[(name, turn + 1)] += time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
         """``timing_s/<phase>`` totals and ``timing_s/<phase>_turn_<k>``."""

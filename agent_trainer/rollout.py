@@ -65,7 +65,6 @@ from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.env_pool import EnvActorPool
 from agent_trainer.es_manager import EnvGroupsConfig, EnvInput, EpisodeSpec, group_seeds, plan_episodes
-from agent_trainer.multiturn_config import condenser_config
 from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
@@ -389,7 +388,6 @@ class SyncMultiTurnRollout:
         The context manager is used from this thread only.
         """
         self.turn_timings = profiling.TurnTimings()
-        self._timings_lock = threading.Lock()
         self._engine_lock = threading.Lock()
         lanes = [lane for lane in self._lanes(ctxs) if self._start_lane_turn(lane, sampling, step)]
         timeout = self.cfg.es_manager.env_step_timeout_s
@@ -470,12 +468,8 @@ class SyncMultiTurnRollout:
     def _timed(self, phase: str, turn: int, fn: Callable, *args):
         """``fn(*args)`` (in a lane thread) timed as ``phase`` of ``turn``; lanes overlap, so the phases add
         up to more than the rollout's wall time."""
-        start = time.perf_counter()
-        try:
+        with self.turn_timings.phase(phase, turn):
             return fn(*args)
-        finally:
-            with self._timings_lock:
-                self.turn_timings.seconds[(phase, turn + 1)] += time.perf_counter() - start
 
     def _take_replies(self, sent: list[tuple[Lane, list]], generations: list) -> list[tuple[Lane, list, list]]:
         """Append each reply to the episode it was generated for; returns, per lane with an episode still
@@ -602,12 +596,7 @@ def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]
 def make_context_manager(cfg: AgentTrainerConfig, tokenizer, agent_cls: type[Agent] | None = None) -> Agent:
     """The run's agent (``agent_cls``, else ``agent_proxy.agent_cls``; docs/agents.md), by default the context
     manager of ``ctx_manager.mode``: full (one row per episode) or condensed (one row per turn)."""
-    cls = resolve_agent_cls(cfg, agent_cls)
-    common = dict(enable_think=cfg.agent_proxy.enable_think, action_sep=cfg.es_manager.action_sep,
-                  max_model_len=cfg.actor_rollout_ref.rollout.max_model_len)
-    if issubclass(cls, CondensedContextManager):
-        return cls(tokenizer, condenser=condenser_config(cfg), rewards=cfg.reward_computation, **common)
-    return cls.from_config(cfg, tokenizer)
+    return resolve_agent_cls(cfg, agent_cls).from_config(cfg, tokenizer)
 
 
 def sampling_seed(base_seed: int, split: str, step: int, turn: int) -> int:

@@ -20,7 +20,6 @@ from agent_trainer.config import ActorConfig, ModelConfig, RefConfig
 from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, greedy_hits, micro_batches, micro_weight, scalar,
                                 token_entropy, token_log_probs)
 
-_DTYPES = DTYPES  # the name workers/reward_model.py imports
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
     """Load any Hugging Face causal LM from ``model.path`` (the tiny model is just a folder)."""

@@ -15,13 +15,12 @@ from transformers import AutoModelForSequenceClassification
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig
 from agent_trainer.reward_config import RewardModelConfig
-from workers.actor import _DTYPES
-from workers.fsdp_base import FSDPWorker, micro_batches
+from workers.fsdp_base import DTYPES, FSDPWorker, micro_batches
 
 
 def load_reward_model(path: str, dtype: str = "float32") -> torch.nn.Module:
     """The sequence classifier at ``path``; refuses a model with more than one label."""
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[dtype])
     if model.config.num_labels != 1:
         raise ValueError(f"reward_model.model.path = {path!r} has num_labels = {model.config.num_labels}; a reward "
                          "model gives one score per text (AutoModelForSequenceClassification with num_labels=1)")
