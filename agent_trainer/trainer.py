@@ -23,6 +23,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from tqdm import tqdm
 
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
+from agent_trainer.overlap import RolloutPrefetch
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.agents.registry import resolve_agent_cls
@@ -64,6 +65,10 @@ class AgentTrainer:
         self.kl_ctrl = make_kl_ctrl(cfg)
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
+        self.prefetch: RolloutPrefetch[RolloutResult] = RolloutPrefetch()
+        """trainer.max_off_policy_steps 1: the next step's experience, generated while this step trains."""
+        self.engine_version = 0
+        """The global step whose weights the engines hold (set by :meth:`sync_weights`)."""
 
     # -- set-up --------------------------------------------------------------------------
     def init_workers(self) -> None:
@@ -95,6 +100,7 @@ class AgentTrainer:
 
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
+        self.prefetch.drop()
         lifecycle.kill_actors([a for rollout in self.rollouts.values() for a in rollout.env_actors])
         self.rollouts = {}
         for group in self.worker_groups():
@@ -193,22 +199,20 @@ class AgentTrainer:
         raise lifecycle.Interrupted(signum)
 
     def train_step(self) -> dict[str, float]:
-        """One rollout and one update; returns the step's metrics."""
+        """One rollout and one update; returns the step's metrics.
+
+        With ``trainer.max_off_policy_steps`` 1 the step's experience was generated while the previous
+        step trained, and the next step's is generated while this one trains (``agent_trainer.overlap``).
+        """
         metrics: dict[str, float] = {}
         with timer("step", metrics):
-            with timer("rollout", metrics):
-                result = self.train_rollout.rollout(self.global_step)
+            result = self.prefetch.take(self.global_step) or self.collect(self.global_step)
             metrics.update(result.metrics)
-            if self.rm_wg is not None:
-                with timer("reward_model", metrics):
-                    metrics.update(self.score_with_reward_model(result.batch))
-            if self.remax_rollout is not None:
-                with timer("remax_baseline", metrics):
-                    self.add_remax_baselines(result, metrics)
+            self.start_prefetch()
             with timer("shape", metrics):
                 batch = self.shape(result.batch, metrics)
             with timer("log_prob", metrics):
-                metrics.update(self.compute_old_log_probs(batch))
+                metrics.update(self.compute_old_log_probs(batch, staleness=int(metrics["rollout/policy_staleness"])))
             if self.ref_wg is not None:
                 with timer("ref", metrics):
                     batch.update(self.ref_wg.dp_compute("compute_ref_log_prob", batch))
@@ -224,6 +228,9 @@ class AgentTrainer:
             with timer("update_actor", metrics):
                 metrics.update(self.run_update(self.actor_wg, "update_actor", batch,
                                                self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
+            if self.prefetch.pending is not None:
+                with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
+                    self.prefetch.wait()
             with timer("sync", metrics):
                 self.sync_weights()
         metrics.update(batch_metrics(batch, metrics["timing_s/step"]))
@@ -231,13 +238,37 @@ class AgentTrainer:
         return metrics
 
     # -- phases --------------------------------------------------------------------------
-    def score_with_reward_model(self, batch: TensorBatch, split: str = "train") -> dict[str, float]:
+    def collect(self, step: int) -> RolloutResult:
+        """Step ``step``'s experience on the engines' current weights: the rollout, then the reward model's
+        scores and ReMax's baselines; ``rollout/policy_staleness`` = optimizer steps between those weights
+        and the ones the step trains from (0, or 1 under ``trainer.max_off_policy_steps``)."""
+        version, metrics = self.engine_version, {}
+        with timer("rollout", metrics):
+            result = self.train_rollout.rollout(step)
+        result.metrics.update(metrics)
+        if self.rm_wg is not None:
+            with timer("reward_model", result.metrics):
+                result.metrics.update(self.score_with_reward_model(result.batch, step=step))
+        if self.remax_rollout is not None:
+            with timer("remax_baseline", result.metrics):
+                self.add_remax_baselines(result, step)
+        result.metrics["rollout/policy_staleness"] = float(step - 1 - version)
+        return result
+
+    def start_prefetch(self) -> None:
+        """``trainer.max_off_policy_steps`` 1: start the next step's :meth:`collect` in the background."""
+        step = self.global_step + 1
+        if self.cfg.trainer.max_off_policy_steps and step <= self.cfg.trainer.total_training_steps:
+            self.prefetch.start(step, self.collect, resets=self.train_rollout.num_resets)
+
+    def score_with_reward_model(self, batch: TensorBatch, split: str = "train",
+                                step: int | None = None) -> dict[str, float]:
         """Add ``reward_model.reward_weight x score`` on every episode's last generated token (before shaping).
 
         The text (the final reply or the whole conversation, ``reward_model.input``) is decoded with the
         policy's tokenizer and re-tokenized with the reward model's (``agent_trainer.reward_model``).
         ``split`` "val" scores validation episodes: metrics ``val/reward_model/*``, dumps to
-        ``reward_model_scores_val.jsonl``.
+        ``reward_model_scores_val.jsonl``. ``step`` (default: the current one) labels the dumped scores.
         """
         rm_cfg = self.cfg.reward_model
         rows = reward_model.last_rows(batch)
@@ -246,7 +277,8 @@ class AgentTrainer:
         scores = self.rm_wg.dp_compute("compute_rm_score", inputs)["rm_scores"]
         reward_model.add_scores(batch, rows, scores, rm_cfg.reward_weight)
         if rm_cfg.dump_scores:
-            reward_model.dump_scores(self.run_dir / reward_model.dump_name(split), self.global_step, texts, scores)
+            reward_model.dump_scores(self.run_dir / reward_model.dump_name(split),
+                                     self.global_step if step is None else step, texts, scores)
         return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == "train" else
                                           f"{split}/reward_model")
 
@@ -260,21 +292,22 @@ class AgentTrainer:
         metrics.update(shape_metrics)
         return batch
 
-    def add_remax_baselines(self, result: RolloutResult, metrics: dict[str, float]) -> None:
+    def add_remax_baselines(self, result: RolloutResult, step: int) -> None:
         """ReMax: replay every training group's seed greedily; the episode's reward is the group's baseline.
 
         Sets ``result.batch["reward_baselines"]`` [B]; the greedy episodes are never trained on.
         """
-        baseline = self.remax_rollout.rollout(self.global_step, seeds=result.group_seeds)
+        metrics = result.metrics
+        baseline = self.remax_rollout.rollout(step, seeds=result.group_seeds)
         result.batch, dropped = attach_reward_baselines(result.batch, baseline.batch)
         metrics["rollout/remax_baseline_reward_mean"] = baseline.metrics["remax_baseline/episode_reward_mean"]
         metrics["rollout/remax_baseline_success_rate"] = baseline.metrics["remax_baseline/success_rate"]
         metrics["rollout/nonfinite_dropped"] += float(dropped)  # groups left without a (finite) baseline
 
-    def compute_old_log_probs(self, batch: TensorBatch) -> dict[str, float]:
+    def compute_old_log_probs(self, batch: TensorBatch, staleness: int = 0) -> dict[str, float]:
         """``old_log_probs`` from the actor, unless the update is exactly on-policy (:func:`needs_old_log_probs`);
         then the rollout-correction weights from them (``algorithm.rollout_correction``)."""
-        if not needs_old_log_probs(self.cfg, len(batch)):
+        if not needs_old_log_probs(self.cfg, len(batch), staleness):
             return {"perf/old_log_prob_skipped": 1.0}
         batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
         rc = self.cfg.algorithm.rollout_correction
@@ -336,8 +369,10 @@ class AgentTrainer:
         checkpoint on disk: the sync waits for it and sends the weights once more; a second
         failure raises with Ray's error.
         """
+        version = self.global_step
         refs = self.actor_wg.execute_all_async("full_state_dict")
         ray.get(refs[1:])
+        self.engine_version = version
         try:
             return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
         except (RayActorError, ActorUnavailableError) as err:
@@ -375,7 +410,7 @@ class AgentTrainer:
         OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "config.yaml")
         checkpoint.TrainerState(
             global_step=self.global_step,
-            env_resets={split: rollout.num_resets for split, rollout in self.rollouts.items()},
+            env_resets=self.env_resets(),
             kl_coef=self.kl_ctrl.value if self.kl_ctrl is not None else None,
             rng=checkpoint.rng_state(), parts=list(self.checkpoint_parts), metrics=dict(metrics or {}),
             saved_at=time.time(),
@@ -385,6 +420,14 @@ class AgentTrainer:
         checkpoint.prune(self.run_dir, "actor", trainer_cfg.max_actor_ckpt_to_keep)
         checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
         return final
+
+    def env_resets(self) -> dict[str, int]:
+        """Each split's reset counter as of the steps trained so far: a prefetched rollout's draw is not counted,
+        so a run resumed from here plays that step from the same initial states."""
+        resets = {split: rollout.num_resets for split, rollout in self.rollouts.items()}
+        if self.prefetch.pending is not None:
+            resets["train"] = self.prefetch.pending.resets
+        return resets
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore workers and driver state from a ``global_step_N`` folder; the next step is N + 1."""
@@ -414,12 +457,13 @@ def make_kl_ctrl(cfg: AgentTrainerConfig) -> core_algos.AdaptiveKLController | c
     return core_algos.FixedKLController(ctrl.kl_coef)
 
 
-def needs_old_log_probs(cfg: AgentTrainerConfig, rows: int) -> bool:
+def needs_old_log_probs(cfg: AgentTrainerConfig, rows: int, staleness: int = 0) -> bool:
     """Whether this step runs the old-log-prob forward (``actor_rollout_ref.actor.recompute_old_log_prob``).
 
     ``auto`` skips it when the update is exactly on-policy: one epoch over ``rows`` rows that
     fit one mini-batch, so the weights that generated are the ones the single optimizer step
-    starts from and the actor's detached current log-probs equal the old ones (TRL's rule).
+    starts from and the actor's detached current log-probs equal the old ones (TRL's rule), and
+    ``staleness`` 0 (a prefetched batch, ``trainer.max_off_policy_steps``, is one step older).
     It still runs when something needs the trainer's own log-probs before the update: the
     rollout correction (TRL, too, keeps the forward with its vLLM IS correction), or
     KL-in-reward at a temperature other than 1 (the engine's log-probs, which stand in for the
@@ -428,7 +472,7 @@ def needs_old_log_probs(cfg: AgentTrainerConfig, rows: int) -> bool:
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
     if actor.recompute_old_log_prob == "always":
         return True
-    on_policy = actor.ppo_epochs == 1 and rows <= actor.ppo_mini_batch_size
+    on_policy = staleness == 0 and actor.ppo_epochs == 1 and rows <= actor.ppo_mini_batch_size
     needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or (
         alg.use_kl_in_reward and cfg.actor_rollout_ref.rollout.temperature != 1.0)
     return not on_policy or needs_trainer_log_probs

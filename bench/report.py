@@ -35,6 +35,9 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
     if r.get("P6"):
         rows.append(("P6 rollout slow env / no latency", r["P6"]["rollout_slowdown"], None, False))
         rows.append(("P6 slow-env rollout, barrier-free speedup", r["P6"].get("barrier_free_speedup"), 2.0, True))
+        if r["P6"].get("overlap_speedup") is not None:
+            rows.append(("P6 slow-env step, one-step overlap speedup", r["P6"]["overlap_speedup"], None, True))
+            rows.append(("P6 main-job step, one-step overlap speedup", r["P6"]["main_overlap_speedup"], None, True))
     return [row for row in rows if row[1] is not None]
 
 
@@ -153,6 +156,13 @@ def _other_sections(r: dict) -> list[str]:
         if p.get("barrier_free_speedup") is not None:
             out[-1] += (f" Without it (`mode=async`): rollout {fmt(p['async_rollout_s'])} s, step "
                         f"{fmt(p['async_step_s'])} s: **{fmt(p['barrier_free_speedup'])}x** faster rollout.")
+        if p.get("overlap_speedup") is not None:
+            out[-1] += (f" With one-step off-policy overlap on top (`trainer.max_off_policy_steps=1`, token-level "
+                        f"rollout correction): step {fmt(p['overlap_step_s'])} s (of which waiting for the "
+                        f"prefetched rollout {fmt(p['overlap_wait_s'])} s), **{fmt(p['overlap_speedup'])}x** the "
+                        f"barrier-free step and **{fmt(p['slow_total_speedup'])}x** the turn-synchronous one. "
+                        f"The main job (no latency) with overlap: step {fmt(p['main_overlap_step_s'])} s vs "
+                        f"{fmt(p['step_s'])} s, **{fmt(p['main_overlap_speedup'])}x**.")
         out += [""]
     if r.get("P7"):
         rows = [[name, v["axis"], v["step_s"], v["ratio_to_base"]] for name, v in r["P7"].items()]

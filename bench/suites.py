@@ -228,19 +228,31 @@ def p5_peak_rss(b: Bench) -> dict:
 
 def p6_slow_env(b: Bench) -> dict:
     """A 50-500 ms long-tailed env: the rollout with the turn barrier (rollout.mode=sync) and without it (async),
-    and the same job without latency."""
+    and the same job without latency; then one-step off-policy overlap (trainer.max_off_policy_steps=1) on the
+    barrier-free slow-env job and on the main job: whole-step time with and without it."""
     fast = b.current()
-    runs = {mode: b.project(RunSpec(f"frozenlake_slow_env_{mode}", steps=b.steps, code_dir=b.tree,
-                                    overrides=[f"model_path={TINY}", *SLOW_ENV, f"actor_rollout_ref.rollout.mode={mode}"]))
-            for mode in ("sync", "async")}
-    slow, free = runs["sync"], runs["async"]
+    overlap = ["trainer.max_off_policy_steps=1", "algorithm.rollout_correction.rollout_is=token"]
+    specs = {"sync": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=sync"],
+             "async": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async"],
+             "async_overlap": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async", *overlap],
+             "main_overlap": overlap}
+    runs = {name: b.project(RunSpec(f"frozenlake_slow_env_{name}" if name != "main_overlap" else "frozenlake_overlap",
+                                    steps=b.steps, code_dir=b.tree, overrides=[f"model_path={TINY}", *overrides]))
+            for name, overrides in specs.items()}
+    slow, free, both, main_overlap = runs["sync"], runs["async"], runs["async_overlap"], runs["main_overlap"]
     return {"rollout_s": fast.phases["rollout"], "slow_rollout_s": slow.phases["rollout"],
             "rollout_slowdown": ratio(slow.phases["rollout"], fast.phases["rollout"]),
             "step_s": fast.phases["step"], "slow_step_s": slow.phases["step"],
             "step_slowdown": ratio(slow.phases["step"], fast.phases["step"]),
             "async_rollout_s": free.phases["rollout"], "async_step_s": free.phases["step"],
             "barrier_free_speedup": ratio(slow.phases["rollout"], free.phases["rollout"]),
-            "command": slow.command, "async_command": free.command}
+            "overlap_step_s": both.phases["step"], "overlap_wait_s": both.phases.get("wait_prefetch"),
+            "overlap_speedup": ratio(free.phases["step"], both.phases["step"]),
+            "slow_total_speedup": ratio(slow.phases["step"], both.phases["step"]),
+            "main_overlap_step_s": main_overlap.phases["step"],
+            "main_overlap_speedup": ratio(fast.phases["step"], main_overlap.phases["step"]),
+            "command": slow.command, "async_command": free.command, "overlap_command": both.command,
+            "main_overlap_command": main_overlap.command}
 
 
 def p7_variants(with_20m: bool) -> dict[str, tuple[str, list[str]]]:

@@ -12,11 +12,16 @@ and DP_COMPUTE_PROTO dispatch, written out instead of hidden in decorators):
   shards' results are concatenated in order, padding removed.
 
 Methods whose names end in ``_async`` return Ray object refs instead of values.
+
+A group may be called from two driver threads (the rollout prefetch thread re-syncs a restarted
+engine while the main thread trains, ``agent_trainer.overlap``): each call is submitted to all ranks
+under one lock, so every rank sees the threads' calls in the same order and collectives line up.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -75,6 +80,7 @@ class WorkerGroup:
             raise ValueError(f"{name}: world_size must be >= 1, got {world_size}")
         self.name = name
         self.world_size = world_size
+        self._submit_lock = threading.Lock()
         bundle = {"CPU": num_cpus_per_rank}
         if num_gpus_per_rank:
             bundle["GPU"] = num_gpus_per_rank
@@ -109,7 +115,12 @@ class WorkerGroup:
 
     def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         """Call ``method`` on every rank with the same arguments; return the refs."""
-        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return self._submit(method, [(args, kwargs)] * len(self.workers))
+
+    def _submit(self, method: str, calls: list[tuple[tuple, dict]]) -> list[ray.ObjectRef]:
+        """One call per rank, ``calls[i]`` = rank i's (args, kwargs), submitted together (module docstring)."""
+        with self._submit_lock:
+            return [getattr(w, method).remote(*a, **kw) for w, (a, kw) in zip(self.workers, calls)]
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank with the same arguments; wait for all results."""
@@ -117,19 +128,21 @@ class WorkerGroup:
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on rank 0 only (must not involve collectives)."""
-        return self.get([getattr(self.workers[0], method).remote(*args, **kwargs)])[0]
+        with self._submit_lock:
+            ref = getattr(self.workers[0], method).remote(*args, **kwargs)
+        return self.get([ref])[0]
 
     def dp_compute(self, method: str, batch: TensorBatch, **kwargs: Any) -> TensorBatch:
         """Split ``batch`` across ranks, run ``method`` on each shard, concatenate in order."""
         shards, pad = split_for_ranks(batch, self.world_size)
-        results = self.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        results = self.get(self._submit(method, [((s,), kwargs) for s in shards]))
         merged = TensorBatch.concat(results)
         return merged.index(torch.arange(len(merged) - pad)) if pad else merged
 
     def dp_execute(self, method: str, batch: TensorBatch, **kwargs: Any) -> list[Any]:
         """Split ``batch`` across ranks and return each rank's (non-batch) result, e.g. metrics."""
         shards, _ = split_for_ranks(batch, self.world_size)
-        return self.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        return self.get(self._submit(method, [((s,), kwargs) for s in shards]))
 
     def get(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """``ray.get`` of one ref per rank (in rank order), failing fast when a rank dies.

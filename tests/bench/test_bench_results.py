@@ -75,6 +75,12 @@ def test_ratio_rows_and_block_from_results():
                "async_rollout_s": 4.0, "async_step_s": 6.5, "barrier_free_speedup": 2.5}
     assert report.ratio_rows(r)[-1][1:3] == (2.5, 2.0)
     assert "rollout 4.00 s, step 6.50 s: **2.50x** faster rollout" in report.render(r, asset_prefix="")
+    r["P6"].update(overlap_step_s=5.0, overlap_wait_s=0.2, overlap_speedup=1.3, slow_total_speedup=2.5,
+                   main_overlap_step_s=3.3, main_overlap_speedup=0.91)
+    assert [row[1] for row in report.ratio_rows(r)[-2:]] == [1.3, 0.91]
+    text = report.render(r, asset_prefix="")
+    assert "step 5.00 s (of which waiting for the prefetched rollout 0.20 s), **1.30x** the barrier-free" in text
+    assert "step 3.30 s vs 3.00 s, **0.91x**" in text
 
 
 def test_update_docs_replaces_only_the_generated_block(tmp_path):
