@@ -123,7 +123,7 @@ TABLE: tuple[CompatKey, ...] = (
     CompatKey("enable_response_mask", RAGEN, "true: nothing to set (response_mask always covers exactly the "
               "generated tokens); false is refused", _always_on("enable_response_mask")),
     CompatKey("trainer.n_gpus_per_node", RAGEN, "refused", refusal="placement is per worker group: set "
-              "actor_rollout_ref.actor.fsdp.world_size (and critic.fsdp.world_size, "
+              "actor_rollout_ref.actor.fsdp.world_size (and critic.fsdp.world_size with critic.colocate=false, "
               "actor_rollout_ref.rollout.num_workers)"),
     CompatKey("trainer.nnodes", RAGEN, "refused", refusal="a run uses the Ray cluster it starts or joins "
               "(RAY_ADDRESS); size it with actor_rollout_ref.actor.fsdp.world_size"),

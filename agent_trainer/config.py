@@ -251,7 +251,14 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int | None = None
     """With use_dynamic_bsz: the same for compute_values; null = ppo_max_token_len_per_gpu."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
+    colocate: bool = True
+    """Host the critic in the actor's processes (verl's fused worker): each actor rank also holds its shard of
+    the value model and its optimizer, and computes values and the critic update data-parallel over the actor's
+    ranks, with no process of its own (one process and its ~0.4 GiB of torch/transformers imports fewer).
+    False: a separate group of ``critic.fsdp.world_size`` ranks (its own CPUs or GPUs). docs/architecture.md."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """The separate group's sharding and threads (only with colocate=false: colocated, the critic uses the
+    actor's)."""
 
 
 @dataclass

@@ -399,9 +399,10 @@ def _check_all_batching(cfg: AgentTrainerConfig) -> None:
     actor = cfg.actor_rollout_ref.actor
     _check_batching("actor_rollout_ref.actor", rows, actor.ppo_mini_batch_size,
                     actor.ppo_micro_batch_size_per_gpu, actor.fsdp.world_size)
-    if cfg.critic_enabled:
+    if cfg.critic_enabled:  # a colocated critic runs on the actor's ranks
+        critic_world = actor.fsdp.world_size if cfg.critic.colocate else cfg.critic.fsdp.world_size
         _check_batching("critic", rows, cfg.critic.ppo_mini_batch_size,
-                        cfg.critic.ppo_micro_batch_size_per_gpu, cfg.critic.fsdp.world_size)
+                        cfg.critic.ppo_micro_batch_size_per_gpu, critic_world)
 
 
 def _check_batching(section: str, rows: int | None, mini: int, micro: int, world: int) -> None:
@@ -440,18 +441,20 @@ def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
 
 
 def _check_reference(cfg: AgentTrainerConfig) -> None:
-    """A colocated reference lives in the actor's ranks: its own group's sharding keys would do nothing."""
+    """A colocated reference or critic lives in the actor's ranks: its own group's sharding keys would do nothing."""
     from agent_trainer.config import FSDPConfig
 
-    ref = cfg.actor_rollout_ref.ref
-    if not (cfg.ref_enabled and ref.colocate):
-        return
-    for key, default in vars(FSDPConfig()).items():
-        value = getattr(ref.fsdp, key)
-        _check(value == default,
-               f"actor_rollout_ref.ref.fsdp.{key} = {value} has no effect: actor_rollout_ref.ref.colocate=true hosts "
-               "the reference in the actor's ranks (actor_rollout_ref.actor.fsdp.*); set "
-               f"actor_rollout_ref.ref.colocate=false for a separate reference group, or drop ref.fsdp.{key}")
+    arr = cfg.actor_rollout_ref
+    hosted = [("actor_rollout_ref.ref", arr.ref, cfg.ref_enabled), ("critic", cfg.critic, cfg.critic_enabled)]
+    for section, role, enabled in hosted:
+        if not (enabled and role.colocate):
+            continue
+        for key, default in vars(FSDPConfig()).items():
+            value = getattr(role.fsdp, key)
+            _check(value == default,
+                   f"{section}.fsdp.{key} = {value} has no effect: {section}.colocate=true hosts it in the actor's "
+                   f"ranks (actor_rollout_ref.actor.fsdp.*); set {section}.colocate=false for a group of its own, "
+                   f"or drop {section}.fsdp.{key}")
 
 
 def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:

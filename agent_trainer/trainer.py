@@ -405,7 +405,7 @@ class AgentTrainer:
         tmp = checkpoint.begin_save(self.run_dir, self.global_step)
         groups = {"actor": self.actor_wg, "critic": self.critic_wg}
         ray.get([ref for part in self.checkpoint_parts
-                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part))])
+                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part), role=part)])
         self.tokenizer.save_pretrained(str(tmp / "actor"))
         OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "config.yaml")
         checkpoint.TrainerState(
@@ -433,7 +433,7 @@ class AgentTrainer:
         """Restore workers and driver state from a ``global_step_N`` folder; the next step is N + 1."""
         groups = {"actor": self.actor_wg, "critic": self.critic_wg}
         ray.get([ref for part in self.checkpoint_parts
-                 for ref in groups[part].execute_all_async("load_checkpoint", str(Path(path) / part))])
+                 for ref in groups[part].execute_all_async("load_checkpoint", str(Path(path) / part), role=part)])
         state = checkpoint.TrainerState.load(Path(path))
         self.global_step = state.global_step
         for split, rollout in self.rollouts.items():

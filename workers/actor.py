@@ -4,11 +4,14 @@ One rank of the actor group. The reference policy (the frozen copy used for KL t
 lives either in the actor's own processes (``actor_rollout_ref.ref.colocate``, the default,
 as verl colocates it): each actor rank also holds its shard of the frozen weights and answers
 ``compute_ref_log_prob``; or in a group of its own, ``ReferenceWorker``: the same forward, no
-optimizer.
+optimizer. The critic, likewise, is hosted by the actor's ranks (``critic.colocate``, the
+default, verl's fused worker): a ``CriticWorker`` component in the same process answers
+``compute_values`` and ``update_critic`` on the actor's process group; or it has a group of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import torch
@@ -16,7 +19,8 @@ from transformers import AutoModelForCausalLM
 
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
-from agent_trainer.config import ActorConfig, ModelConfig, RefConfig
+from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
+from workers.critic import CriticWorker
 from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, greedy_hits, micro_batches, micro_weight, scalar,
                                 token_entropy, token_log_probs)
 
@@ -80,8 +84,9 @@ class ActorWorker(ReferenceWorker):
     """The trained policy: ``compute_log_prob``, ``update_actor``, ``full_state_dict``."""
 
     def __init__(self, *, rank: int, world_size: int, model: ModelConfig, actor: ActorConfig, device: str = "auto",
-                 seed: int = 0, ref: RefConfig | None = None):
-        """``ref``: host the reference policy too (``actor_rollout_ref.ref.colocate``), else None."""
+                 seed: int = 0, ref: RefConfig | None = None, critic: CriticConfig | None = None):
+        """``ref``: host the reference policy too (``actor_rollout_ref.ref.colocate``), else None. ``critic``: host
+        the critic too (``critic.colocate``), on this rank's threads and process group, else None."""
         FSDPWorker.__init__(self, rank=rank, world_size=world_size, fsdp=actor.fsdp, device=device, seed=seed)
         self.model_config = model
         self.config = actor
@@ -91,6 +96,10 @@ class ActorWorker(ReferenceWorker):
         self.ref_model = None
         self.ref_batching = ref_batching(ref) if ref is not None else None
         self.hosts_ref = ref is not None
+        self.critic = None if critic is None else CriticWorker(
+            rank=rank, world_size=world_size, critic=dataclasses.replace(critic, fsdp=actor.fsdp), device=device,
+            seed=seed)
+        """The colocated critic (composition: the critic's own worker class, in this process), else None."""
 
     def init_model(self) -> None:
         """Load, shard, and build the optimizer (every rank, concurrently); the frozen reference too when hosted."""
@@ -98,6 +107,34 @@ class ActorWorker(ReferenceWorker):
         self.build_optimizer(self.config.optim)
         if self.hosts_ref:  # its own copy from model_path: the policy's weights move, the reference's never do
             self.ref_model = frozen(self.shard_model(load_causal_lm(self.model_config)))
+        if self.critic is not None:
+            self.critic.init_model()
+
+    def compute_values(self, batch: TensorBatch) -> TensorBatch:
+        """The colocated critic's ``values`` (``CriticWorker.compute_values``)."""
+        return self._hosted_critic().compute_values(batch)
+
+    def update_critic(self, batch: TensorBatch) -> dict[str, float]:
+        """The colocated critic's update (``CriticWorker.update_critic``)."""
+        return self._hosted_critic().update_critic(batch)
+
+    def save_checkpoint(self, path: str, role: str = "actor") -> None:
+        """The policy's state (``FSDPWorker.save_checkpoint``), or the colocated critic's with role ``critic``."""
+        if role == "critic":
+            return self._hosted_critic().save_checkpoint(path)
+        return super().save_checkpoint(path)
+
+    def load_checkpoint(self, path: str, role: str = "actor") -> None:
+        """Restore what :meth:`save_checkpoint` wrote for ``role``."""
+        if role == "critic":
+            return self._hosted_critic().load_checkpoint(path)
+        return super().load_checkpoint(path)
+
+    def _hosted_critic(self) -> CriticWorker:
+        if self.critic is None:
+            raise RuntimeError("this actor group hosts no critic (it was started without one: critic.colocate=false "
+                               "or an estimator without values)")
+        return self.critic
 
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``old_log_probs`` [B, T] under the current policy for this rank's shard."""

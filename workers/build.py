@@ -21,6 +21,7 @@ class Workers:
 
     actor: WorkerGroup
     critic: WorkerGroup | None
+    """The critic group: the actor's group itself when colocated (critic.colocate)."""
     ref: WorkerGroup | None
     """The reference group: the actor's group itself when colocated (actor_rollout_ref.ref.colocate)."""
     engines: list[Any]
@@ -45,7 +46,7 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
 
     On GPU every FSDP rank takes one GPU and every engine
     ``tensor_model_parallel_size`` GPUs (engines are not colocated with the FSDP ranks yet; the
-    reference is, by default: ``actor_rollout_ref.ref.colocate``).
+    reference and the critic are, by default: ``actor_rollout_ref.ref.colocate``, ``critic.colocate``).
     """
     device = resolve_device(cfg.trainer.device)
     check_placement(resource_demands(cfg, device), ray.cluster_resources())
@@ -54,14 +55,15 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     timeouts = {"placement_timeout_s": cfg.trainer.placement_timeout_s,
                 "collective_timeout_s": cfg.trainer.collective_timeout_s}
     colocate_ref = cfg.ref_enabled and arr.ref.colocate
+    colocate_critic = cfg.critic_enabled and cfg.critic.colocate
     actor = WorkerGroup(
         ActorWorker, name="actor", world_size=arr.actor.fsdp.world_size, num_cpus_per_rank=arr.actor.fsdp.num_cpus_per_rank,
         num_gpus_per_rank=gpus, distributed=True, **timeouts,
         init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed,
-                     "ref": arr.ref if colocate_ref else None},
+                     "ref": arr.ref if colocate_ref else None, "critic": cfg.critic if colocate_critic else None},
     )
-    critic = None
-    if cfg.critic_enabled:
+    critic = actor if colocate_critic else None  # the actor's ranks answer compute_values and update_critic
+    if cfg.critic_enabled and not colocate_critic:
         critic = WorkerGroup(
             CriticWorker, name="critic", world_size=cfg.critic.fsdp.world_size,
             num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True, **timeouts,
@@ -86,7 +88,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
         )
     engines = build_engines(cfg, device)
     # Load every model at once: the groups' collectives are independent of each other.
-    groups = [g for g in (actor, critic, ref if ref is not actor else None, reward_model) if g is not None]
+    groups = [g for g in (actor, critic if critic is not actor else None, ref if ref is not actor else None,
+                          reward_model) if g is not None]
     for group, refs in [(g, g.execute_all_async("init_model")) for g in groups]:
         group.get(refs)
     # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it. The rollout
@@ -138,7 +141,7 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
     gpus = 1.0 if device == "cuda" else 0.0
     arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
     demands = [Demand("actor", arr.actor.fsdp.world_size, arr.actor.fsdp.num_cpus_per_rank, gpus)]
-    if cfg.critic_enabled:
+    if cfg.critic_enabled and not cfg.critic.colocate:
         demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
     if cfg.ref_enabled and not arr.ref.colocate:
         demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))

@@ -154,8 +154,11 @@ class FSDPWorker:
         return get_model_state_dict(self.model, options=options)
 
     # -- checkpoints ---------------------------------------------------------------------
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, role: str | None = None) -> None:
         """Write this role's full state under ``path`` (every rank calls, concurrently).
+
+        ``role`` names the model for a process that hosts several (``ActorWorker`` with a colocated
+        critic); a worker of one role has nothing to choose.
 
         Rank 0 writes the weights as a Hugging Face folder (safetensors; loadable by
         ``from_pretrained`` and vLLM), the optimizer's full state (tensors in
@@ -181,8 +184,8 @@ class FSDPWorker:
             checkpoint.write_json(out / "optim" / "optimizer.json", meta)
             checkpoint.write_json(out / "optim" / "lr_scheduler.json", self.lr_scheduler.state_dict())
 
-    def load_checkpoint(self, path: str) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (every rank calls, concurrently).
+    def load_checkpoint(self, path: str, role: str | None = None) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (every rank calls, concurrently; ``role`` as there).
 
         Each rank reads the full state dicts and keeps its shards
         (``set_model_state_dict`` / ``set_optimizer_state_dict`` with

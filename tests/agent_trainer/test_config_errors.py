@@ -63,6 +63,8 @@ CASES = [
     ("mini_batch_zero", ["ppo_mini_batch_size=0"], "ppo_mini_batch_size", "= 0", "frozenlake"),
     ("colocated_ref_world_size", ["actor_rollout_ref.ref.fsdp.world_size=2"], "actor_rollout_ref.ref.fsdp.world_size",
      "colocate=false", "frozenlake_grpo"),
+    ("colocated_critic_threads", ["critic.fsdp.num_threads=2"], "critic.fsdp.num_threads = 2 has no effect",
+     "critic.colocate=false", "frozenlake"),
     ("world_size_zero", ["actor_rollout_ref.actor.fsdp.world_size=0"], "actor_rollout_ref.actor.fsdp.world_size",
      "= 0", "frozenlake"),
     ("group_size_zero", ["es_manager.train.group_size=0"], "es_manager.train.group_size", "0", "frozenlake"),

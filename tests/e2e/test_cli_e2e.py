@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
         ("frozenlake_grpo", ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"], False),
         # the same with the reference in a group of its own instead of the actor's ranks
         ("frozenlake_grpo", ["actor_rollout_ref.ref.colocate=false"], False),
+        # PPO with the critic in a group of its own (one rank on both cores) instead of the actor's ranks
+        ("frozenlake", ["critic.colocate=false", "critic.fsdp.num_threads=2"], True),
         # bi-level GAE with the GSPO sequence-level loss
         ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
         # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and

@@ -4,9 +4,11 @@ Two 2-step PPO runs from the same weights and seeds, both with the token-level r
 run B is the default loop (rollout, update, sync), run A generates step 2's batch while step 1 trains.
 Step 1 is on-policy in both, so A's step 1 must equal B's exactly (the overlap changes nothing at
 staleness 0); A's step 2 batch must come from the step-0 weights: its engine log-probs then differ from
-the trainer's (updated) old log-probs, which the IS weights see, while B's agree to float noise.
+the trainer's (updated) old log-probs, which the IS weights see, while B's agree to float noise. Step 1's
+checkpoint, written while A held step 2's batch, must not count that batch's env reset.
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ def _train(model_path: str, run_dir: Path, *overrides: str) -> list[dict[str, fl
         raw = compose("frozenlake", overrides=[
             f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
             "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.val_before_train=false",
-            "trainer.progress_bar=false", "trainer.log_trajectories_freq=0",
+            "trainer.progress_bar=false", "trainer.log_trajectories_freq=0", "trainer.save_freq=1",
             "es_manager.train.env_groups=2", "es_manager.train.group_size=4",
             "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]", "es_manager.train.env_configs.n_groups=[1,1]",
             "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2", "agent_proxy.max_turn=2",
@@ -49,6 +51,12 @@ def test_one_step_off_policy_overlap_against_the_default_loop(tiny_model_path, t
     assert [m["rollout/policy_staleness"] for m in default] == [0.0, 0.0]
     assert [m["rollout/policy_staleness"] for m in overlap] == [0.0, 1.0]
     assert "timing_s/wait_prefetch" in overlap[0] and "timing_s/wait_prefetch" not in overlap[1]  # none after the last
+
+    # step 1's checkpoint was written while step 2's batch was held: it counts only step 1's reset, as the
+    # default loop's does, so a run resumed from it plays step 2 from the same initial states
+    for run in ("default", "overlap"):
+        state = json.loads((tmp_path / run / "global_step_1" / "trainer_state.json").read_text())
+        assert state["env_resets"]["train"] == 1, (run, state["env_resets"])
 
     # staleness 0: the overlap's first step is the default loop's first step, bit for bit
     same = {k: v for k, v in default[0].items() if not k.startswith(WALL_CLOCK[0]) and not k.endswith(WALL_CLOCK[1])}

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.faults
 
 
 def test_the_reported_deadlock_is_refused_listing_every_demand(tiny_model_path):
-    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "critic.fsdp.world_size=2",
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "critic.colocate=false", "critic.fsdp.world_size=2",
                                   "actor_rollout_ref.rollout.num_workers=2"])
     demands = resource_demands(cfg, "cpu")
     assert [(d.what, d.count, d.cpus) for d in demands] == [
@@ -33,11 +33,12 @@ def test_the_reported_deadlock_is_refused_listing_every_demand(tiny_model_path):
 
 
 @pytest.mark.parametrize("colocate", [True, False])
-def test_a_colocated_reference_asks_for_nothing_of_its_own(tiny_model_path, colocate):
+def test_a_colocated_reference_or_critic_asks_for_nothing_of_its_own(tiny_model_path, colocate):
+    flag = str(colocate).lower()
     cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "actor_rollout_ref.actor.use_kl_loss=true",
-                                  f"actor_rollout_ref.ref.colocate={str(colocate).lower()}"])
+                                  f"actor_rollout_ref.ref.colocate={flag}", f"critic.colocate={flag}"])
     demands = [d.what for d in resource_demands(cfg, "cuda")]
-    assert demands == ["actor", "critic"] + ([] if colocate else ["ref"]) + ["rollout", "env_train", "env_val"]
+    assert demands == ["actor"] + ([] if colocate else ["critic", "ref"]) + ["rollout", "env_train", "env_val"]
 
 
 def test_gpus_are_counted_too():

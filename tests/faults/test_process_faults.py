@@ -226,7 +226,8 @@ def test_sigkill_of_the_driver_leaves_no_process_behind(tiny_model_path, tmp_pat
 def test_an_unsatisfiable_placement_is_refused_in_one_line(tiny_model_path, tmp_path):
     """The reported deadlock: the placement groups take both CPUs and the env actors are never placed."""
     args = [f"model_path={tiny_model_path}", f"trainer.default_local_dir={tmp_path}/run",
-            f"hydra.run.dir={tmp_path}/hydra", "critic.fsdp.world_size=2", "actor_rollout_ref.rollout.num_workers=2",
+            f"hydra.run.dir={tmp_path}/hydra", "critic.colocate=false", "critic.fsdp.world_size=2",
+            "actor_rollout_ref.rollout.num_workers=2",
             "trainer.ray_num_cpus=2", "trainer.total_training_steps=1"]
     run = Run(args, tmp_path / "placement.log")
     assert run.wait(timeout=180) == 1, run.output()[-3000:]

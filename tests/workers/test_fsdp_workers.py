@@ -313,3 +313,49 @@ def test_critic_shares_the_update_loop_and_the_dynamic_batching(tiny_model_path)
     attended = _ragged_batch([16, 9, 12, 5, 16, 7])["attention_mask"].bool()
     assert torch.allclose(out["fixed"][0][attended], out["dynamic"][0][attended], atol=1e-6)
     assert out["dynamic"][1] == pytest.approx(out["fixed"][1], rel=1e-5) and out["fixed"][1] > 0
+
+
+def test_a_colocated_critic_is_the_separate_critic_and_checkpoints_apart(tiny_model_path, tmp_path):
+    """critic.colocate: the actor rank's critic component gives the separate CriticWorker's values and update,
+    bit for bit, leaves the policy untouched, and saves/loads under its own role."""
+    from agent_trainer.config import CriticConfig
+    from workers.critic import CriticWorker
+
+    critic_cfg = CriticConfig(model=ModelConfig(path=tiny_model_path), ppo_mini_batch_size=6,
+                              ppo_micro_batch_size_per_gpu=2, fsdp=FSDPConfig(world_size=1), grad_clip=1e9,
+                              optim=OptimConfig(lr=1e-3))
+    actor_cfg = ActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-3),
+                            fsdp=FSDPConfig(world_size=1))
+
+    def values_and_update(worker) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        batch = _ragged_batch([16, 9, 12, 5, 16, 7])
+        batch.update(worker.compute_values(batch))
+        batch["returns"] = batch["advantages"] + 0.5
+        metrics = worker.update_critic(batch)
+        return batch["values"], metrics, worker.compute_values(batch)["values"]
+
+    separate = CriticWorker(rank=0, world_size=1, critic=critic_cfg, device="cpu")
+    separate.init_model()
+    host = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=actor_cfg, device="cpu",
+                       critic=critic_cfg)
+    host.init_model()
+    policy_before = {k: v.clone() for k, v in host.model.state_dict().items()}
+    expected, got = values_and_update(separate), values_and_update(host)
+    assert torch.equal(got[0], expected[0]) and got[1] == expected[1] and torch.equal(got[2], expected[2])
+    assert not torch.equal(got[2], got[0])  # the update moved the values ...
+    assert all(torch.equal(v, policy_before[k]) for k, v in host.model.state_dict().items())  # ... not the policy
+
+    host.save_checkpoint(str(tmp_path / "actor"))
+    host.save_checkpoint(str(tmp_path / "critic"), role="critic")
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "actor"))
+    AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"))
+    fresh = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=actor_cfg, device="cpu",
+                        critic=critic_cfg)
+    fresh.init_model()
+    fresh.load_checkpoint(str(tmp_path / "critic"), role="critic")
+    batch = _ragged_batch([16, 9, 12, 5, 16, 7])
+    assert torch.equal(fresh.compute_values(batch)["values"], host.compute_values(batch)["values"])
+    with pytest.raises(RuntimeError, match="no critic"):
+        _actor(tiny_model_path).compute_values(batch)
