@@ -174,12 +174,14 @@ class SyncMultiTurnRollout:
         """The live env actor handles (a replaced actor's handle is swapped for its replacement's)."""
         return self.env_pool.actors
 
-    def describe_episode(self, env_id: int) -> str:
-        """Where an episode of the last rollout came from: tag, env_id, group and group seed."""
+    def describe_episode(self, env_id: int, seeds: list[int] | None = None) -> str:
+        """Where an episode came from: tag, env_id, group and group seed (``seeds``: its rollout's group seeds,
+        ``batch.meta["group_seeds"]``; default: the last rollout's, which a prefetched rollout has replaced)."""
         spec = next((e for e in self.episodes if e.env_id == env_id), None)
         if spec is None:
             return f"env_id {env_id} ({self.split} split)"
-        seed = self.last_seeds[spec.group_id] if spec.group_id < len(self.last_seeds) else "unknown"
+        seeds = self.last_seeds if seeds is None else seeds
+        seed = seeds[spec.group_id] if spec.group_id < len(seeds) else "unknown"
         return f"env tag {spec.tag!r}, env_id {env_id}, group {spec.group_id} (group seed {seed}), {self.split} split"
 
     # -- the turn loop -------------------------------------------------------------------
@@ -223,6 +225,7 @@ class SyncMultiTurnRollout:
         batch = self.ctx.build_update_batch(episodes)
         check_batch_contract(batch, self.last_generations, type(self.ctx).__qualname__, self.describe_episode)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
+        batch.meta["group_seeds"] = list(seeds)
         prefix = METRIC_PREFIX[self.split]
         metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
         metrics.update(self.faults.metrics(prefix))

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.config import load_config
 from agent_trainer.ctx_manager import EpisodeContext
@@ -57,8 +58,11 @@ def test_drop_removes_every_row_of_a_condensed_episode(tokenizer, play_mixed):
 
 
 def test_nonfinite_advantages_stop_the_step_naming_the_episode():
-    trainer = SimpleNamespace(train_rollout=SimpleNamespace(describe_episode=lambda env_id: f"env_id {env_id}"))
-    batch = _Batch(response_mask=torch.tensor([[0, 1, 1], [0, 1, 0]]), traj_uid=torch.tensor([4, 9]))
+    """The episode is named with its own batch's group seeds (a prefetched rollout has replaced the last ones)."""
+    trainer = SimpleNamespace(train_rollout=SimpleNamespace(
+        describe_episode=lambda env_id, seeds: f"env_id {env_id} (group seed {seeds[0]})"))
+    batch = TensorBatch({"response_mask": torch.tensor([[0, 1, 1], [0, 1, 0]]), "traj_uid": torch.tensor([4, 9])},
+                        meta={"group_seeds": [7]})
     finite = torch.zeros(2, 3)
     AgentTrainer.check_finite(trainer, batch, finite, finite)
     outside_mask = finite.clone()
@@ -66,15 +70,8 @@ def test_nonfinite_advantages_stop_the_step_naming_the_episode():
     AgentTrainer.check_finite(trainer, batch, outside_mask, finite)
     bad = finite.clone()
     bad[1, 1] = math.inf
-    with pytest.raises(RuntimeError, match=r"in 1 of 2 rows, the first in env_id 9"):
+    with pytest.raises(RuntimeError, match=r"in 1 of 2 rows, the first in env_id 9 \(group seed 7\)"):
         AgentTrainer.check_finite(trainer, batch, finite, bad)
-
-
-class _Batch(dict):
-    """The two things ``check_finite`` reads of a TensorBatch: items and the row count."""
-
-    def __len__(self):
-        return len(self["traj_uid"])
 
 
 def _config(*overrides: str):
