@@ -358,7 +358,8 @@ class AgentTrainer:
             raise RuntimeError(
                 f"non-finite advantages or returns in {int(bad.sum())} of {len(batch)} rows, the first in "
                 f"{self.train_rollout.describe_episode(int(batch['traj_uid'][row]), batch.meta.get('group_seeds'))}; "
-                "every reward was finite after the rollout, so look at the critic's values, the KL-in-reward term and the estimator's inputs")
+                "every reward was finite after the rollout, so look at the critic's values, the KL-in-reward term "
+                "and the estimator's inputs")
 
     def sync_weights(self) -> float:
         """Ship the actor's full weights to every engine; returns the reload seconds of engine 0.
