@@ -6,7 +6,8 @@ contexts in the same per-turn batches and generates exactly as many tokens
 (``min_tokens = max_tokens = n``, eos ignored), so both sides do the same work; the
 difference is the rollout's own cost (tokenising, context building, env steps, Ray
 hops). Engine arguments are the project engine's (``workers/rollout.py``): float32,
-eager, in-process, the same KV-cache size and seed. Writes JSON: seconds, tokens.
+eager, in-process, the same KV-cache size and seed. The timed pass starts with an empty prefix
+cache, as the rollout's step does after its weight sync. Writes JSON: seconds, tokens.
 
     python bench/raw_vllm.py --model models/tiny-qwen2 --turns turns.json --out raw.json
 """
@@ -31,7 +32,7 @@ def main() -> None:
     p.add_argument("--turns", required=True, help='JSON: [[{"ids": [...], "n": 12}, ...], ...] one list per turn')
     p.add_argument("--out", required=True)
     p.add_argument("--max-model-len", type=int, default=1536)
-    p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--kv-cache-gib", type=float, default=0.25)  # config/base.yaml rollout.kv_cache_space_gib
     a = p.parse_args()
 
     from vllm import LLM, SamplingParams, TokensPrompt
@@ -53,6 +54,10 @@ def main() -> None:
         return seconds, tokens
 
     generate_all()  # warm-up: the rollout's measured step is not its first either
+    # The rollout's step starts with an empty prefix cache (every weight sync resets it, and its first-turn
+    # prompts are new maps); without this reset the timed pass would find every prompt cached by the warm-up.
+    # Within the pass, turn k still reuses turn k-1's blocks, as the rollout does.
+    llm.reset_prefix_cache()
     seconds, tokens = generate_all()
     Path(a.out).write_text(json.dumps({"seconds": seconds, "generated_tokens": tokens,
                                        "turns": len(turns), "rows": sum(len(b) for b in turns)}, indent=2))
