@@ -28,8 +28,8 @@ from tests.agent_trainer.test_viewer import CHROMIUM_NAMES, chromium, headless
 
 pytestmark = pytest.mark.e2e
 STEPS = 3
-NAMED = ("actor_rank0", "actor_rank1", "critic_rank0", "rollout_0", "env_train_0", "env_val_0")
-"""Workers a person finds by name on the dashboard's Actors page."""
+NAMED = ("actor_rank0", "actor_rank1", "rollout_0", "env_train_0", "env_val_0")
+"""Workers a person finds by name on the dashboard's Actors page (the critic lives in the actor ranks)."""
 
 
 def _get(url: str, token: str | None = None, timeout: float = 5.0) -> bytes:
