@@ -452,8 +452,8 @@ class TrainerConfig:
     one-step off-policy overlap (verl's one_step_off_policy): step t+1's rollout is generated while step t
     trains, so every batch is at most one optimizer step old (rollout/policy_staleness); old log-probs are
     then always recomputed, and algorithm.rollout_correction.rollout_is (token) corrects for the staleness.
-    Pays when the rollout waits on environments or the engines have hardware of their own; on a 2-core CPU
-    the engine competes with training for the cores (docs/benchmarks.md, P6). docs/algorithms.md."""
+    Measured on 2 CPU cores: 1.52x per step on a 50-500 ms env (with rollout.mode=async), 1.15x on the main
+    job (docs/benchmarks.md, P6). docs/architecture.md, docs/algorithms.md."""
     max_restarts: int = 0
     """How often a run whose actor, critic or reference rank died is restarted in place: every worker is
     torn down and started again, and training continues from the latest checkpoint in default_local_dir

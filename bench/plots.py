@@ -32,7 +32,7 @@ def step_breakdown(runs: dict[str, dict[str, float]], path: Path, xlabel: str) -
     ax.set_xlabel(xlabel)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -65,7 +65,7 @@ def ratios(rows: list[tuple[str, float, float | None, bool]], path: Path, title:
     ax.set_xlabel("measured ratio, log scale (black bar: issue 12's target; green met, red not)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -86,5 +86,5 @@ def scaling(p7: dict[str, dict], path: Path) -> None:
     if "model_20m" in p7:
         axes[0].set_title(f"19M model, 32 rows: {p7['model_20m']['step_s']:.1f} s", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -23,7 +23,9 @@ from results import steady_median
 from rss import PeakRSS
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("rollout", "log_prob", "ref", "values", "adv", "update_critic", "update_actor", "sync", "step")
+PHASES = ("rollout", "log_prob", "ref", "values", "adv", "update_critic", "update_actor", "wait_prefetch", "sync",
+          "step")
+"""``wait_prefetch``: trainer.max_off_policy_steps 1 only (the wait for the next step's rollout); 0 otherwise."""
 
 
 @dataclass

@@ -158,8 +158,10 @@ def _other_sections(r: dict) -> list[str]:
                         f"{fmt(p['async_step_s'])} s: **{fmt(p['barrier_free_speedup'])}x** faster rollout.")
         if p.get("overlap_speedup") is not None:
             out[-1] += (f" With one-step off-policy overlap on top (`trainer.max_off_policy_steps=1`, token-level "
-                        f"rollout correction): step {fmt(p['overlap_step_s'])} s (of which waiting for the "
-                        f"prefetched rollout {fmt(p['overlap_wait_s'])} s), **{fmt(p['overlap_speedup'])}x** the "
+                        f"rollout correction): step {fmt(p['overlap_step_s'])} s"
+                        + (f" (of which waiting for the prefetched rollout {fmt(p['overlap_wait_s'])} s)"
+                           if p.get("overlap_wait_s") is not None else "")
+                        + f", **{fmt(p['overlap_speedup'])}x** the "
                         f"barrier-free step and **{fmt(p['slow_total_speedup'])}x** the turn-synchronous one. "
                         f"The main job (no latency) with overlap: step {fmt(p['main_overlap_step_s'])} s vs "
                         f"{fmt(p['step_s'])} s, **{fmt(p['main_overlap_speedup'])}x**.")
