@@ -81,8 +81,3 @@ class RolloutPrefetch(Generic[T]):
         if pending.future.exception() is not None:
             logger.warning("step %d's prefetched rollout is discarded; it had failed: %s", pending.step,
                            pending.future.exception())
-
-    def close(self) -> None:
-        """Drop what is held and end the thread."""
-        self.drop()
-        self._pool.shutdown(wait=True)

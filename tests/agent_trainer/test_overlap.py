@@ -26,7 +26,6 @@ def test_a_prefetched_step_is_generated_in_the_background_and_taken_once():
     assert prefetch.take(3) == "experience 3"
     assert prefetch.take(3) is None and prefetch.pending is None  # taken once; the caller then collects itself
     assert threads[0].startswith("rollout-prefetch") and threads[0] != threading.current_thread().name
-    prefetch.close()
 
 
 def test_the_background_error_is_raised_when_its_step_is_taken():
@@ -38,7 +37,6 @@ def test_the_background_error_is_raised_when_its_step_is_taken():
     prefetch.wait()  # waiting does not raise: the step that needs the batch does
     with pytest.raises(RuntimeError, match="env of step 2 crashed"):
         prefetch.take(2)
-    prefetch.close()
 
 
 def test_a_prefetch_for_another_step_is_dropped_not_trained_on():
@@ -49,7 +47,6 @@ def test_a_prefetch_for_another_step_is_dropped_not_trained_on():
     prefetch.start(4, lambda step: 1 / 0, resets=0)
     prefetch.drop()  # a failed rollout is discarded with a warning, never raised
     assert prefetch.pending is None
-    prefetch.close()
 
 
 def test_only_one_rollout_is_held_at_a_time():
@@ -57,4 +54,3 @@ def test_only_one_rollout_is_held_at_a_time():
     prefetch.start(2, lambda step: step, resets=0)
     with pytest.raises(RuntimeError, match="step 2's rollout is still held"):
         prefetch.start(3, lambda step: step, resets=0)
-    prefetch.close()
