@@ -213,7 +213,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _validate_rollout_shaping(cfg)
     _check_all_batching(cfg)
     _check_token_budgets(cfg)
-    _check_reference(cfg)
+    _check_colocated(cfg)
     _check_rollout_correction(cfg)
     _check_datasets(cfg)
     _check_reward_model(cfg)
@@ -440,7 +440,7 @@ def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
                f"episode would not fit one micro-batch; set {key}={max(longest, 16384)} or lower max_model_len")
 
 
-def _check_reference(cfg: AgentTrainerConfig) -> None:
+def _check_colocated(cfg: AgentTrainerConfig) -> None:
     """A colocated reference or critic lives in the actor's ranks: its own group's sharding keys would do nothing."""
     from agent_trainer.config import FSDPConfig
 

@@ -58,13 +58,11 @@ class RolloutPrefetch(Generic[T]):
     def take(self, step: int) -> T | None:
         """Step ``step``'s experience when it was prefetched (waiting for it; its error is raised here),
         else None. A prefetch for another step (a run restarted in between) is dropped."""
-        pending, self.pending = self.pending, None
-        if pending is None:
-            return None
-        if pending.step != step:
-            self.pending = pending
+        pending = self.pending
+        if pending is None or pending.step != step:
             self.drop()
             return None
+        self.pending = None
         return pending.future.result()
 
     def wait(self) -> None:

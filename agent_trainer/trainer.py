@@ -67,8 +67,6 @@ class AgentTrainer:
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
         self.prefetch: RolloutPrefetch[RolloutResult] = RolloutPrefetch()
         """trainer.max_off_policy_steps 1: the next step's experience, generated while this step trains."""
-        self.engine_version = 0
-        """The global step whose weights the engines hold (set by :meth:`sync_weights`)."""
 
     # -- set-up --------------------------------------------------------------------------
     def init_workers(self) -> None:
@@ -240,9 +238,10 @@ class AgentTrainer:
     # -- phases --------------------------------------------------------------------------
     def collect(self, step: int) -> RolloutResult:
         """Step ``step``'s experience on the engines' current weights: the rollout, then the reward model's
-        scores and ReMax's baselines; ``rollout/policy_staleness`` = optimizer steps between those weights
-        and the ones the step trains from (0, or 1 under ``trainer.max_off_policy_steps``)."""
-        version, metrics = self.engine_version, {}
+        scores and ReMax's baselines. Those weights are the ones step ``global_step`` started from, so
+        ``rollout/policy_staleness`` (optimizer steps between them and the ones step ``step`` trains from)
+        is ``step - global_step``: 0, or 1 for the step prefetched under ``trainer.max_off_policy_steps``."""
+        staleness, metrics = step - self.global_step, {}
         with timer("rollout", metrics):
             result = self.train_rollout.rollout(step)
         result.metrics.update(metrics)
@@ -252,7 +251,7 @@ class AgentTrainer:
         if self.remax_rollout is not None:
             with timer("remax_baseline", result.metrics):
                 self.add_remax_baselines(result, step)
-        result.metrics["rollout/policy_staleness"] = float(step - 1 - version)
+        result.metrics["rollout/policy_staleness"] = float(staleness)
         return result
 
     def start_prefetch(self) -> None:
@@ -370,10 +369,8 @@ class AgentTrainer:
         checkpoint on disk: the sync waits for it and sends the weights once more; a second
         failure raises with Ray's error.
         """
-        version = self.global_step
         refs = self.actor_wg.execute_all_async("full_state_dict")
         ray.get(refs[1:])
-        self.engine_version = version
         try:
             return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
         except (RayActorError, ActorUnavailableError) as err:
