@@ -52,9 +52,12 @@ class RunResult:
     generated_tokens: float
     total_tokens: float
     peak_rss_bytes: int
+    peak_pss_bytes: int
+    """Peak of the tree's summed PSS: shared pages counted once (bench/rss.py)."""
     peak_processes: int
     peak_rss_by_kind: dict[str, list[int]]
-    """At the peak: process kind (driver, ActorWorker, VLLMRolloutWorker, dashboard, ...) -> [processes, RSS bytes]."""
+    """At the RSS peak: process kind (driver, ActorWorker, VLLMRolloutWorker, dashboard, ...) -> [processes, RSS
+    bytes, PSS bytes]."""
     wall_seconds: float
     mean_load_1m: float | None
     """The machine's mean 1-minute load average during the run (2 cores: above 2 means queued work)."""
@@ -121,7 +124,7 @@ def summarize(spec: RunSpec, history: list[dict], cmd: str, rss: PeakRSS, wall: 
         label=spec.label, command=cmd, steps=len(train), phases=phases,
         generated_tokens=steady_median([h["perf/generated_tokens"] for h in train]),
         total_tokens=steady_median([h["perf/total_tokens"] for h in train]),
-        peak_rss_bytes=rss.peak_bytes, peak_processes=rss.peak_processes, peak_rss_by_kind=rss.peak_by_kind,
+        peak_rss_bytes=rss.peak_bytes, peak_pss_bytes=rss.peak_pss_bytes, peak_processes=rss.peak_processes, peak_rss_by_kind=rss.peak_by_kind,
         wall_seconds=wall,
         mean_load_1m=rss.mean_load,
         step_seconds=[h["timing_s/step"] for h in train], last=train[-1], trajectories=trajectories,

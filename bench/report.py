@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from results import fmt, render_table
+from results import fmt, render_table, replace_block
 
 BEGIN = "<!-- make bench: generated block, begin -->"
 END = "<!-- make bench: generated block, end -->"
@@ -32,6 +32,9 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
     if r.get("P5"):
         rows.append(("P5 peak RSS, main job / TRL", r["P5"]["ratio"], 2.0, False))
         rows.append(("P5 peak RSS, GRPO run / TRL", r["P5"].get("grpo_ratio"), 2.0, False))
+        if r["P5"].get("pss_ratio") is not None:
+            rows.append(("P5 peak PSS (shared pages once), main job / TRL", r["P5"]["pss_ratio"], 2.0, False))
+            rows.append(("P5 peak PSS, GRPO run / TRL", r["P5"].get("grpo_pss_ratio"), 2.0, False))
     if r.get("P6"):
         rows.append(("P6 rollout slow env / no latency", r["P6"]["rollout_slowdown"], None, False))
         rows.append(("P6 slow-env rollout, barrier-free speedup", r["P6"].get("barrier_free_speedup"), 2.0, True))
@@ -142,10 +145,17 @@ def _other_sections(r: dict) -> list[str]:
                 + (f" On TRL's own work (P2's GRPO run, no critic): {fmt(p['grpo_peak_gib'])} GiB, "
                    f"{p['grpo_processes']} processes, **{fmt(p['grpo_ratio'])}x**." if p.get("grpo_ratio") else ""),
                 ""]
+        if p.get("pss_ratio") is not None:
+            out += [f"Peak PSS (each shared page split among the processes that map it: the physical memory the "
+                    f"tree occupies): the main job {fmt(p['project_peak_pss_gib'])} GiB vs TRL "
+                    f"{fmt(p['trl_peak_pss_gib'])} GiB: **{fmt(p['pss_ratio'])}x**; the GRPO run "
+                    f"{fmt(p['grpo_peak_pss_gib'])} GiB: **{fmt(p['grpo_pss_ratio'])}x**.", ""]
         if p.get("project_by_kind"):  # where the main job's peak is, largest first
             kinds = sorted(p["project_by_kind"].items(), key=lambda kv: -kv[1][1])
-            out += ["The main job's peak by process (RSS counts shared library pages once per process):", "",
-                    render_table(["process", "count", "RSS (GiB)"], [[k, n, gib] for k, (n, gib) in kinds]), ""]
+            out += ["The main job's peak by process (RSS counts shared library pages once per process; PSS "
+                    "splits them):", "",
+                    render_table(["process", "count", "RSS (GiB)", "PSS (GiB)"],
+                                 [[k, v[0], v[1], v[2] if len(v) > 2 else None] for k, v in kinds]), ""]
     if r.get("P6"):
         p = r["P6"]
         out += [f"### P6: slow environment, with and without the turn barrier\n\n`SlowFrozenLake3x3` "
@@ -175,12 +185,7 @@ def _other_sections(r: dict) -> list[str]:
 
 def update_docs(results_folder: Path, block: str, doc: Path, assets: Path) -> None:
     """Replace the generated block of ``doc`` and copy the run's assets into ``assets``."""
-    text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{doc} lacks the markers {BEGIN!r} / {END!r}; add them where the block goes")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{block}{END}{tail}")
+    replace_block(doc, block, BEGIN, END)
     assets.mkdir(parents=True, exist_ok=True)
     for name in DOC_ASSETS:
         if (results_folder / name).exists():

@@ -75,3 +75,13 @@ def machine_info() -> dict:
 def is_loaded(load_avg: float | None, cores: int | None) -> bool:
     """A machine is 'loaded' when other work kept more than half its cores busy at the start."""
     return load_avg is not None and bool(cores) and load_avg > 0.5 * cores
+
+
+def replace_block(doc: Path, block: str, begin: str, end: str) -> None:
+    """Rewrite the text between the ``begin`` and ``end`` lines of ``doc``; the hand-written rest stays."""
+    text = doc.read_text()
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc} lacks the markers {begin!r} / {end!r}; add them where the block goes")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{block}{end}{tail}")

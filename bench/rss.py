@@ -1,4 +1,4 @@
-"""Peak resident memory of a whole process tree, sampled in a background thread (psutil).
+"""Peak resident memory (RSS and PSS) of a whole process tree, sampled in a background thread (psutil).
 
 Used on both sides of the P5 comparison: around the trainer's subprocess (the
 driver plus Ray's GCS, raylet and every worker, which all descend from it) and
@@ -28,29 +28,35 @@ def process_kind(name: str, cmdline: str) -> str:
     return name
 
 
-def tree_rss(pid: int, by_kind: dict[str, list[int]] | None = None) -> tuple[int, int]:
-    """(summed RSS in bytes, number of processes) of ``pid`` and all its descendants.
+def tree_rss(pid: int, by_kind: dict[str, list[int]] | None = None) -> tuple[int, int, int]:
+    """(summed RSS, summed PSS, number of processes) of ``pid`` and all its descendants, in bytes.
 
-    ``by_kind``, when given, is filled with kind -> [processes, RSS bytes] (:func:`process_kind`).
+    RSS counts a page shared by several processes (torch's libraries, a forkserver's children) once
+    per process; PSS (Linux's proportional set size) splits it among them, so the PSS sum is the
+    physical memory the tree occupies (RSS where the OS gives no PSS). ``by_kind``, when given, is
+    filled with kind -> [processes, RSS bytes, PSS bytes] (:func:`process_kind`).
     """
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0, 0
-    total = count = 0
+        return 0, 0, 0
+    total = total_pss = count = 0
     for proc in procs:
         try:
-            rss = proc.memory_info().rss
+            mem = proc.memory_full_info()
+            pss = getattr(mem, "pss", mem.rss)
             if by_kind is not None:
-                entry = by_kind.setdefault(process_kind(proc.name(), " ".join(proc.cmdline())), [0, 0])
+                entry = by_kind.setdefault(process_kind(proc.name(), " ".join(proc.cmdline())), [0, 0, 0])
                 entry[0] += 1
-                entry[1] += rss
-            total += rss
+                entry[1] += mem.rss
+                entry[2] += pss
+            total += mem.rss
+            total_pss += pss
             count += 1
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return total, count
+    return total, total_pss, count
 
 
 class PeakRSS:
@@ -62,9 +68,9 @@ class PeakRSS:
 
     def __init__(self, pid: int, interval: float = 0.25):
         self.pid, self.interval = pid, interval
-        self.peak_bytes = self.peak_processes = 0
+        self.peak_bytes = self.peak_pss_bytes = self.peak_processes = 0
         self.peak_by_kind: dict[str, list[int]] = {}
-        """At the sample with the largest total: process kind -> [processes, RSS bytes]."""
+        """At the sample with the largest RSS total: process kind -> [processes, RSS bytes, PSS bytes]."""
         self.loads: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -72,10 +78,11 @@ class PeakRSS:
     def _run(self) -> None:
         while not self._stop.is_set():
             by_kind: dict[str, list[int]] = {}
-            rss, count = tree_rss(self.pid, by_kind)
+            rss, pss, count = tree_rss(self.pid, by_kind)
             if rss > self.peak_bytes:
                 self.peak_by_kind = by_kind
             self.peak_bytes = max(self.peak_bytes, rss)
+            self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
             self.peak_processes = max(self.peak_processes, count)
             self.loads.append(os.getloadavg()[0])
             self._stop.wait(self.interval)

@@ -214,16 +214,25 @@ def p4_env_actor(b: Bench) -> dict:
 
 
 def p5_peak_rss(b: Bench) -> dict:
-    """Peak RSS of the trainer's whole process tree during the main job vs TRL's on the same model."""
+    """Peak memory of the trainer's whole process tree during the main job vs TRL's on the same model.
+
+    RSS summed over the tree (the issue's figure: shared pages once per process) and PSS (each shared
+    page split among the processes mapping it: the physical memory the tree occupies).
+    """
     run, trl, grpo = b.current(), b.trl_grpo(TINY, b.trl_threads[0]), b.grpo(TINY)
     return {"project_peak_gib": run.peak_rss_bytes / 2**30, "project_processes": run.peak_processes,
             "trl_peak_gib": trl["peak_rss_bytes"] / 2**30, "trl_processes": trl["processes"],
             "ratio": ratio(run.peak_rss_bytes, trl["peak_rss_bytes"]),
+            "project_peak_pss_gib": run.peak_pss_bytes / 2**30, "trl_peak_pss_gib": trl["peak_pss_bytes"] / 2**30,
+            "pss_ratio": ratio(run.peak_pss_bytes, trl["peak_pss_bytes"]),
             # the same work as TRL's (P2's matched GRPO run: no critic)
             "grpo_peak_gib": grpo.peak_rss_bytes / 2**30, "grpo_processes": grpo.peak_processes,
             "grpo_ratio": ratio(grpo.peak_rss_bytes, trl["peak_rss_bytes"]),
-            # where the main job's peak is: process kind -> [processes, GiB]
-            "project_by_kind": {kind: [n, rss / 2**30] for kind, (n, rss) in run.peak_rss_by_kind.items()}}
+            "grpo_peak_pss_gib": grpo.peak_pss_bytes / 2**30,
+            "grpo_pss_ratio": ratio(grpo.peak_pss_bytes, trl["peak_pss_bytes"]),
+            # where the main job's peak is: process kind -> [processes, RSS GiB, PSS GiB]
+            "project_by_kind": {kind: [n, rss / 2**30, pss / 2**30]
+                                for kind, (n, rss, pss) in run.peak_rss_by_kind.items()}}
 
 
 def p6_slow_env(b: Bench) -> dict:

@@ -85,7 +85,8 @@ def main() -> None:
                                   processing_class=tokenizer, callbacks=[timer])
         trainer.train()
     Path(a.out).write_text(json.dumps({
-        "step_seconds": timer.seconds, "peak_rss_bytes": rss.peak_bytes, "processes": rss.peak_processes,
+        "step_seconds": timer.seconds, "peak_rss_bytes": rss.peak_bytes,
+        "peak_pss_bytes": rss.peak_pss_bytes, "processes": rss.peak_processes,
         "mean_load_1m": rss.mean_load,
         "trl": trl.__version__, "threads": __import__("torch").get_num_threads(),
         "n_params": sum(t.numel() for t in trainer.model.parameters()),

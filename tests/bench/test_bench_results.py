@@ -70,7 +70,15 @@ def test_ratio_rows_and_block_from_results():
     r["P5"] = {"project_peak_gib": 6.0, "project_processes": 3, "trl_peak_gib": 0.5, "trl_processes": 1, "ratio": 12.0,
                "project_by_kind": {"driver": [1, 0.5], "VLLMRolloutWorker": [1, 1.9], "ActorWorker": [2, 1.4]}}
     by_kind = report.render(r, asset_prefix="").split("The main job's peak by process")[1].splitlines()
-    assert by_kind[4:7] == ["| VLLMRolloutWorker | 1 | 1.90 |", "| ActorWorker | 2 | 1.40 |", "| driver | 1 | 0.50 |"]
+    assert by_kind[4:7] == ["| VLLMRolloutWorker | 1 | 1.90 | n/a |", "| ActorWorker | 2 | 1.40 | n/a |",
+                            "| driver | 1 | 0.50 | n/a |"]  # results from before PSS was recorded
+    r["P5"].update(project_peak_pss_gib=4.0, trl_peak_pss_gib=0.5, pss_ratio=8.0, grpo_peak_pss_gib=3.0,
+                   grpo_pss_ratio=6.0, project_by_kind={"driver": [1, 0.5, 0.4], "ActorWorker": [2, 1.4, 0.9]})
+    assert [row[:2] for row in report.ratio_rows(r) if "PSS" in row[0]] == [
+        ("P5 peak PSS (shared pages once), main job / TRL", 8.0), ("P5 peak PSS, GRPO run / TRL", 6.0)]
+    block = report.render(r, asset_prefix="")
+    assert "the main job 4.00 GiB vs TRL 0.50 GiB: **8.00x**" in block
+    assert "| ActorWorker | 2 | 1.40 | 0.90 |" in block
     r["P6"] = {"rollout_s": 0.5, "slow_rollout_s": 10.0, "rollout_slowdown": 20.0, "step_s": 3.0, "slow_step_s": 12.5,
                "async_rollout_s": 4.0, "async_step_s": 6.5, "barrier_free_speedup": 2.5}
     assert report.ratio_rows(r)[-1][1:3] == (2.5, 2.0)
@@ -141,5 +149,7 @@ def test_process_kinds_name_ray_workers_by_class_and_ray_daemons_by_role():
     assert process_kind("gcs_server", "/x/gcs_server --port 1") == "gcs_server"
     assert process_kind("bash", "bash -c true") == "bash"
     by_kind: dict = {}
-    total, count = tree_rss(os.getpid(), by_kind)  # this very process: one kind, the whole total
-    assert count >= 1 and sum(n for n, _ in by_kind.values()) == count and sum(b for _, b in by_kind.values()) == total
+    total, pss, count = tree_rss(os.getpid(), by_kind)  # this very process: one kind, the whole total
+    assert count >= 1 and sum(v[0] for v in by_kind.values()) == count
+    assert sum(v[1] for v in by_kind.values()) == total and sum(v[2] for v in by_kind.values()) == pss
+    assert 0 < pss <= total  # a shared page is split, never counted more than once
