@@ -171,14 +171,22 @@ def val_points(records: list[dict], key: str = "val/success_rate") -> list[tuple
     return [(int(r["step"]), float(r[key])) for r in records if key in r]
 
 
-def training_trend(records: list[dict], window: int = 5, key: str = "rollout/success_rate") -> str | None:
-    """The sampled training episodes' success over the first and the last ``window`` steps (what RL trains on)."""
+def training_window_means(records: list[dict], window: int = 5,
+                          key: str = "rollout/success_rate") -> tuple[float, float] | None:
+    """Mean of ``key`` over the first and over the last ``window`` training steps (None for a shorter run)."""
     values = [float(r[key]) for r in records if key in r]
     if len(values) < 2 * window:
         return None
-    first, last = values[:window], values[-window:]
-    return (f"Sampled training success (the episodes RL trains on): {sum(first) / window:.3f} over steps 1-{window}"
-            f" -> {sum(last) / window:.3f} over the last {window} steps.")
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def training_trend(records: list[dict], window: int = 5, key: str = "rollout/success_rate") -> str | None:
+    """The sampled training episodes' success over the first and the last ``window`` steps (what RL trains on)."""
+    means = training_window_means(records, window, key)
+    if means is None:
+        return None
+    return (f"Sampled training success (the episodes RL trains on): {means[0]:.3f} over steps 1-{window}"
+            f" -> {means[1]:.3f} over the last {window} steps.")
 
 
 def report(cfg, env_tags: dict, sft_dir: Path | None, rl_dir: Path | None, repeats: int = 8) -> str:

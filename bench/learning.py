@@ -1,6 +1,6 @@
 """Learning benchmark (not a test): do the RL algorithms improve on an SFT warm start, and on the baselines?
 
-    python bench/learning.py                                   # the full grid: ~hours on 2 CPU cores
+    python bench/learning.py                                   # the full grid: ~1.5 h on 2 CPU cores
     python bench/learning.py --envs frozenlake --seeds 1 --steps 10    # a reduced run (the doc says so)
 
 For each environment: one SFT warm start on deliberately imperfect expert demonstrations
@@ -18,10 +18,12 @@ varies the sampling, the batch order and the training maps' order only through t
 Greedy held-out success and mean reward come from each run's ``metrics.jsonl``
 (``val/success_rate``, ``val/episode_reward_mean``; step 0 is the SFT start); the baselines
 (``bench/baselines.py``: uniform random valid actions, the best heuristic, the expert solver)
-are played on the same seeds. ``docs/results.md`` gets the table (mean and spread over seeds),
-PNG curves (mean with a min-max band) under ``docs/results/``, the command, the machine and the
-wall time. Run folders go to ``--out`` (default ``outputs/learning``); an existing run folder
-with a finished ``metrics.jsonl`` is reused (``--fresh`` redoes everything).
+are played on the same seeds. ``docs/results.md``'s generated block gets the table (mean and
+spread over seeds, and the sampled training success RL trains on), PNG curves (mean with a
+min-max band) under ``docs/results/``, the command, the machine and the wall time of the
+training processes (each recorded in ``<run>.log.seconds``); the reading below the block is
+written by hand. Run folders go to ``--out`` (default ``outputs/learning``); an existing run
+folder with a finished ``metrics.jsonl`` is reused (``--fresh`` redoes everything).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import baselines as bl  # noqa: E402
+from bench.results import replace_block  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ ALGOS = {
     "grpo_multiturn": ("multi-turn GRPO (condensed)", "frozenlake_grpo_multiturn"),
 }
 DOC = REPO / "docs" / "results.md"
+BEGIN = "<!-- bench/learning.py: generated block, begin -->"
+END = "<!-- bench/learning.py: generated block, end -->"
 FIG_DIR = REPO / "docs" / "results"
 
 
@@ -80,14 +85,28 @@ def finished(run_dir: Path, last_step: int) -> bool:
 
 
 def run(cmd: list[str], log: Path) -> None:
-    """Run one training process, output to ``log``; a failure stops the benchmark naming the log."""
+    """Run one training process, output to ``log``, its wall time to ``<log>.seconds``; a failure stops the
+    benchmark naming the log."""
     log.parent.mkdir(parents=True, exist_ok=True)
     print("$", " ".join(cmd), flush=True)
+    start = time.time()
     with log.open("w") as f:
         proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
                               env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if proc.returncode:
         raise SystemExit(f"bench/learning.py: {cmd[2]} failed (exit {proc.returncode}); see {log}")
+    seconds_file(log).write_text(f"{time.time() - start:.1f}\n")
+
+
+def seconds_file(log: Path) -> Path:
+    """Where :func:`run` records the wall time of the process that wrote ``log``."""
+    return log.with_name(log.name + ".seconds")
+
+
+def recorded_seconds(logs: list[Path]) -> tuple[float, int]:
+    """Summed recorded wall time of the runs that wrote ``logs``, and how many have no record."""
+    found = [float(seconds_file(log).read_text()) for log in logs if seconds_file(log).is_file()]
+    return sum(found), len(logs) - len(found)
 
 
 def sft(env_key: str, args) -> Path:
@@ -136,16 +155,20 @@ def plot(env_key: str, results: dict[str, list[Path]], baseline: dict[str, float
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    for algo, dirs in results.items():
+    # curves that coincide stay visible: shrinking markers of different shapes, different dashes
+    styles = zip("osD^", (10, 8, 6, 4), ("-", "--", "-.", ":"))
+    for (algo, dirs), (marker, size, line) in zip(results.items(), styles):
         steps, runs = curves(dirs, "val/success_rate")
         if not steps:
             continue
         mean = [statistics.fmean(col) for col in zip(*runs)]
-        ax.plot(steps, mean, marker="o", label=ALGOS[algo][0])
+        ax.plot(steps, mean, marker=marker, markersize=size, linestyle=line, label=ALGOS[algo][0])
         ax.fill_between(steps, [min(c) for c in zip(*runs)], [max(c) for c in zip(*runs)], alpha=0.2)
-    for name, value in baseline.items():
+    for i, (name, value) in enumerate(sorted(baseline.items(), key=lambda kv: kv[1])):
         ax.axhline(value, linestyle=":", linewidth=1, color="grey")
-        ax.annotate(name, (0, value), fontsize=7, color="grey", va="bottom")
+        # neighbouring baselines' labels alternate between the left edge and the middle, so close ones stay legible
+        ax.annotate(name, (0.02 + 0.4 * (i % 2), value), xycoords=("axes fraction", "data"), fontsize=7,
+                    color="grey", va="bottom")
     ax.set(xlabel="RL step (0 = SFT start)", ylabel="held-out greedy success", ylim=(-0.02, 1.02),
            title=ENVS[env_key].label)
     ax.legend(fontsize=8, loc="best")
@@ -174,39 +197,45 @@ def env_section(env_key: str, results: dict[str, list[Path]],
         success = [bl.val_points(bl.read_metrics(d)) for d in dirs]
         reward = [bl.val_points(bl.read_metrics(d), "val/episode_reward_mean") for d in dirs]
         start, end = [s[0][1] for s in success], [s[-1][1] for s in success]
+        sampled = [m for m in (bl.training_window_means(bl.read_metrics(d)) for d in dirs) if m is not None]
+        trend = (f"{statistics.fmean(m[0] for m in sampled):.3f} -> {statistics.fmean(m[1] for m in sampled):.3f}"
+                 if sampled else "")
         sft_start += start
         rows.append(f"| {label} | {ALGOS[algo][0]} | {spread(end)} | {spread([r[-1][1] for r in reward])} | "
-                    f"{spread([e - s for s, e in zip(start, end)])} | {len(dirs)} |")
+                    f"{spread([e - s for s, e in zip(start, end)])} | {trend} | {len(dirs)} |")
         best_heuristic = max((s.success for n, s in base.items() if n not in ("expert",)), default=0.0)
         gain = statistics.fmean(end) - statistics.fmean(start)
         if gain < 0.05 or statistics.fmean(end) <= best_heuristic:
             notes.append(f"{ALGOS[algo][0]} on {label}: {statistics.fmean(start):.3f} -> {statistics.fmean(end):.3f} "
                          f"(best heuristic {best_heuristic:.3f})")
-    rows.insert(0, f"| {label} | SFT start (RL step 0) | {spread(sft_start)} | | | {len(sft_start)} |")
+    rows.insert(0, f"| {label} | SFT start (RL step 0) | {spread(sft_start)} | | | | {len(sft_start)} |")
     for name, score in base.items():
-        rows.append(f"| {label} | {name} | {score.success:.3f} | {score.reward:.3f} | | {score.episodes} episodes |")
+        rows.append(f"| {label} | {name} | {score.success:.3f} | {score.reward:.3f} | | | {score.episodes} episodes |")
     return rows, notes
 
 
 def write_doc(argv: list[str], args, sections: dict[str, tuple[list[str], list[str]]], figures: list[Path],
-              wall_s: float) -> None:
-    """docs/results.md: command, machine, wall time, the table, the curves, what did not learn."""
+              wall_s: float, unrecorded: int) -> None:
+    """docs/results.md's generated block: command, machine, wall time, the table, the curves, what did not learn.
+
+    The text around the block (the reading of the results) is written by hand and kept."""
     full = (set(args.envs) == set(ENVS) and set(args.algos) == set(ALGOS) and args.seeds >= 3)
-    lines = ["# Learning results", "",
-             "Generated by `bench/learning.py` (do not edit by hand; rerun it).", "",
-             f"- Command: `python bench/learning.py {' '.join(argv)}`".rstrip() + "",
+    lines = [f"- Command: `python bench/learning.py {' '.join(argv)}`".rstrip() + "",
              f"- Machine: {machine()} (CPU only: FSDP2 over gloo, the vLLM CPU engine, the tiny model)",
-             f"- Wall time: {wall_s / 60:.1f} min",
+             f"- Wall time: {wall_s / 60:.1f} min for the training processes (SFT and RL, each timed by this "
+             "script)" + (f"; {unrecorded} of them without a recorded time" if unrecorded else ""),
              f"- Budget per run: {args.steps} RL steps of 8 groups x 4 episodes, greedy evaluation on "
              f"{args.val_groups} held-out seeds every {args.test_freq} steps; seeds {list(range(args.seeds))}",
              "- " + ("The full grid." if full else "**A reduced run** (not the full grid of 3 environments x 4 "
                                                    "algorithms x 3 seeds: it did not fit the time available)."),
-             "", "| environment | policy | held-out greedy success | mean reward | gain over SFT start | runs |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "", "| environment | policy | held-out greedy success | mean reward | gain over SFT start | "
+             "sampled training success, first 5 -> last 5 steps | runs |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for rows, _ in sections.values():
         lines += rows
-    lines += ["", "Success and reward: mean ± standard deviation over seeds at the last step. Baselines are "
-              "played by `bench/baselines.py` on the same held-out seeds (random policies: 8 episodes per seed).", ""]
+    lines += ["", "Success and reward: mean ± standard deviation over seeds at the last step. Sampled training "
+              "success: the episodes RL trains on (temperature 1), mean over seeds. Baselines are played by "
+              "`bench/baselines.py` on the same held-out seeds (random policies: 8 episodes per seed).", ""]
     lines += [f"![{p.stem}](results/{p.name})" for p in figures]
     notes = [n for _, ns in sections.values() for n in ns]
     lines += ["", "## What did not learn", ""]
@@ -217,9 +246,8 @@ def write_doc(argv: list[str], args, sections: dict[str, tuple[list[str], list[s
                   "summary of the last turns, a layout the SFT warm start (trained on full episodes, the only "
                   "layout SFT supports) never saw; its step 0 is that start under the condensed layout."]
     lines += ["", "Listed: runs that gained less than 5 points over their SFT start or did not end above the best "
-              "heuristic (the map-reading safe Down/Right included). docs/tiny_model.md records why the tiny "
-              "model's SFT start is map-blind (it plays the best fixed move sequence) and the experiments behind it."]
-    DOC.write_text("\n".join(lines) + "\n")
+              "heuristic (the map-reading safe Down/Right included)."]
+    replace_block(DOC, "\n".join(lines) + "\n", BEGIN, END)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -229,8 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
     parser.add_argument("--seeds", type=int, default=3, help="RL seeds per (env, algorithm): 0..N-1")
-    parser.add_argument("--steps", type=int, default=40, help="RL steps per run (the same for every algorithm)")
-    parser.add_argument("--test-freq", type=int, default=10, help="held-out evaluation every N RL steps")
+    parser.add_argument("--steps", type=int, default=20, help="RL steps per run (the same for every algorithm)")
+    parser.add_argument("--test-freq", type=int, default=5, help="held-out evaluation every N RL steps")
     parser.add_argument("--val-groups", type=int, default=128, help="held-out seeds")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "learning")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
@@ -239,17 +267,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from agent_trainer.main import compose_and_prepare
 
-    start = time.time()
-    sections, figures = {}, []
+    sections, figures, logs = {}, [], []
     for env_key in args.envs:
         env = ENVS[env_key]
         model = sft(env_key, args)
         results = {algo: [rl(env_key, algo, seed, model, args) for seed in range(args.seeds)] for algo in args.algos}
+        logs += [model.parent.with_suffix(".log")] + [d.with_suffix(".log") for dirs in results.values() for d in dirs]
         cfg, env_tags = compose_and_prepare(env_overrides(env, args.val_groups), config_name="frozenlake")
         base = bl.baselines(env.tag, env_tags, bl.val_seeds(cfg), env.max_turn)
         sections[env_key] = env_section(env_key, results, base)
         figures.append(plot(env_key, results, {n: s.success for n, s in base.items()}))
-    write_doc(argv, args, sections, figures, time.time() - start)
+    write_doc(argv, args, sections, figures, *recorded_seconds(logs))
     print(f"wrote {DOC}", flush=True)
 
 

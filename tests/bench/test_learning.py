@@ -1,0 +1,60 @@
+"""bench/learning.py's report: the table from finished runs' metrics, and a doc whose hand-written reading survives."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import learning  # noqa: E402
+from bench.baselines import Score  # noqa: E402
+
+
+def fake_run(folder: Path, val: list[float], sampled: list[float], seconds: float | None) -> Path:
+    """A run folder as agent_trainer.main leaves it: val every 10 steps from step 0, one record per step."""
+    folder.mkdir(parents=True)
+    records = [{"step": 0, "val/success_rate": val[0], "val/episode_reward_mean": val[0]}]
+    for step, s in enumerate(sampled, start=1):
+        record = {"step": step, "rollout/success_rate": s}
+        if step % 10 == 0:
+            record.update({"val/success_rate": val[step // 10], "val/episode_reward_mean": val[step // 10]})
+        records.append(record)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if seconds is not None:
+        learning.seconds_file(folder.with_suffix(".log")).write_text(f"{seconds}\n")
+    return folder
+
+
+def test_table_rows_sampled_trend_and_what_did_not_learn(tmp_path):
+    learned = [fake_run(tmp_path / f"ppo{s}", [0.3, 0.6, 0.9], [0.1] * 5 + [0.5] * 10 + [0.9] * 5, 60.0)
+               for s in range(2)]
+    flat = [fake_run(tmp_path / "grpo0", [0.3, 0.3, 0.3], [0.2] * 20, None)]
+    base = {"random valid": Score(0.0, 0.0, 64), "safe Down/Right (reads the neighbours)": Score(0.8, 0.8, 64),
+            "expert": Score(1.0, 1.0, 8)}
+    rows, notes = learning.env_section("frozenlake", {"ppo_gae": learned, "grpo": flat}, base)
+    assert rows[0] == "| FrozenLake 4x4, p 0.8 | SFT start (RL step 0) | 0.300 ± 0.000 | | | | 3 |"
+    assert rows[1] == ("| FrozenLake 4x4, p 0.8 | PPO + GAE | 0.900 ± 0.000 | 0.900 ± 0.000 | 0.600 ± 0.000 | "
+                       "0.100 -> 0.900 | 2 |")
+    assert rows[2] == "| FrozenLake 4x4, p 0.8 | GRPO | 0.300 | 0.300 | 0.000 | 0.200 -> 0.200 | 1 |"
+    assert rows[-1] == "| FrozenLake 4x4, p 0.8 | expert | 1.000 | 1.000 | | | 8 episodes |"
+    # PPO gained 60 points and ended above every heuristic (the expert is not one); GRPO did neither
+    assert notes == ["GRPO on FrozenLake 4x4, p 0.8: 0.300 -> 0.300 (best heuristic 0.800)"]
+    assert learning.recorded_seconds([d.with_suffix(".log") for d in learned + flat]) == (120.0, 1)
+
+
+def test_the_doc_block_is_rewritten_and_the_reading_around_it_kept(tmp_path, monkeypatch):
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# Learning results\n\n{learning.BEGIN}\nold table\n{learning.END}\n\n## Reading\nby hand\n")
+    monkeypatch.setattr(learning, "DOC", doc)
+    args = Namespace(envs=["frozenlake"], algos=["grpo"], seeds=1, steps=20, val_groups=128, test_freq=5)
+    learning.write_doc(["--seeds", "1"], args, {"frozenlake": (["| row |"], [])}, [tmp_path / "frozenlake.png"],
+                       wall_s=600.0, unrecorded=2)
+    text = doc.read_text()
+    assert text.startswith(f"# Learning results\n\n{learning.BEGIN}\n- Command: `python bench/learning.py --seeds 1`")
+    assert text.endswith(f"{learning.END}\n\n## Reading\nby hand\n") and "old table" not in text
+    assert "- Wall time: 10.0 min for the training processes (SFT and RL, each timed by this script); 2 of them " \
+           "without a recorded time" in text
+    assert "**A reduced run**" in text and "| row |" in text and "![frozenlake](results/frozenlake.png)" in text
