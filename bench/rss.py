@@ -28,7 +28,7 @@ def process_kind(name: str, cmdline: str) -> str:
     return name
 
 
-def tree_rss(pid: int, by_kind: dict[str, list[int]] | None = None) -> tuple[int, int, int]:
+def tree_memory(pid: int, by_kind: dict[str, list[int]] | None = None) -> tuple[int, int, int]:
     """(summed RSS, summed PSS, number of processes) of ``pid`` and all its descendants, in bytes.
 
     RSS counts a page shared by several processes (torch's libraries, a forkserver's children) once
@@ -60,7 +60,7 @@ def tree_rss(pid: int, by_kind: dict[str, list[int]] | None = None) -> tuple[int
 
 
 class PeakRSS:
-    """Context manager sampling :func:`tree_rss` every ``interval`` seconds; keeps the peak.
+    """Context manager sampling :func:`tree_memory` every ``interval`` seconds; keeps the peak.
 
     Also samples the machine's 1-minute load average, so every measurement says how busy the
     (shared) machine was while it ran.
@@ -78,7 +78,7 @@ class PeakRSS:
     def _run(self) -> None:
         while not self._stop.is_set():
             by_kind: dict[str, list[int]] = {}
-            rss, pss, count = tree_rss(self.pid, by_kind)
+            rss, pss, count = tree_memory(self.pid, by_kind)
             if rss > self.peak_bytes:
                 self.peak_by_kind = by_kind
             self.peak_bytes = max(self.peak_bytes, rss)

@@ -139,7 +139,7 @@ def test_cli_parts_and_sizes():
 
 
 def test_process_kinds_name_ray_workers_by_class_and_ray_daemons_by_role():
-    from rss import process_kind, tree_rss
+    from rss import process_kind, tree_memory
 
     assert process_kind("ray::ActorWorker.update_actor", "ray::ActorWorker.update_actor") == "ActorWorker"
     assert process_kind("python", "ray::VLLMRolloutWorker") == "VLLMRolloutWorker"
@@ -149,7 +149,7 @@ def test_process_kinds_name_ray_workers_by_class_and_ray_daemons_by_role():
     assert process_kind("gcs_server", "/x/gcs_server --port 1") == "gcs_server"
     assert process_kind("bash", "bash -c true") == "bash"
     by_kind: dict = {}
-    total, pss, count = tree_rss(os.getpid(), by_kind)  # this very process: one kind, the whole total
+    total, pss, count = tree_memory(os.getpid(), by_kind)  # this very process: one kind, the whole total
     assert count >= 1 and sum(v[0] for v in by_kind.values()) == count
     assert sum(v[1] for v in by_kind.values()) == total and sum(v[2] for v in by_kind.values()) == pss
     assert 0 < pss <= total  # a shared page is split, never counted more than once
