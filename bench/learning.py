@@ -222,8 +222,8 @@ def write_doc(argv: list[str], args, sections: dict[str, tuple[list[str], list[s
     full = (set(args.envs) == set(ENVS) and set(args.algos) == set(ALGOS) and args.seeds >= 3)
     lines = [f"- Command: `python bench/learning.py {' '.join(argv)}`".rstrip() + "",
              f"- Machine: {machine()} (CPU only: FSDP2 over gloo, the vLLM CPU engine, the tiny model)",
-             f"- Wall time: {wall_s / 60:.1f} min for the training processes (SFT and RL, each timed by this "
-             "script)" + (f"; {unrecorded} of them without a recorded time" if unrecorded else ""),
+             f"- Wall time: {wall_s / 60:.1f} min for the training processes (SFT and RL, summed from each run's "
+             "`.log.seconds`)" + (f"; {unrecorded} of them without a recorded time" if unrecorded else ""),
              f"- Budget per run: {args.steps} RL steps of 8 groups x 4 episodes, greedy evaluation on "
              f"{args.val_groups} held-out seeds every {args.test_freq} steps; seeds {list(range(args.seeds))}",
              "- " + ("The full grid." if full else "**A reduced run** (not the full grid of 3 environments x 4 "

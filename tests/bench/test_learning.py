@@ -55,6 +55,6 @@ def test_the_doc_block_is_rewritten_and_the_reading_around_it_kept(tmp_path, mon
     text = doc.read_text()
     assert text.startswith(f"# Learning results\n\n{learning.BEGIN}\n- Command: `python bench/learning.py --seeds 1`")
     assert text.endswith(f"{learning.END}\n\n## Reading\nby hand\n") and "old table" not in text
-    assert "- Wall time: 10.0 min for the training processes (SFT and RL, each timed by this script); 2 of them " \
-           "without a recorded time" in text
+    assert "- Wall time: 10.0 min for the training processes (SFT and RL, summed from each run's `.log.seconds`); " \
+           "2 of them without a recorded time" in text
     assert "**A reduced run**" in text and "| row |" in text and "![frozenlake](results/frozenlake.png)" in text
