@@ -98,6 +98,11 @@ def run(cmd: list[str], log: Path) -> None:
     seconds_file(log).write_text(f"{time.time() - start:.1f}\n")
 
 
+def log_file(run_dir: Path) -> Path:
+    """The log of the process that wrote ``run_dir`` (beside it: ``<run_dir>.log``)."""
+    return run_dir.with_suffix(".log")
+
+
 def seconds_file(log: Path) -> Path:
     """Where :func:`run` records the wall time of the process that wrote ``log``."""
     return log.with_name(log.name + ".seconds")
@@ -117,7 +122,7 @@ def sft(env_key: str, args) -> Path:
         rl = json.dumps(env_overrides(env, args.val_groups))
         run([sys.executable, "-m", "agent_trainer.sft", "--config-name", "sft_frozenlake", f"rl_overrides={rl}",
              f"trainer.default_local_dir={out}", f"trainer.experiment_name=sft_{env_key}", "eval.test_freq=0",
-             *args.sft_overrides], out.with_suffix(".log"))
+             *args.sft_overrides], log_file(out))
     return out / "final"
 
 
@@ -129,7 +134,7 @@ def rl(env_key: str, algo: str, seed: int, model: Path, args) -> Path:
              *env_overrides(ENVS[env_key], args.val_groups), f"trainer.seed={seed}",
              f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.test_freq}",
              "trainer.val_before_train=true", "trainer.resume_mode=disable", f"trainer.default_local_dir={out}",
-             f"trainer.experiment_name={env_key}_{algo}_seed{seed}", *args.rl_overrides], out.with_suffix(".log"))
+             f"trainer.experiment_name={env_key}_{algo}_seed{seed}", *args.rl_overrides], log_file(out))
     return out
 
 
@@ -194,10 +199,11 @@ def env_section(env_key: str, results: dict[str, list[Path]],
     label = ENVS[env_key].label
     rows, notes, sft_start = [], [], []
     for algo, dirs in results.items():
-        success = [bl.val_points(bl.read_metrics(d)) for d in dirs]
-        reward = [bl.val_points(bl.read_metrics(d), "val/episode_reward_mean") for d in dirs]
+        records = [bl.read_metrics(d) for d in dirs]  # each run's metrics.jsonl, read once
+        success = [bl.val_points(r) for r in records]
+        reward = [bl.val_points(r, "val/episode_reward_mean") for r in records]
         start, end = [s[0][1] for s in success], [s[-1][1] for s in success]
-        sampled = [m for m in (bl.training_window_means(bl.read_metrics(d)) for d in dirs) if m is not None]
+        sampled = [m for m in map(bl.training_window_means, records) if m is not None]
         trend = (f"{statistics.fmean(m[0] for m in sampled):.3f} -> {statistics.fmean(m[1] for m in sampled):.3f}"
                  if sampled else "")
         sft_start += start
@@ -272,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         env = ENVS[env_key]
         model = sft(env_key, args)
         results = {algo: [rl(env_key, algo, seed, model, args) for seed in range(args.seeds)] for algo in args.algos}
-        logs += [model.parent.with_suffix(".log")] + [d.with_suffix(".log") for dirs in results.values() for d in dirs]
+        logs += [log_file(model.parent)] + [log_file(d) for dirs in results.values() for d in dirs]
         cfg, env_tags = compose_and_prepare(env_overrides(env, args.val_groups), config_name="frozenlake")
         base = bl.baselines(env.tag, env_tags, bl.val_seeds(cfg), env.max_turn)
         sections[env_key] = env_section(env_key, results, base)

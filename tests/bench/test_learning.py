@@ -24,7 +24,7 @@ def fake_run(folder: Path, val: list[float], sampled: list[float], seconds: floa
         records.append(record)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if seconds is not None:
-        learning.seconds_file(folder.with_suffix(".log")).write_text(f"{seconds}\n")
+        learning.seconds_file(learning.log_file(folder)).write_text(f"{seconds}\n")
     return folder
 
 
@@ -42,7 +42,7 @@ def test_table_rows_sampled_trend_and_what_did_not_learn(tmp_path):
     assert rows[-1] == "| FrozenLake 4x4, p 0.8 | expert | 1.000 | 1.000 | | | 8 episodes |"
     # PPO gained 60 points and ended above every heuristic (the expert is not one); GRPO did neither
     assert notes == ["GRPO on FrozenLake 4x4, p 0.8: 0.300 -> 0.300 (best heuristic 0.800)"]
-    assert learning.recorded_seconds([d.with_suffix(".log") for d in learned + flat]) == (120.0, 1)
+    assert learning.recorded_seconds([learning.log_file(d) for d in learned + flat]) == (120.0, 1)
 
 
 def test_the_doc_block_is_rewritten_and_the_reading_around_it_kept(tmp_path, monkeypatch):
