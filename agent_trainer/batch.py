@@ -19,7 +19,9 @@ keys follow the batch contract in ``docs/architecture.md``:
 | old_log_probs, ref_log_prob, values, advantages, returns | [B, T] | filled later |
 
 Log-prob tensors are aligned with ``input_ids``: ``old_log_probs[b, t]`` is
-``log p(input_ids[b, t] | input_ids[b, :t])``; column 0 is 0.
+``log p(input_ids[b, t] | input_ids[b, :t])`` on the generated tokens (``response_mask``)
+and 0 elsewhere, like ``rollout_log_probs``: the actor projects only those positions to the
+vocabulary (``workers.fsdp_base.target_logits``). Column 0 is 0.
 """
 
 from __future__ import annotations

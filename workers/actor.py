@@ -21,8 +21,8 @@ from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from workers.critic import CriticWorker
-from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, greedy_hits, micro_batches, micro_weight, scalar,
-                                token_entropy, token_log_probs)
+from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, micro_batches, micro_weight, scalar,
+                                target_logits)
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
@@ -57,17 +57,17 @@ class ReferenceWorker(FSDPWorker):
         self.model = self.ref_model = frozen(self.shard_model(load_causal_lm(self.model_config)))
 
     def _log_probs(self, batch: TensorBatch, model: torch.nn.Module, batching: MicroBatching) -> torch.Tensor:
-        """Log-probs [B, T] of ``batch``'s tokens under ``model`` at the rollout temperature, micro-batched."""
+        """Log-probs [B, T] of ``batch``'s generated tokens (``response_mask``; 0 elsewhere) under ``model``
+        at the rollout temperature, micro-batched."""
         temperature = float(batch.meta.get("temperature", 1.0))
 
         def per_token(micro: TensorBatch) -> torch.Tensor:
-            inputs = self.model_inputs(micro)
-            return token_log_probs(model(**vars(inputs)).logits, inputs.input_ids, temperature)
+            return target_logits(model, self.model_inputs(micro), micro["response_mask"]).log_probs(temperature)
 
         return self.forward_rows(batch, batching, per_token)
 
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
-        """``ref_log_prob`` [B, T] for this rank's shard, under the frozen reference weights."""
+        """``ref_log_prob`` [B, T] for this rank's shard under the frozen reference weights (generated tokens only)."""
         if self.ref_model is None:
             raise RuntimeError("this actor group hosts no reference model (it was started without one: "
                                "actor_rollout_ref.ref.colocate=false or no KL term)")
@@ -137,7 +137,7 @@ class ActorWorker(ReferenceWorker):
         return self.critic
 
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
-        """``old_log_probs`` [B, T] under the current policy for this rank's shard."""
+        """``old_log_probs`` [B, T] under the current policy for this rank's shard (generated tokens; 0 elsewhere)."""
         self.model.eval()
         return TensorBatch({"old_log_probs": self._log_probs(batch, self.model, self.batching)})
 
@@ -200,22 +200,20 @@ class ActorWorker(ReferenceWorker):
 
     def _sft_micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-mean NLL of the masked tokens, and the sums behind it (NLL, tokens, greedy-correct tokens)."""
-        inputs = self.model_inputs(micro)
         mask = micro["response_mask"].to(self.device).float()
-        logits = self.model(**vars(inputs)).logits
-        nll = -token_log_probs(logits, inputs.input_ids)
+        logits = target_logits(self.model, self.model_inputs(micro), mask)
+        nll = -logits.log_probs()
         stats = {"sft/nll_sum": scalar((nll * mask).sum()), "sft/tokens": scalar(mask.sum()),
-                 "sft/correct": scalar((greedy_hits(logits, inputs.input_ids) * mask).sum())}
+                 "sft/correct": scalar((logits.greedy_hits() * mask).sum())}
         return core_algos.agg_loss(nll, mask, "token-mean"), stats
 
     def _micro_loss(self, micro: TensorBatch, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
         scale = micro.meta.get("seq_len")  # the uncut width: seq-mean-token-sum-norm divides by it
-        inputs = self.model_inputs(micro)
         mask = micro["response_mask"].to(self.device).float()
-        logits = self.model(**vars(inputs)).logits
-        log_prob = token_log_probs(logits, inputs.input_ids, temperature)
+        logits = target_logits(self.model, self.model_inputs(micro), mask)
+        log_prob = logits.log_probs(temperature)
         on_policy = "old_log_probs" not in micro
         old_log_prob = log_prob.detach() if on_policy else micro["old_log_probs"].to(self.device)
         is_weights = micro["rollout_is_weights"].to(self.device) if "rollout_is_weights" in micro else None
@@ -242,7 +240,7 @@ class ActorWorker(ReferenceWorker):
             diff = (micro["rollout_log_probs"].to(self.device) - old_log_prob).abs()
             metrics["actor/rollout_vs_actor_logprob_diff"] = scalar(core_algos.masked_mean(diff, mask))
         if cfg.entropy_coeff:
-            entropy = core_algos.agg_loss(token_entropy(logits), mask, agg_mode, scale)
+            entropy = core_algos.agg_loss(logits.entropy(), mask, agg_mode, scale)
             loss = loss - cfg.entropy_coeff * entropy
             metrics["actor/entropy"] = scalar(entropy)
         if cfg.use_kl_loss:

@@ -394,28 +394,63 @@ def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mod
     return float(part) / float(whole) if whole > 0 else 0.0
 
 
-def token_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``out[b, t] = log softmax(logits[b, t-1] / temperature)[input_ids[b, t]]``; column 0 is 0.
+@dataclass
+class TargetLogits:
+    """The next-token logits of the positions that predict the tokens at ``where``, and only those.
 
-    Aligned with ``input_ids`` (the batch contract): the logit at position
-    t-1 predicts token t.
+    ``logits`` [N, V] belong to the N true entries of ``where`` [b, w] in row-major order:
+    ``logits[n]`` is the model's output at the position before the n-th target token, which
+    is ``targets[n]``. Results are scattered back to [b, w] aligned with ``input_ids`` (the
+    batch contract: the logit at t-1 scores token t), 0 where ``where`` is false.
     """
-    logits = logits[:, :-1].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.nn.functional.pad(logp, (1, 0))
+
+    logits: torch.Tensor
+    targets: torch.Tensor
+    where: torch.Tensor
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """[N] -> [b, w]: ``values`` at the target tokens, 0 elsewhere (differentiable)."""
+        return torch.zeros(self.where.shape, dtype=values.dtype, device=values.device).masked_scatter(self.where, values)
+
+    def log_probs(self, temperature: float = 1.0) -> torch.Tensor:
+        """``out[b, t] = log softmax(logits at t-1 / temperature)[input_ids[b, t]]`` on the targets."""
+        logits = self.logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return self.scatter(torch.log_softmax(logits, dim=-1).gather(-1, self.targets.unsqueeze(-1)).squeeze(-1))
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy of each target's next-token distribution (at temperature 1)."""
+        logp = torch.log_softmax(self.logits.float(), dim=-1)
+        return self.scatter(-(logp.exp() * logp).sum(-1))
+
+    def greedy_hits(self) -> torch.Tensor:
+        """1.0 on the targets the logits' argmax predicts, else 0."""
+        return self.scatter((self.logits.argmax(-1) == self.targets).float())
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution, aligned like :func:`token_log_probs`."""
-    logits = logits[:, :-1].float()
-    logp = torch.log_softmax(logits, dim=-1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return torch.nn.functional.pad(ent, (1, 0))
+def target_logits(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tensor) -> TargetLogits:
+    """Run ``model`` on ``inputs``, projecting to the vocabulary only the positions that predict ``where``'s tokens.
 
-
-def greedy_hits(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """``out[b, t] = 1.0`` where ``argmax(logits[b, t-1]) == input_ids[b, t]``; aligned like :func:`token_log_probs`."""
-    hits = (logits[:, :-1].argmax(-1) == input_ids[:, 1:]).float()
-    return torch.nn.functional.pad(hits, (1, 0))
+    The output projection (``lm_head``) and the log-softmax after it are the costliest part of a small
+    model's forward and backward, and their [b, w, V] float output the largest activation of a large
+    vocabulary's; the trainer needs them on the generated tokens only (``response_mask``, about 12% of
+    the main job's tokens). A pre-forward hook on the model's output embeddings hands them the
+    selected hidden states [N, H] in place of [b, w, H] (TRL's ``logits_to_keep``, per token instead of
+    a suffix). Column 0 has no predicting position and is never a target. The hook lives only for this
+    call, inside the model's own forward, so FSDP has unsharded the head's (tied) weights as usual.
+    """
+    where = where.to(inputs.input_ids.device).bool().clone()
+    where[:, 0] = False
+    predicts = where[:, 1:]
+    head = model.get_output_embeddings()
+    hook = head.register_forward_pre_hook(lambda _module, args: (args[0][:, :-1][predicts], *args[1:]))
+    try:
+        logits = model(**vars(inputs)).logits
+    finally:
+        hook.remove()
+    if logits.shape[:-1] != (int(predicts.sum()),):
+        raise RuntimeError(f"{type(model).__name__}'s output head did not take the selected positions "
+                           f"(logits {tuple(logits.shape)}); target_logits needs a model that applies "
+                           f"get_output_embeddings() to its last hidden states")
+    return TargetLogits(logits, inputs.input_ids[where], where)

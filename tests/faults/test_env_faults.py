@@ -149,7 +149,8 @@ def _engine_vs_actor_logprob_diff(trainer) -> float:
     mask = torch.zeros_like(ids)
     for i, s in enumerate(seqs):
         ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
-    batch = TensorBatch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)})
+    batch = TensorBatch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+                         "response_mask": mask})  # the actor scores the response tokens: here every token
     actor_lp = trainer.actor_wg.dp_compute("compute_log_prob", batch)["old_log_probs"]
     return max((torch.tensor(engine_lp[i][1:]) - actor_lp[i, 1 : len(s)]).abs().max().item()
                for i, s in enumerate(seqs))

@@ -7,7 +7,7 @@ from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
 from workers.actor import ActorWorker, ReferenceWorker
-from workers.fsdp_base import micro_weight, token_log_probs
+from workers.fsdp_base import micro_weight
 
 
 @pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
@@ -26,13 +26,51 @@ def test_weighted_micro_losses_equal_the_mini_batch_loss(mode):
     assert micro_weight(mask[6:8], mask, mode) == 0.0
 
 
-def test_token_log_probs_are_aligned_with_input_ids():
-    logits = torch.randn(1, 4, 5)
-    ids = torch.tensor([[1, 3, 0, 4]])
-    lp = token_log_probs(logits, ids)
-    assert lp[0, 0] == 0
-    for t in range(1, 4):
-        assert torch.isclose(lp[0, t], torch.log_softmax(logits[0, t - 1], -1)[ids[0, t]])
+def _full_logit_reference(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, temperature: float):
+    """Loop reference over every position's logits: log-prob, entropy, greedy hit of each masked token t from t-1."""
+    lp, ent, hit = (torch.zeros(ids.shape) for _ in range(3))
+    for b in range(ids.shape[0]):
+        for t in range(1, ids.shape[1]):
+            if mask[b, t]:
+                logp = torch.log_softmax(logits[b, t - 1] / temperature, -1)
+                lp[b, t] = logp[ids[b, t]]
+                full = torch.log_softmax(logits[b, t - 1], -1)
+                ent[b, t] = -(full.exp() * full).sum()
+                hit[b, t] = float(logits[b, t - 1].argmax() == ids[b, t])
+    return lp, ent, hit
+
+
+def test_target_logits_equal_the_full_forward_on_the_masked_tokens(tiny_model_path):
+    """Projecting only the positions that predict response tokens changes no value and no gradient."""
+    from transformers import AutoModelForCausalLM
+
+    from workers.fsdp_base import ModelInputs, target_logits
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (3, 12), generator=gen)
+    attention = torch.ones(3, 12, dtype=torch.long)
+    attention[2, 9:] = 0  # right padding
+    mask = torch.zeros(3, 12, dtype=torch.long)
+    mask[0, 4:7], mask[1, 2:4], mask[1, 8:12], mask[2, 5:9] = 1, 1, 1, 1  # multi-turn: two replies in row 1
+    mask[0, 0] = 1  # column 0 has no predicting position: never a target
+    inputs = ModelInputs(ids, attention, (attention.cumsum(-1) - 1).clamp(min=0))
+    full = model(**vars(inputs)).logits
+    lp, ent, hit = _full_logit_reference(full.detach(), ids, mask * (torch.arange(12) > 0), temperature=0.7)
+    picked = target_logits(model, inputs, mask)
+    assert picked.logits.shape == (int(mask[:, 1:].sum()), model.config.vocab_size)
+    assert torch.allclose(picked.log_probs(0.7), lp, atol=1e-5)
+    assert torch.allclose(picked.entropy(), ent, atol=1e-5)
+    assert torch.equal(picked.greedy_hits(), hit)
+    # the gradient of a masked loss is the full forward's
+    model.zero_grad()
+    (picked.log_probs(0.7) * torch.arange(36.0).view(3, 12)).sum().backward()
+    picked_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full = torch.log_softmax(model(**vars(inputs)).logits[:, :-1] / 0.7, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    (full * (mask[:, 1:] * torch.arange(36.0).view(3, 12)[:, 1:])).sum().backward()
+    for mine, theirs in zip(picked_grads, (p.grad for p in model.parameters())):
+        assert torch.allclose(mine, theirs, atol=1e-5)
 
 
 def test_padding_rows_do_not_change_the_actor_update(tiny_model_path):
