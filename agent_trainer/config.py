@@ -74,6 +74,12 @@ class FSDPConfig:
     """Ray CPU accounting per rank (fractional so that every worker fits on a 2-core laptop)."""
     num_threads: int = 1
     """torch intra-op threads per rank on CPU (several workers on 2 cores oversubscribe otherwise)."""
+    mixed_precision: str = "none"
+    """none | bf16: every forward and backward of the role under torch.autocast to bfloat16 (HF Trainer's and TRL's
+    bf16=True; verl's fsdp mixed_precision with param_dtype bf16): matrix products in bfloat16; master weights,
+    gradients, their reduction, optimizer states and the losses in float32. Pays only on bfloat16 hardware (GPUs from
+    Ampere on; CPUs with AVX512-BF16 or AMX): docs/benchmarks.md measures it. The trainer's log-probs then differ from a
+    float32 engine's by about 1e-2 (actor/rollout_vs_actor_logprob_diff)."""
 
 
 @dataclass

@@ -34,6 +34,7 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODES = ("auto", "disable", "resume_path")
 RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
 ROLLOUT_MODES = ("sync", "async")
+MIXED_PRECISIONS = ("none", "bf16")
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 
 
@@ -174,6 +175,9 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
+        *((f"{section}.fsdp.mixed_precision", role.fsdp.mixed_precision, MIXED_PRECISIONS) for section, role in (
+            ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref),
+            ("critic", cfg.critic))),
         ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES),
         ("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS),
         ("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS),

@@ -22,6 +22,8 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
     rows = []
     if r.get("main"):
         rows.append((f"main job speedup vs {r['main']['ref']}", r["main"]["speedup"], 2.0, True))
+        for name, v in (r["main"].get("opt_in") or {}).items():
+            rows.append((f"main job speedup vs {r['main']['ref']}, opt-in {name}", v["speedup"], 2.0, True))
     for name, p2 in (r.get("P2") or {}).items():
         if "error" not in p2:
             rows.append((f"P2 GRPO step speedup vs TRL ({name})", p2["speedup"], 2.0, True))
@@ -86,7 +88,20 @@ def _main_section(r: dict) -> list[str]:
             f"{fmt(main['ref_step_s'])} s -> {fmt(main['current_step_s'])} s per step, "
             f"**{fmt(main['speedup'])}x**. Mean load average during each run: {fmt(main.get('ref_load'), 1)} and "
             f"{fmt(main.get('current_load'), 1)} (2 cores).", "",
-            _phase_table({f"{main['ref']}": main["ref_phases"], "working tree": main["current_phases"]}), ""]
+            *_opt_in_text(main),
+            _phase_table({f"{main['ref']}": main["ref_phases"], "working tree": main["current_phases"],
+                          **{f"tree, {name}": v["phases"] for name, v in (main.get("opt_in") or {}).items()}}), ""]
+
+
+def _opt_in_text(main: dict) -> list[str]:
+    """The working tree's opt-in switches on the same job, against the same previous-commit runs."""
+    opt_in = main.get("opt_in") or {}
+    if not opt_in:
+        return []
+    parts = [f"{name} (`{' '.join(v['overrides'])}`): {fmt(v['step_s'])} s, **{fmt(v['speedup'])}x**"
+             for name, v in opt_in.items()]
+    return ["The same job with the working tree's opt-in switches, one run each after the pairs above, against "
+            f"the same {main['ref']} figure: " + "; ".join(parts) + ".", ""]
 
 
 def _repeats(main: dict) -> str:
@@ -102,15 +117,18 @@ def _p2_section(r: dict) -> list[str]:
     p2 = {name: v for name, v in p2.items() if "error" not in v}
     if not p2:
         return ["### P2: GRPO step vs TRL GRPOTrainer", "", "Failed: " + "; ".join(failed), ""]
-    rows = [[name, f"{v['n_params']/1e6:.1f}M", v["trl_threads"], v["project_step_s"], v["trl_step_s"],
-             v["speedup"], f"{fmt(v.get('project_load'), 1)} / {fmt(v.get('trl_load'), 1)}"] for name, v in p2.items()]
+    rows = [[name, f"{v['n_params']/1e6:.1f}M", v.get("precision", "fp32"), v["trl_threads"], v["project_step_s"],
+             v["trl_step_s"], v["speedup"], f"{fmt(v.get('project_load'), 1)} / {fmt(v.get('trl_load'), 1)}"]
+            for name, v in p2.items()]
     first = next(iter(p2.values()))
     return ["### P2: GRPO step vs TRL GRPOTrainer", "",
             "32 rows = 8 groups x 4, one turn of at most 64 new tokens, one optimizer step, micro-batch 4, "
             f"KL 0.001 against a reference model; TRL {first['trl_version']} in `bench/.venv-trl` (same torch "
-            "and transformers as the project), HF `generate`; same first-turn prompts (one per group). "
-            "Speedup = TRL seconds / project seconds.", "",
-            render_table(["model", "params", "TRL threads", "project s/step", "TRL s/step", "speedup",
+            "and transformers as the project), HF `generate`, activation checkpointing off (GRPOConfig's default is "
+            "on; the project's is off); same first-turn prompts (one per group). Precision fp32: both sides in "
+            "float32; bf16: the project's `actor_rollout_ref.actor.fsdp.mixed_precision=bf16` against TRL's "
+            "`bf16=True` (its default), both `torch.autocast`. Speedup = TRL seconds / project seconds.", "",
+            render_table(["model", "params", "precision", "TRL threads", "project s/step", "TRL s/step", "speedup",
                           "mean load (project / TRL)"], rows), "",
             f"Project: `{first['project_command']}`", "", f"TRL: `{first['trl_command']}`", "",
             *([f"Failed: {'; '.join(failed)}", ""] if failed else [])]

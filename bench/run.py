@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                  "quick: tiny)")
     p.add_argument("--trl-threads", default="0", help="comma-separated torch thread counts for TRL's process, "
                                                       "one TRL run each (0: torch's default, all cores)")
+    p.add_argument("--precision", default="", help="P2's training precisions, comma-separated of fp32,bf16 (bf16: "
+                                                   "the project's fsdp.mixed_precision=bf16 against TRL's bf16=True; "
+                                                   "default both; quick: fp32)")
     p.add_argument("--render-only", type=Path, default=None,
                    help="redraw the charts and report of an earlier results folder (with --update-docs: publish it)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<UTC stamp>)")
@@ -68,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.models = [x.strip() for x in a.models.split(",") if x.strip()] or (["tiny"] if a.quick else ["tiny", "20m"])
     if set(a.models) - set(suites.MODELS):
         p.error(f"--models {','.join(a.models)}: known models are {','.join(suites.MODELS)}")
+    a.precision = tuple(x.strip() for x in a.precision.split(",") if x.strip()) or \
+        (("fp32",) if a.quick else suites.PRECISIONS)
+    if set(a.precision) - set(suites.PRECISIONS):
+        p.error(f"--precision {','.join(a.precision)}: known precisions are {','.join(suites.PRECISIONS)}")
     try:
         a.trl_threads = tuple(int(t) for t in a.trl_threads.split(","))
     except ValueError:
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> Path:
     if ("P2" in a.parts and "20m" in a.models) or ("P7" in a.parts and not a.quick):
         ensure_20m_model()
     b = suites.Bench(out=folder, steps=a.steps, ref=a.ref or default_ref(), tree=a.tree.resolve(),
-                     repeats=a.repeats, trl_threads=a.trl_threads)
+                     repeats=a.repeats, trl_threads=a.trl_threads, precisions=a.precision)
     r = {"meta": {"command": "python bench/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "machine": machine,
                   "loaded": is_loaded(machine.get("load_avg_1m"), machine.get("cores")),

@@ -25,6 +25,11 @@ PARTS = ("main", "P1", "P2", "P3", "P4", "P5", "P6", "P7")
 TINY = REPO / "models" / "tiny-qwen2"
 MODEL_20M = REPO / "models" / "tiny-qwen2-20m"
 MODELS = {"tiny": TINY, "20m": MODEL_20M}
+PRECISIONS = ("fp32", "bf16")
+BF16 = ["actor_rollout_ref.actor.fsdp.mixed_precision=bf16"]
+"""The project's opt-in mixed precision (the colocated critic and reference follow the actor's fsdp section)."""
+OVERLAP = ["trainer.max_off_policy_steps=1", "algorithm.rollout_correction.rollout_is=token"]
+"""One-step off-policy overlap with its token-level correction (opt-in)."""
 # P2's matched GRPO work: 32 rows = 8 groups x 4, one turn of <= 64 new tokens, one optimizer step
 # (mini-batch = all rows), micro-batch 4, KL loss 0.001 against the reference model.
 GRPO_MATCHED = ["agent_proxy.max_turn=1", "ppo_mini_batch_size=32", "micro_batch_size_per_gpu=4",
@@ -49,6 +54,9 @@ class Bench:
     trl_threads: tuple[int, ...] = (0,)
     """torch threads of the TRL process, one TRL run each; 0 = torch's default (all cores), what a TRL user
     gets. On a loaded machine multi-threaded OpenMP loses more than the project's one-thread workers."""
+    precisions: tuple[str, ...] = ("fp32",)
+    """P2's training precisions, one project and one TRL run each: fp32, or bf16 on both sides (the project's
+    fsdp.mixed_precision=bf16, TRL's bf16=True, both torch.autocast)."""
     runs: dict[str, RunResult] = field(default_factory=dict)
     trl: dict[str, dict] = field(default_factory=dict)
 
@@ -65,15 +73,16 @@ class Bench:
         return self.project(RunSpec(f"frozenlake_current{_suffix(repeat)}", steps=self.steps, code_dir=self.tree,
                                     keep_trajectories=True, overrides=[f"model_path={TINY}"]))
 
-    def grpo(self, model: Path) -> RunResult:
+    def grpo(self, model: Path, precision: str = "fp32") -> RunResult:
         """P2's matched GRPO step on ``model``."""
-        return self.project(RunSpec(f"grpo_{model.name}", config="frozenlake_grpo", steps=self.steps,
+        bf16 = precision == "bf16"
+        return self.project(RunSpec(f"grpo_{model.name}{'_bf16' * bf16}", config="frozenlake_grpo", steps=self.steps,
                                     code_dir=self.tree, keep_trajectories=True,
-                                    overrides=[f"model_path={model}", *GRPO_MATCHED]))
+                                    overrides=[f"model_path={model}", *GRPO_MATCHED, *(BF16 if bf16 else [])]))
 
-    def trl_grpo(self, model: Path, threads: int = 0) -> dict:
+    def trl_grpo(self, model: Path, threads: int = 0, precision: str = "fp32") -> dict:
         """TRL GRPOTrainer on ``model`` with the project run's first-turn prompts (own venv, subprocess)."""
-        key = f"{model.name}_threads{threads}"
+        key = f"{model.name}_threads{threads}{'_bf16' * (precision == 'bf16')}"
         if key not in self.trl:
             firsts = {ep["group_id"]: ep["turns"][0]["prompt"] for ep in self.grpo(model).trajectories}
             prompts = [firsts[g] for g in sorted(firsts)]  # one per group (maps may repeat across groups)
@@ -83,7 +92,7 @@ class Bench:
             print(f"[bench] TRL GRPOTrainer on {model.name}, threads {threads or 'default'} ...", flush=True)
             cmd = [str(ensure_trl_venv()), str(REPO / "bench" / "trl_grpo.py"), "--model", str(model),
                    "--prompts", str(work / "prompts.json"), "--out", str(work / "result.json"),
-                   "--steps", str(self.steps), "--threads", str(threads)]
+                   "--steps", str(self.steps), "--threads", str(threads), *(["--bf16"] if precision == "bf16" else [])]
             _run_logged(cmd, work / "trl.log")
             res = json.loads((work / "result.json").read_text())
             res["step_median"] = steady_median(res["step_seconds"])
@@ -126,12 +135,19 @@ def main_job(b: Bench) -> dict:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
     ref_s = statistics.median(r.phases["step"] for r in before)
     cur_s = statistics.median(r.phases["step"] for r in after)
+    # the same job with the working tree's opt-in switches, against the same previous-commit runs
+    opt_in = {}
+    for name, overrides in {"bf16": BF16, "bf16 + overlap": [*BF16, *OVERLAP]}.items():
+        run = b.project(RunSpec(f"frozenlake_{name.replace(' + ', '_')}", steps=b.steps, code_dir=b.tree,
+                                overrides=[f"model_path={TINY}", *overrides]))
+        opt_in[name] = {"step_s": run.phases["step"], "speedup": ratio(ref_s, run.phases["step"]),
+                        "load": run.mean_load_1m, "phases": run.phases, "overrides": overrides}
     return {"ref": b.ref, "ref_sha": sha, "ref_step_s": ref_s, "current_step_s": cur_s, "repeats": b.repeats,
             "ref_runs_s": [r.phases["step"] for r in before], "current_runs_s": [r.phases["step"] for r in after],
             "ref_load": statistics.mean(r.mean_load_1m or 0.0 for r in before),
             "current_load": statistics.mean(r.mean_load_1m or 0.0 for r in after),
             "speedup": ratio(ref_s, cur_s), "ref_phases": before[0].phases, "current_phases": after[0].phases,
-            "command": after[0].command}
+            "command": after[0].command, "opt_in": opt_in}
 
 
 def replay_turns(trajectories: list[dict]) -> list[list[dict]]:
@@ -177,17 +193,18 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
 def p2_vs_trl(b: Bench, models: list[Path]) -> dict:
     """Matched GRPO step time, project vs TRL, per model (and TRL thread count): TRL s / project s."""
     out = {}
-    for model, threads in [(m, t) for m in models for t in b.trl_threads]:
-        name = model.name if not threads else f"{model.name}, TRL {threads} thread{'s' * (threads > 1)}"
+    for model, precision, threads in [(m, p, t) for m in models for p in b.precisions for t in b.trl_threads]:
+        name = ", ".join([model.name, *(["bf16 both sides"] if precision == "bf16" else []),
+                          *([f"TRL {threads} thread{'s' * (threads > 1)}"] if threads else [])])
         try:
-            ours, theirs = b.grpo(model), b.trl_grpo(model, threads)
+            ours, theirs = b.grpo(model, precision), b.trl_grpo(model, threads, precision)
         except RuntimeError as exc:  # keep the other models' rows
             print(f"[bench] P2 {name} failed: {exc}", flush=True)
             out[name] = {"error": str(exc).splitlines()[0]}
             continue
         out[name] = {"project_step_s": ours.phases["step"], "trl_step_s": theirs["step_median"],
                      "speedup": ratio(theirs["step_median"], ours.phases["step"]),
-                     "project_phases": ours.phases, "trl_threads": theirs["threads"],
+                     "project_phases": ours.phases, "trl_threads": theirs["threads"], "precision": precision,
                      "trl_version": theirs["trl"], "n_params": theirs["n_params"],
                      "project_load": ours.mean_load_1m, "trl_load": theirs.get("mean_load_1m"),
                      "project_command": ours.command, "trl_command": theirs["command"]}
@@ -240,11 +257,10 @@ def p6_slow_env(b: Bench) -> dict:
     and the same job without latency; then one-step off-policy overlap (trainer.max_off_policy_steps=1) on the
     barrier-free slow-env job and on the main job: whole-step time with and without it."""
     fast = b.current()
-    overlap = ["trainer.max_off_policy_steps=1", "algorithm.rollout_correction.rollout_is=token"]
     specs = {"sync": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=sync"],
              "async": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async"],
-             "async_overlap": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async", *overlap],
-             "main_overlap": overlap}
+             "async_overlap": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async", *OVERLAP],
+             "main_overlap": OVERLAP}
     runs = {name: b.project(RunSpec(f"frozenlake_slow_env_{name}" if name != "main_overlap" else "frozenlake_overlap",
                                     steps=b.steps, code_dir=b.tree, overrides=[f"model_path={TINY}", *overrides]))
             for name, overrides in specs.items()}

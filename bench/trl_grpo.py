@@ -44,6 +44,7 @@ def main() -> None:
     p.add_argument("--beta", type=float, default=0.001)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
+    p.add_argument("--bf16", action="store_true", help="TRL's bf16=True (torch.autocast; its default), else float32")
     a = p.parse_args()
     if a.threads:
         import torch
@@ -76,7 +77,10 @@ def main() -> None:
         num_generations=a.group_size, max_completion_length=a.max_new_tokens, beta=a.beta,
         learning_rate=a.lr, max_steps=a.steps, num_iterations=1, temperature=1.0, use_vllm=False,
         use_cpu=True, report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True,
-        seed=0, shuffle_dataset=False, bf16=False,
+        seed=0, shuffle_dataset=False, bf16=a.bf16,
+        # GRPOConfig turns activation checkpointing on by default; the project's default is off
+        # (model.enable_gradient_checkpointing), so matched work means off here too.
+        gradient_checkpointing=False,
     )
     timer = StepTimer()
     with PeakRSS(os.getpid()) as rss:

@@ -62,7 +62,9 @@ class ReferenceWorker(FSDPWorker):
         temperature = float(batch.meta.get("temperature", 1.0))
 
         def per_token(micro: TensorBatch) -> torch.Tensor:
-            return target_logits(model, self.model_inputs(micro), micro["response_mask"]).log_probs(temperature)
+            with self.precision():
+                logits = target_logits(model, self.model_inputs(micro), micro["response_mask"])
+            return logits.log_probs(temperature)
 
         return self.forward_rows(batch, batching, per_token)
 
@@ -201,7 +203,8 @@ class ActorWorker(ReferenceWorker):
     def _sft_micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-mean NLL of the masked tokens, and the sums behind it (NLL, tokens, greedy-correct tokens)."""
         mask = micro["response_mask"].to(self.device).float()
-        logits = target_logits(self.model, self.model_inputs(micro), mask)
+        with self.precision():
+            logits = target_logits(self.model, self.model_inputs(micro), mask)
         nll = -logits.log_probs()
         stats = {"sft/nll_sum": scalar((nll * mask).sum()), "sft/tokens": scalar(mask.sum()),
                  "sft/correct": scalar((logits.greedy_hits() * mask).sum())}
@@ -212,7 +215,8 @@ class ActorWorker(ReferenceWorker):
         (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
         scale = micro.meta.get("seq_len")  # the uncut width: seq-mean-token-sum-norm divides by it
         mask = micro["response_mask"].to(self.device).float()
-        logits = target_logits(self.model, self.model_inputs(micro), mask)
+        with self.precision():
+            logits = target_logits(self.model, self.model_inputs(micro), mask)
         log_prob = logits.log_probs(temperature)
         on_policy = "old_log_probs" not in micro
         old_log_prob = log_prob.detach() if on_policy else micro["old_log_probs"].to(self.device)

@@ -60,8 +60,9 @@ class CriticWorker(FSDPWorker):
         self.build_optimizer(self.config.optim)
 
     def _values(self, micro: TensorBatch) -> torch.Tensor:
-        inputs = self.model_inputs(micro)
-        return token_values(self.model(**vars(inputs)).logits)
+        with self.precision():
+            scores = self.model(**vars(self.model_inputs(micro))).logits
+        return token_values(scores)
 
     def compute_values(self, batch: TensorBatch) -> TensorBatch:
         """``values`` [B, T] for this rank's shard."""

@@ -9,6 +9,7 @@ gloo on CPU, NCCL on GPU; the code path is the same.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections import defaultdict
 from dataclasses import dataclass
@@ -285,6 +286,13 @@ class FSDPWorker:
                         metrics[key].append(value)
                 metrics[f"{prefix}/grad_norm"].append(self.optimizer_step(grad_clip))
         return {k: sum(v) / len(v) for k, v in metrics.items()}
+
+    def precision(self) -> contextlib.AbstractContextManager:
+        """The context every forward of this role runs in: ``torch.autocast`` to bfloat16 with
+        ``fsdp.mixed_precision: bf16`` (backward follows the forward's dtypes), else nothing."""
+        if self.fsdp_config.mixed_precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def model_inputs(self, batch: TensorBatch) -> ModelInputs:
         """Move the forward inputs of ``batch`` to this rank's device."""

@@ -91,6 +91,25 @@ def test_ratio_rows_and_block_from_results():
     assert "step 3.30 s vs 3.00 s, **0.91x**" in text
 
 
+def test_opt_in_main_runs_and_p2_precisions_are_reported():
+    r = {"meta": {"command": "python bench/run.py", "date": "2026-11-23 01:00", "steps": 6, "loaded": False,
+                  "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 0.1}},
+         "main": {"ref": "HEAD", "ref_sha": "abcdef1234567", "ref_step_s": 3.0, "current_step_s": 2.5,
+                  "speedup": 1.2, "ref_phases": {"step": 3.0}, "current_phases": {"step": 2.5},
+                  "opt_in": {"bf16": {"step_s": 2.0, "speedup": 1.5, "phases": {"step": 2.0},
+                                      "overrides": ["actor_rollout_ref.actor.fsdp.mixed_precision=bf16"]}}},
+         "P2": {"tiny-qwen2, bf16 both sides": {
+             "project_step_s": 0.5, "trl_step_s": 0.6, "speedup": 1.2, "precision": "bf16", "trl_threads": 2,
+             "n_params": 6e5, "trl_version": "1.16.0", "project_command": "p", "trl_command": "t"}}}
+    assert report.ratio_rows(r)[:3] == [("main job speedup vs HEAD", 1.2, 2.0, True),
+                                        ("main job speedup vs HEAD, opt-in bf16", 1.5, 2.0, True),
+                                        ("P2 GRPO step speedup vs TRL (tiny-qwen2, bf16 both sides)", 1.2, 2.0, True)]
+    block = report.render(r, asset_prefix="")
+    assert "bf16 (`actor_rollout_ref.actor.fsdp.mixed_precision=bf16`): 2.00 s, **1.50x**" in block
+    assert "| phase (s, median of steps 2..N) | HEAD | working tree | tree, bf16 |" in block
+    assert "| tiny-qwen2, bf16 both sides | 0.6M | bf16 | 2 | 0.50 | 0.60 | 1.20 |" in block
+
+
 def test_update_docs_replaces_only_the_generated_block(tmp_path):
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Benchmarks\nintro\n{report.BEGIN}\nold numbers\n{report.END}\n"
@@ -128,6 +147,10 @@ def test_cli_parts_and_sizes():
         bench_run.parse_args(["--steps", "1"])
     assert bench_run.parse_args(["--trl-threads", "0,1"]).trl_threads == (0, 1)
     assert bench_run.parse_args(["--quick"]).models == ["tiny"]
+    assert bench_run.parse_args([]).precision == ("fp32", "bf16")
+    assert bench_run.parse_args(["--quick"]).precision == ("fp32",)
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--precision", "fp8"])
     assert bench_run.parse_args([]).models == ["tiny", "20m"]
     with pytest.raises(SystemExit):
         bench_run.parse_args(["--models", "7b"])

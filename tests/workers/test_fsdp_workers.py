@@ -397,3 +397,26 @@ def test_a_colocated_critic_is_the_separate_critic_and_checkpoints_apart(tiny_mo
     assert torch.equal(fresh.compute_values(batch)["values"], host.compute_values(batch)["values"])
     with pytest.raises(RuntimeError, match="no critic"):
         _actor(tiny_model_path).compute_values(batch)
+
+
+def test_bf16_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(tiny_model_path):
+    """fsdp.mixed_precision=bf16: the forward's products are bfloat16 (log-probs move by bf16 rounding, not more),
+    while weights, gradients and optimizer states stay float32; the critic colocated with it follows."""
+    from agent_trainer.config import CriticConfig
+
+    batch = _actor_batch(0)
+    fp32 = _actor(tiny_model_path).compute_log_prob(batch)["old_log_probs"]
+    bf16 = _actor(tiny_model_path, fsdp=FSDPConfig(world_size=1, mixed_precision="bf16"),
+                  ppo_mini_batch_size=4)
+    mixed = bf16.compute_log_prob(batch)["old_log_probs"]
+    mask = batch["response_mask"].bool()
+    diff = (mixed - fp32)[mask].abs()
+    assert 0 < diff.max() < 0.1 and diff.mean() < 0.02  # bfloat16 rounding of the products, no more
+    assert mixed.dtype == torch.float32 and torch.equal(mixed[~mask], torch.zeros_like(mixed[~mask]))
+    bf16.update_actor(batch.update(TensorBatch({"old_log_probs": mixed})))
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    assert all(s.dtype == torch.float32 for state in bf16.optimizer.state.values() for s in state.values()
+               if torch.is_tensor(s) and s.is_floating_point())
+    hosting = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=bf16.config,
+                          critic=CriticConfig(), device="cpu")
+    assert hosting.critic.precision().fast_dtype == torch.bfloat16
