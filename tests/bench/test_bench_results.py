@@ -176,3 +176,15 @@ def test_process_kinds_name_ray_workers_by_class_and_ray_daemons_by_role():
     assert count >= 1 and sum(v[0] for v in by_kind.values()) == count
     assert sum(v[1] for v in by_kind.values()) == total and sum(v[2] for v in by_kind.values()) == pss
     assert 0 < pss <= total  # a shared page is split, never counted more than once
+    assert tree_memory(os.getpid(), with_pss=False)[1] == 0  # the cheap sample: RSS only
+
+
+def test_peak_sampler_reads_pss_on_every_nth_sample_only():
+    import time
+
+    from rss import PeakRSS
+
+    with PeakRSS(os.getpid(), interval=0.01, pss_every=4) as sampler:
+        time.sleep(0.3)
+    assert sampler.peak_bytes > 0 and 0 < sampler.peak_pss_bytes <= sampler.peak_bytes
+    assert sum(v[0] for v in sampler.peak_by_kind.values()) >= 1 and len(sampler.loads) >= 8
