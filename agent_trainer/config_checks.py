@@ -34,8 +34,9 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODES = ("auto", "disable", "resume_path")
 RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
 ROLLOUT_MODES = ("sync", "async")
-MIXED_PRECISIONS = ("none", "bf16")
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
+MIXED_PRECISIONS = ("none", "bf16")
+"""*.fsdp.mixed_precision: float32 throughout, or torch.autocast to bfloat16 (workers.fsdp_base.FSDPWorker.precision)."""
 
 
 @dataclass(frozen=True)

@@ -440,10 +440,10 @@ class TargetLogits:
 def target_logits(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tensor) -> TargetLogits:
     """Run ``model`` on ``inputs``, projecting to the vocabulary only the positions that predict ``where``'s tokens.
 
-    The output projection (``lm_head``) and the log-softmax after it are the costliest part of a small
-    model's forward and backward, and their [b, w, V] float output the largest activation of a large
-    vocabulary's; the trainer needs them on the generated tokens only (``response_mask``, about 12% of
-    the main job's tokens). A pre-forward hook on the model's output embeddings hands them the
+    The output projection (``lm_head``) and the log-softmax after it are a quarter of the tiny model's
+    forward and backward, and their [b, w, V] float output the largest activation of a large vocabulary's;
+    the trainer needs them on the generated tokens only (``response_mask``, about 12% of the main job's
+    tokens). A pre-forward hook on the model's output embeddings hands them the
     selected hidden states [N, H] in place of [b, w, H] (TRL's ``logits_to_keep``, per token instead of
     a suffix). Column 0 has no predicting position and is never a target. The hook lives only for this
     call, inside the model's own forward, so FSDP has unsharded the head's (tied) weights as usual.
