@@ -231,8 +231,9 @@ class FSDPWorker:
         (each all-gathers the shards), so the count is agreed on with an all-reduce (max)
         and ranks below it split their costliest micro-batches. Each micro-batch carries
         ``meta["seq_len"]``, the uncut width, the sequence length the loss normalises by.
+        A row counts up to its last generated token (:func:`scored_lengths`).
         """
-        lengths = row_lengths(batch["attention_mask"]).tolist()
+        lengths = scored_lengths(batch).tolist()
         if batching.max_token_len is None:
             size = max(1, batching.rows)
             groups = [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
@@ -328,19 +329,31 @@ class MicroBatching:
     ``*_max_token_len_per_gpu``): rows sorted by length are packed while
     ``rows x longest row`` stays within ``max_token_len``, so a micro-batch of short
     episodes holds many rows and one of long episodes few; the forward's cost follows
-    the real tokens. Either way every micro-batch is cut to its own longest row
-    (the padding columns behind it are dropped), which leaves every real token's
-    log-prob and value unchanged: the model is causal and padding is on the right.
+    the real tokens. Either way every micro-batch is cut to its own longest row, counted
+    through its last generated token (the padding columns behind it, and any observation
+    after the last reply, are dropped), which leaves every generated token's log-prob and
+    value unchanged: the model is causal and padding is on the right.
     """
 
     rows: int
     max_token_len: int | None = None
 
 
-def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B] int: one past each row's last attended position (its length with right padding)."""
-    positions = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
-    return (attention_mask.bool() * positions).amax(-1)
+def row_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """[B] int: one past each row's last nonzero position of ``mask`` (of an attention mask: the row's length)."""
+    positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return (mask.bool() * positions).amax(-1)
+
+
+def scored_lengths(batch: TensorBatch) -> torch.Tensor:
+    """[B] int: the positions a training pass must run per row: through the row's last generated token.
+
+    Log-probs and values are read at ``response_mask`` tokens only, each from the positions before it
+    (the model is causal), so the tokens after a row's last reply (the observation a turn-limited
+    episode gets after its final step: a quarter of a single-turn FrozenLake row) change no output;
+    they are cut like right padding. Without a ``response_mask``: the attended length.
+    """
+    return row_lengths(batch["response_mask"] if "response_mask" in batch else batch["attention_mask"])
 
 
 def token_budget_groups(lengths: list[int], max_token_len: int) -> list[list[int]]:

@@ -420,3 +420,32 @@ def test_bf16_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(tin
     hosting = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=bf16.config,
                           critic=CriticConfig(), device="cpu")
     assert hosting.critic.precision().fast_dtype == torch.bfloat16
+
+
+def test_tokens_after_the_last_reply_are_cut_and_change_nothing(tiny_model_path):
+    """An observation appended after a row's last reply is scored by nothing: the passes stop at the last
+    generated token, and log-probs, values and the update equal those of the rows without it."""
+    from agent_trainer.config import CriticConfig
+    from workers.critic import CriticWorker
+
+    tailed = _ragged_batch([16, 14, 12, 10])
+    tailed["response_mask"][:, 8:] = 0  # replies at 4..7, then 8 tokens (or fewer) of observation
+    tailed["advantages"] *= tailed["response_mask"]
+    bare = TensorBatch(dict(tailed.tensors))
+    bare["attention_mask"] = bare["attention_mask"].clone()
+    bare["attention_mask"][:, 8:] = 0
+    actor = _actor(tiny_model_path, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
+    plan = actor.plan_micro_batches(tailed, actor.batching)
+    assert [m["input_ids"].shape[1] for _, m in plan] == [8] and plan[0][1].meta["seq_len"] == 16
+    log_probs = actor.compute_log_prob(tailed)["old_log_probs"]
+    assert torch.equal(log_probs, actor.compute_log_prob(bare)["old_log_probs"])
+    critic = CriticWorker(rank=0, world_size=1, device="cpu", critic=CriticConfig(
+        model=ModelConfig(path=tiny_model_path), fsdp=FSDPConfig(world_size=1), ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=4))
+    critic.init_model()
+    assert torch.equal(critic.compute_values(tailed)["values"], critic.compute_values(bare)["values"])
+    grads = {}
+    for name, batch in (("tailed", tailed), ("bare", bare)):
+        worker = _actor(tiny_model_path, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
+        grads[name] = worker.update_actor(batch.update(TensorBatch({"old_log_probs": log_probs})))["actor/grad_norm"]
+    assert grads["tailed"] == grads["bare"]
