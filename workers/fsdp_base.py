@@ -234,9 +234,10 @@ class FSDPWorker:
         A row counts up to its last generated token (:func:`scored_lengths`).
         """
         lengths = scored_lengths(batch).tolist()
-        if batching.max_token_len is None:
+        if batching.max_token_len is None:  # rows of similar length together: each micro-batch is cut to its longest
             size = max(1, batching.rows)
-            groups = [list(range(i, min(i + size, len(batch)))) for i in range(0, len(batch), size)]
+            order = sorted(range(len(batch)), key=lambda i: (-lengths[i], i))
+            groups = [order[i:i + size] for i in range(0, len(batch), size)]
         else:
             groups = token_budget_groups(lengths, batching.max_token_len)
             groups = split_to_count(groups, lengths, self._max_over_ranks(len(groups)))
@@ -324,8 +325,9 @@ def micro_batches(batch: TensorBatch, size: int) -> list[TensorBatch]:
 class MicroBatching:
     """How a rank cuts its rows into micro-batches (one forward/backward each).
 
-    Fixed (``max_token_len`` None): consecutive chunks of ``rows`` rows, verl's
-    ``*_micro_batch_size_per_gpu``. Dynamic (verl's ``use_dynamic_bsz`` with
+    Fixed (``max_token_len`` None): chunks of ``rows`` rows, verl's
+    ``*_micro_batch_size_per_gpu``, taken longest first (rows of similar length share a
+    micro-batch, so less padding is computed; the accumulated gradient is the same). Dynamic (verl's ``use_dynamic_bsz`` with
     ``*_max_token_len_per_gpu``): rows sorted by length are packed while
     ``rows x longest row`` stays within ``max_token_len``, so a micro-batch of short
     episodes holds many rows and one of long episodes few; the forward's cost follows

@@ -237,7 +237,8 @@ def test_dynamic_batch_size_gives_the_fixed_micro_batch_update(tiny_model_path, 
         grads = _record_grads(worker)
         out[name] = (plan, worker.update_actor(batch)["actor/grad_norm"], grads)
     fixed_plan, dynamic_plan = out["fixed"][0], out["dynamic"][0]
-    assert [r.tolist() for r, _ in fixed_plan] == [[0, 1], [2, 3], [4, 5]]
+    assert [r.tolist() for r, _ in fixed_plan] == [[0, 4], [1, 2], [3, 5]]  # 2 rows each, longest first
+    assert [m["input_ids"].shape[1] for _, m in fixed_plan] == [16, 12, 7]
     # 36 tokens: the two 16-token rows (2 x 16), then 12 + 9 + 7 (3 x 12), then the 5 alone (cut to 5 columns)
     assert [r.tolist() for r, _ in dynamic_plan] == [[0, 4], [1, 2, 5], [3]]
     assert [m["input_ids"].shape[1] for _, m in dynamic_plan] == [16, 12, 5]
