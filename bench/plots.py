@@ -50,7 +50,9 @@ def ratios(rows: list[tuple[str, float, float | None, bool]], path: Path, title:
         met = None if target is None else (value >= target if higher else value <= target)
         color = {None: "0.4", True: "tab:green", False: "tab:red"}[met]
         ax.plot([value], [i], "o", color=color, ms=8)
-        ax.annotate(f"{value:.3g}", (value, i), textcoords="offset points", xytext=(7, 4), fontsize=8)
+        # the number right of the dot and of a target bar close to it, which would cross it
+        anchor = max(value, target) if target is not None and 0.5 < value / target < 2 else value
+        ax.annotate(f"{value:.3g}", (anchor, i), textcoords="offset points", xytext=(7, 4), fontsize=8)
         if target is not None:
             ax.plot([target], [i], "|", color="black", ms=18, mew=2)
     ax.set_xscale("log")
