@@ -36,7 +36,7 @@ RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
 ROLLOUT_MODES = ("sync", "async")
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 MIXED_PRECISIONS = ("none", "bf16")
-"""*.fsdp.mixed_precision: float32 throughout, or torch.autocast to bfloat16 (workers.fsdp_base.FSDPWorker.precision)."""
+"""*.fsdp.mixed_precision: float32 throughout, or torch.autocast to bfloat16 (FSDPWorker.precision)."""
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,8 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
         *((f"{section}.fsdp.mixed_precision", role.fsdp.mixed_precision, MIXED_PRECISIONS) for section, role in (
-            ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor), ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref),
-            ("critic", cfg.critic))),
+            ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),
+            ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref), ("critic", cfg.critic))),
         ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES),
         ("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS),
         ("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS),

@@ -76,8 +76,8 @@ class Bench:
     def grpo(self, model: Path, precision: str = "fp32") -> RunResult:
         """P2's matched GRPO step on ``model``."""
         bf16 = precision == "bf16"
-        return self.project(RunSpec(f"grpo_{model.name}{'_bf16' * bf16}", config="frozenlake_grpo", steps=self.steps,
-                                    code_dir=self.tree, keep_trajectories=True,
+        return self.project(RunSpec(f"grpo_{model.name}{'_bf16' * bf16}", config="frozenlake_grpo",
+                                    steps=self.steps, code_dir=self.tree, keep_trajectories=True,
                                     overrides=[f"model_path={model}", *GRPO_MATCHED, *(BF16 if bf16 else [])]))
 
     def trl_grpo(self, model: Path, threads: int = 0, precision: str = "fp32") -> dict:
@@ -89,10 +89,12 @@ class Bench:
             work = self.out / "trl" / key
             work.mkdir(parents=True, exist_ok=True)
             (work / "prompts.json").write_text(json.dumps(prompts))
-            print(f"[bench] TRL GRPOTrainer on {model.name}, threads {threads or 'default'} ...", flush=True)
+            print(f"[bench] TRL GRPOTrainer on {model.name}, {precision}, threads {threads or 'default'} ...",
+                  flush=True)
             cmd = [str(ensure_trl_venv()), str(REPO / "bench" / "trl_grpo.py"), "--model", str(model),
                    "--prompts", str(work / "prompts.json"), "--out", str(work / "result.json"),
-                   "--steps", str(self.steps), "--threads", str(threads), *(["--bf16"] if precision == "bf16" else [])]
+                   "--steps", str(self.steps), "--threads", str(threads),
+                   *(["--bf16"] if precision == "bf16" else [])]
             _run_logged(cmd, work / "trl.log")
             res = json.loads((work / "result.json").read_text())
             res["step_median"] = steady_median(res["step_seconds"])

@@ -58,12 +58,14 @@ class ReferenceWorker(FSDPWorker):
 
     def _log_probs(self, batch: TensorBatch, model: torch.nn.Module, batching: MicroBatching) -> torch.Tensor:
         """Log-probs [B, T] of ``batch``'s generated tokens (``response_mask``; 0 elsewhere) under ``model``
-        at the rollout temperature, micro-batched."""
+        at the rollout temperature, micro-batched. A batch without ``response_mask`` (plain sequences to
+        score) gets every attended token's."""
         temperature = float(batch.meta.get("temperature", 1.0))
 
         def per_token(micro: TensorBatch) -> torch.Tensor:
+            scored = micro["response_mask"] if "response_mask" in micro else micro["attention_mask"]
             with self.precision():
-                logits = target_logits(model, self.model_inputs(micro), micro["response_mask"])
+                logits = target_logits(model, self.model_inputs(micro), scored)
             return logits.log_probs(temperature)
 
         return self.forward_rows(batch, batching, per_token)

@@ -327,7 +327,8 @@ class MicroBatching:
 
     Fixed (``max_token_len`` None): chunks of ``rows`` rows, verl's
     ``*_micro_batch_size_per_gpu``, taken longest first (rows of similar length share a
-    micro-batch, so less padding is computed; the accumulated gradient is the same). Dynamic (verl's ``use_dynamic_bsz`` with
+    micro-batch, so less padding is computed; the accumulated gradient is the same).
+    Dynamic (verl's ``use_dynamic_bsz`` with
     ``*_max_token_len_per_gpu``): rows sorted by length are packed while
     ``rows x longest row`` stays within ``max_token_len``, so a micro-batch of short
     episodes holds many rows and one of long episodes few; the forward's cost follows
@@ -433,7 +434,8 @@ class TargetLogits:
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """[N] -> [b, w]: ``values`` at the target tokens, 0 elsewhere (differentiable)."""
-        return torch.zeros(self.where.shape, dtype=values.dtype, device=values.device).masked_scatter(self.where, values)
+        zeros = torch.zeros(self.where.shape, dtype=values.dtype, device=values.device)
+        return zeros.masked_scatter(self.where, values)
 
     def log_probs(self, temperature: float = 1.0) -> torch.Tensor:
         """``out[b, t] = log softmax(logits at t-1 / temperature)[input_ids[b, t]]`` on the targets."""

@@ -18,10 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
         # GRPO: no critic, the reference (in the actor's ranks) for the KL loss and (adaptive) KL-in-reward
         ("frozenlake_grpo", ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"], False),
         # the same with the reference in a group of its own instead of the actor's ranks; bf16 autocast in both
-        ("frozenlake_grpo", ["actor_rollout_ref.ref.colocate=false", "actor_rollout_ref.actor.fsdp.mixed_precision=bf16",
+        ("frozenlake_grpo", ["actor_rollout_ref.ref.colocate=false",
+                             "actor_rollout_ref.actor.fsdp.mixed_precision=bf16",
                              "actor_rollout_ref.ref.fsdp.mixed_precision=bf16"], False),
         # PPO with the critic in a group of its own (one rank on both cores, bf16 autocast) instead of the actor's ranks
-        ("frozenlake", ["critic.colocate=false", "critic.fsdp.num_threads=2", "critic.fsdp.mixed_precision=bf16"], True),
+        ("frozenlake", ["critic.colocate=false", "critic.fsdp.num_threads=2",
+                        "critic.fsdp.mixed_precision=bf16"], True),
         # bi-level GAE with the GSPO sequence-level loss
         ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
         # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and

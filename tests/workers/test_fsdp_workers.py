@@ -450,3 +450,13 @@ def test_tokens_after_the_last_reply_are_cut_and_change_nothing(tiny_model_path)
         worker = _actor(tiny_model_path, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
         grads[name] = worker.update_actor(batch.update(TensorBatch({"old_log_probs": log_probs})))["actor/grad_norm"]
     assert grads["tailed"] == grads["bare"]
+
+
+def test_a_batch_without_response_mask_gets_every_attended_tokens_log_prob(tiny_model_path):
+    """Plain sequences to score (no response_mask): every attended token, as if all were generated."""
+    batch = _ragged_batch([16, 9, 12])
+    plain = TensorBatch({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")})
+    actor = _actor(tiny_model_path)
+    expected = actor.compute_log_prob(batch.update(TensorBatch({"response_mask": batch["attention_mask"]})))
+    got = actor.compute_log_prob(plain)["old_log_probs"]
+    assert torch.equal(got, expected["old_log_probs"]) and (got[:, 1:] != 0).sum() == 16 + 9 + 12 - 3
