@@ -21,8 +21,8 @@ from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from workers.critic import CriticWorker
-from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, micro_batches, micro_weight, scalar,
-                                target_logits)
+from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, TargetLogits, micro_batches, micro_weight, scalar,
+                                scored_mask, target_logits)
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
@@ -63,12 +63,14 @@ class ReferenceWorker(FSDPWorker):
         temperature = float(batch.meta.get("temperature", 1.0))
 
         def per_token(micro: TensorBatch) -> torch.Tensor:
-            scored = micro["response_mask"] if "response_mask" in micro else micro["attention_mask"]
-            with self.precision():
-                logits = target_logits(model, self.model_inputs(micro), scored)
-            return logits.log_probs(temperature)
+            return self._target_logits(model, micro).log_probs(temperature)
 
         return self.forward_rows(batch, batching, per_token)
+
+    def _target_logits(self, model: torch.nn.Module, micro: TensorBatch) -> TargetLogits:
+        """``model``'s logits of ``micro``'s scored tokens (:func:`scored_mask`), in this role's precision."""
+        with self.precision():
+            return target_logits(model, self.model_inputs(micro), scored_mask(micro))
 
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``ref_log_prob`` [B, T] for this rank's shard under the frozen reference weights (generated tokens only)."""
@@ -205,8 +207,7 @@ class ActorWorker(ReferenceWorker):
     def _sft_micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Token-mean NLL of the masked tokens, and the sums behind it (NLL, tokens, greedy-correct tokens)."""
         mask = micro["response_mask"].to(self.device).float()
-        with self.precision():
-            logits = target_logits(self.model, self.model_inputs(micro), mask)
+        logits = self._target_logits(self.model, micro)
         nll = -logits.log_probs()
         stats = {"sft/nll_sum": scalar((nll * mask).sum()), "sft/tokens": scalar(mask.sum()),
                  "sft/correct": scalar((logits.greedy_hits() * mask).sum())}
@@ -217,8 +218,7 @@ class ActorWorker(ReferenceWorker):
         (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
         scale = micro.meta.get("seq_len")  # the uncut width: seq-mean-token-sum-norm divides by it
         mask = micro["response_mask"].to(self.device).float()
-        with self.precision():
-            logits = target_logits(self.model, self.model_inputs(micro), mask)
+        logits = self._target_logits(self.model, micro)
         log_prob = logits.log_probs(temperature)
         on_policy = "old_log_probs" not in micro
         old_log_prob = log_prob.detach() if on_policy else micro["old_log_probs"].to(self.device)

@@ -236,7 +236,7 @@ class FSDPWorker:
         lengths = scored_lengths(batch).tolist()
         if batching.max_token_len is None:  # rows of similar length together: each micro-batch is cut to its longest
             size = max(1, batching.rows)
-            order = sorted(range(len(batch)), key=lambda i: (-lengths[i], i))
+            order = longest_first(lengths)
             groups = [order[i:i + size] for i in range(0, len(batch), size)]
         else:
             groups = token_budget_groups(lengths, batching.max_token_len)
@@ -356,7 +356,18 @@ def scored_lengths(batch: TensorBatch) -> torch.Tensor:
     episode gets after its final step: a quarter of a single-turn FrozenLake row) change no output;
     they are cut like right padding. Without a ``response_mask``: the attended length.
     """
-    return row_lengths(batch["response_mask"] if "response_mask" in batch else batch["attention_mask"])
+    return row_lengths(scored_mask(batch))
+
+
+def scored_mask(batch: TensorBatch) -> torch.Tensor:
+    """[B, T]: the tokens a training pass scores: ``response_mask``, or every attended token of a batch
+    without one (plain sequences to score)."""
+    return batch["response_mask"] if "response_mask" in batch else batch["attention_mask"]
+
+
+def longest_first(lengths: list[int]) -> list[int]:
+    """Row indices by decreasing length; equal lengths keep their row order (deterministic)."""
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
 
 
 def token_budget_groups(lengths: list[int], max_token_len: int) -> list[list[int]]:
@@ -366,7 +377,7 @@ def token_budget_groups(lengths: list[int], max_token_len: int) -> list[list[int
     validation keeps the budget >= max_model_len, so that only happens when it is
     set on purpose). Deterministic: equal lengths keep their row order.
     """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    order = longest_first(lengths)
     groups: list[list[int]] = []
     for i in order:
         if groups and (len(groups[-1]) + 1) * max(lengths[groups[-1][0]], 1) <= max_token_len:
