@@ -7,7 +7,7 @@ from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
 from workers.actor import ActorWorker, ReferenceWorker
-from workers.fsdp_base import micro_weight
+from workers.fsdp_base import ModelInputs, micro_weight
 
 
 @pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
@@ -460,3 +460,39 @@ def test_a_batch_without_response_mask_gets_every_attended_tokens_log_prob(tiny_
     expected = actor.compute_log_prob(batch.update(TensorBatch({"response_mask": batch["attention_mask"]})))
     got = actor.compute_log_prob(plain)["old_log_probs"]
     assert torch.equal(got, expected["old_log_probs"]) and (got[:, 1:] != 0).sum() == 16 + 9 + 12 - 3
+
+
+def test_right_padded_rows_run_without_a_padding_mask_and_score_the_same(tiny_model_path):
+    """Right-padded rows need only the causal mask: the worker drops the padding mask (positions count on
+    over the pads) and every attended position's log-prob and value is the masked forward's; left padding
+    keeps its mask."""
+    from transformers import AutoModelForCausalLM
+
+    from agent_trainer.config import CriticConfig
+    from workers.critic import CriticWorker
+    from workers.fsdp_base import causal_mask_suffices
+
+    batch = _ragged_batch([16, 9, 12, 5])
+    actor = _actor(tiny_model_path)
+    inputs = actor.model_inputs(batch)
+    assert inputs.attention_mask is None and torch.equal(inputs.position_ids[3], torch.arange(16))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    masked = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=(batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)).logits
+    expected = torch.log_softmax(masked[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    scored = batch["response_mask"][:, 1:].bool()
+    got = actor.compute_log_prob(batch)["old_log_probs"][:, 1:]
+    assert torch.allclose(got[scored], expected[scored], atol=1e-5)
+    critic = CriticWorker(rank=0, world_size=1, device="cpu", critic=CriticConfig(
+        model=ModelConfig(path=tiny_model_path), fsdp=FSDPConfig(world_size=1), ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=4))
+    critic.init_model()
+    unmasked = critic.compute_values(batch)["values"]
+    critic.model_inputs = lambda micro: ModelInputs(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+    with_mask = critic.compute_values(batch)["values"]
+    attended = batch["response_mask"].bool()
+    assert torch.allclose(unmasked[attended], with_mask[attended], atol=1e-5)
+    left = batch["attention_mask"].flip(-1)
+    assert not causal_mask_suffices(left, (left.cumsum(-1) - 1).clamp(min=0))
+    assert not causal_mask_suffices(batch["attention_mask"], batch["position_ids"] + 1)  # offset positions
+    assert causal_mask_suffices(batch["attention_mask"], (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0))
