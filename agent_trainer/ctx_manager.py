@@ -25,6 +25,7 @@ agent builds against the token-in/token-out contract (``agents.contract``).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +36,8 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.es_manager import EnvInput, EnvOutput, safe_text
 
 CTX_MODES = ("full", "condensed")
+OBSERVATION_CACHE_SIZE = 4096
+"""How many observation texts a context manager keeps tokenized (:meth:`ContextManager._observation_ids`)."""
 """``ctx_manager.mode`` values: one row per episode, or one row per turn with condensed prompts."""
 
 
@@ -170,6 +173,10 @@ class ContextManager(Agent):
             raise ValueError("the tokenizer has no eos token; the rollout needs one to end each reply")
         self.eos_token_id: int = tokenizer.eos_token_id
         self._check_chat_template()
+        self._observation_cache: dict[str, tuple[int, ...]] = {}
+        """The message (as sorted JSON) -> :meth:`_observation_ids`: episodes of a group, and later steps, see the same
+        observations again, and rendering the template twice per observation was most of the driver's
+        per-turn work. Cleared when it holds :data:`OBSERVATION_CACHE_SIZE` texts."""
 
     # -- prompts -------------------------------------------------------------------------
     def start(self, out: EnvOutput) -> EpisodeContext:
@@ -210,7 +217,7 @@ class ContextManager(Agent):
         The episode ends when the env says done, or when the next turn would
         not fit in ``max_model_len`` (``truncated`` and ``context_overflow``).
         """
-        last_generated = max((i for i, m in enumerate(ctx.response_mask) if m), default=None)
+        last_generated = next((i for i in range(len(ctx.response_mask) - 1, -1, -1) if ctx.response_mask[i]), None)
         if last_generated is not None:  # nothing generated yet (an empty first reply): no token to credit
             ctx.rewards[last_generated] += float(out.reward)
         if out.done:
@@ -264,13 +271,20 @@ class ContextManager(Agent):
         """Ids the chat template puts after an assistant's eos for a new message plus the next header.
 
         ``message`` is a chat message (``{"role": "tool", "content": ...}``) or a user message's text.
-
-        Found by rendering a conversation with and without the new message
-        (templates differ: ChatML puts a newline after the eos), so no
-        template is assumed.
+        Each distinct message is rendered once (:meth:`_render_observation`) and then read from a cache.
         """
         if isinstance(message, str):
             message = {"role": "user", "content": message}
+        key = json.dumps(message, sort_keys=True)
+        if key not in self._observation_cache:
+            if len(self._observation_cache) >= OBSERVATION_CACHE_SIZE:
+                self._observation_cache.clear()
+            self._observation_cache[key] = tuple(self._render_observation(message))
+        return list(self._observation_cache[key])
+
+    def _render_observation(self, message: dict) -> list[int]:
+        """Found by rendering a conversation with and without the new message (templates differ: ChatML puts
+        a newline after the eos), so no template is assumed."""
         base = self._render(self._BASE, add_generation_prompt=False)
         full = self._render(self._BASE + [dict(message, content=safe_text(message["content"]))],
                             add_generation_prompt=True)

@@ -144,3 +144,27 @@ def test_full_rows_carry_each_turns_anchor_on_all_its_tokens(tokenizer, play_mix
     adv, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=1.0)
     episode_only, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=0.0)
     assert torch.isfinite(adv).all() and not torch.equal(adv, episode_only)
+
+
+def test_observation_ids_are_rendered_once_per_distinct_message(tokenizer, monkeypatch):
+    """The observation cache returns what rendering returns, renders each distinct message once, and a
+    caller that changes its copy changes nothing in the cache."""
+    import agent_trainer.ctx_manager as ctx_module
+
+    ctx_mgr = ContextManager(tokenizer)
+    messages = [{"role": "user", "content": "Reward: 0\nYou are at (1, 2)."},
+                {"role": "tool", "content": "Reward: 0\nYou are at (1, 2)."}, "Reward: 1\nGoal reached."]
+    expected = [ctx_mgr._render_observation(m if isinstance(m, dict) else {"role": "user", "content": m})
+                for m in messages]
+    rendered = []
+    render = ctx_mgr._render_observation
+    monkeypatch.setattr(ctx_mgr, "_render_observation", lambda m: rendered.append(m) or render(m))
+    for _ in range(3):
+        got = [ctx_mgr._observation_ids(m) for m in messages]
+        assert got == expected
+        got[0].append(-1)
+    assert len(rendered) == 3  # the role is part of the key: a tool message renders differently
+    assert expected[0] != expected[1]
+    monkeypatch.setattr(ctx_module, "OBSERVATION_CACHE_SIZE", 3)
+    assert ctx_mgr._observation_ids("a fourth text") == render({"role": "user", "content": "a fourth text"})
+    assert len(ctx_mgr._observation_cache) == 1  # full: cleared before the new entry
