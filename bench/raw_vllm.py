@@ -5,9 +5,12 @@ Input (JSON): per turn, the contexts the multi-turn rollout sent to its engine
 contexts in the same per-turn batches and generates exactly as many tokens
 (``min_tokens = max_tokens = n``, eos ignored), so both sides do the same work; the
 difference is the rollout's own cost (tokenising, context building, env steps, Ray
-hops). Engine arguments are the project engine's (``workers/rollout.py``): float32,
-eager, in-process, the same KV-cache size and seed. The timed pass starts with an empty prefix
-cache, as the rollout's step does after its weight sync. Writes JSON: seconds, tokens.
+hops). The engine is the project's (``workers.rollout.engine_args``: float32, eager,
+in-process, the same KV-cache size and seed) and each request asks for what the rollout's
+requests ask for (``workers.rollout.ROLLOUT_OUTPUTS``: the sampled token's logprob, no
+text). For reference it also times vLLM's default outputs (text, no logprobs:
+``tokens_only_seconds``). Every timed pass starts with an empty prefix cache, as the
+rollout's step does after its weight sync. Writes JSON: seconds, tokens.
 
     python bench/raw_vllm.py --model models/tiny-qwen2 --turns turns.json --out raw.json
 """
@@ -38,34 +41,40 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    turns = json.loads(Path(a.turns).read_text())
-    llm = LLM(model=a.model, dtype="float32", max_model_len=a.max_model_len, seed=0, enforce_eager=True,
-              kv_cache_memory_bytes=int(a.kv_cache_gib * 2**30))
+    from workers.rollout import ROLLOUT_OUTPUTS, engine_args
 
-    def generate_all() -> tuple[float, int]:
+    turns = json.loads(Path(a.turns).read_text())
+    llm = LLM(**engine_args(a.model, dtype="float32", max_model_len=a.max_model_len, seed=0,
+                            kv_cache_space_gib=a.kv_cache_gib))
+
+    def generate_all(outputs: dict) -> tuple[float, int]:
         seconds, tokens = 0.0, 0
         for batch in turns:
             prompts = [TokensPrompt(prompt_token_ids=row["ids"]) for row in batch]
-            params = [SamplingParams(max_tokens=row["n"], min_tokens=row["n"], ignore_eos=True, temperature=1.0)
-                      for row in batch]
+            params = [SamplingParams(max_tokens=row["n"], min_tokens=row["n"], ignore_eos=True, temperature=1.0,
+                                     **outputs) for row in batch]
             start = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
             seconds += time.perf_counter() - start
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
         return seconds, tokens
 
-    generate_all()  # warm-up: the rollout's measured step is not its first either
+    generate_all(ROLLOUT_OUTPUTS)  # warm-up: the rollout's measured step is not its first either
     # The rollout's step starts with an empty prefix cache (every weight sync resets it, and its first-turn
     # prompts are new maps); without this reset the timed pass would find every prompt cached by the warm-up.
     # Within the pass, turn k still reuses turn k-1's blocks, as the rollout does.
     # One pass of ~0.5 s swung by 15% between runs on this machine: the median of a few passes.
-    passes = []
-    for _ in range(max(1, a.repeats)):
+    passes, tokens_only = [], []
+    for _ in range(max(1, a.repeats)):  # alternating, so a change of load hits both alike
         llm.reset_prefix_cache()
-        passes.append(generate_all())
+        passes.append(generate_all(ROLLOUT_OUTPUTS))
+        llm.reset_prefix_cache()
+        tokens_only.append(generate_all({}))
     seconds, tokens = sorted(passes)[len(passes) // 2]
     Path(a.out).write_text(json.dumps({"seconds": seconds, "generated_tokens": tokens,
                                        "pass_seconds": [s for s, _ in passes],
+                                       "tokens_only_seconds": sorted(tokens_only)[len(tokens_only) // 2][0],
+                                       "tokens_only_pass_seconds": [s for s, _ in tokens_only],
                                        "turns": len(turns), "rows": sum(len(b) for b in turns)}, indent=2))
 
 

