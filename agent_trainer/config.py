@@ -306,6 +306,10 @@ class RolloutCorrectionConfig:
     reports temperature-1 log-probs) and the trainer's old log-probs (recompute_old_log_prob auto keeps them)."""
     rollout_is_threshold: float = 2.0
     """C, the upper truncation of each weight (verl's default 2.0; TRL's vllm_importance_sampling_cap 3.0)."""
+    bypass_mode: bool = False
+    """true: the engine's log-probs (rollout_log_probs) are the old policy of PPO's ratio, which then clips against
+    the policy that sampled, and the old-log-prob forward (the log_prob phase) never runs (verl's bypass_mode).
+    Needs rollout temperature 1 and rollout_is null (the weights pi_old / pi_rollout would all be 1)."""
 
 
 @dataclass

@@ -463,13 +463,28 @@ def _check_colocated(cfg: AgentTrainerConfig) -> None:
 
 
 def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
-    """The IS weights compare the trainer's log-probs with the engine's, which are temperature-1 log-probs."""
-    level, temperature = cfg.algorithm.rollout_correction.rollout_is, cfg.actor_rollout_ref.rollout.temperature
+    """The IS weights and bypass mode use the engine's log-probs, which are temperature-1 log-probs."""
+    rc, temperature = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.rollout.temperature
+    level = rc.rollout_is
     _check(level is None or temperature == 1.0,
            f"algorithm.rollout_correction.rollout_is = {level!r} compares the trainer's log-probs at "
            f"actor_rollout_ref.rollout.temperature = {temperature} with the engine's temperature-1 log-probs, which "
            "differ by the temperature, not by a mismatch; set actor_rollout_ref.rollout.temperature=1.0 or "
            "algorithm.rollout_correction.rollout_is=null")
+    if not rc.bypass_mode:
+        return
+    _check(temperature == 1.0,
+           f"algorithm.rollout_correction.bypass_mode = true puts the engine's temperature-1 log-probs in PPO's ratio "
+           f"against the trainer's at actor_rollout_ref.rollout.temperature = {temperature}; set "
+           "actor_rollout_ref.rollout.temperature=1.0 or algorithm.rollout_correction.bypass_mode=false")
+    _check(level is None,
+           f"algorithm.rollout_correction.rollout_is = {level!r} weighs by pi_old / pi_rollout, which is 1 everywhere "
+           "when algorithm.rollout_correction.bypass_mode = true makes the engine's log-probs the old ones; set "
+           "algorithm.rollout_correction.rollout_is=null or bypass_mode=false")
+    recompute = cfg.actor_rollout_ref.actor.recompute_old_log_prob
+    _check(recompute == "auto",
+           f"actor_rollout_ref.actor.recompute_old_log_prob = {recompute!r} asks for the old-log-prob forward, which "
+           "algorithm.rollout_correction.bypass_mode = true replaces by the engine's log-probs; drop one of them")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:

@@ -304,8 +304,13 @@ class AgentTrainer:
         metrics["rollout/nonfinite_dropped"] += float(dropped)  # groups left without a (finite) baseline
 
     def compute_old_log_probs(self, batch: TensorBatch, staleness: int = 0) -> dict[str, float]:
-        """``old_log_probs`` from the actor, unless the update is exactly on-policy (:func:`needs_old_log_probs`);
-        then the rollout-correction weights from them (``algorithm.rollout_correction``)."""
+        """``old_log_probs`` from the actor, unless the update is exactly on-policy (:func:`needs_old_log_probs`)
+        or the engine's log-probs stand in (``algorithm.rollout_correction.bypass_mode``); then the
+        rollout-correction weights from them (``algorithm.rollout_correction``)."""
+        if self.cfg.algorithm.rollout_correction.bypass_mode:
+            batch["old_log_probs"] = batch["rollout_log_probs"]  # the same contract: response tokens, 0 elsewhere
+            batch.meta["old_log_probs_from_rollout"] = True
+            return {"perf/old_log_prob_skipped": 1.0}
         if not needs_old_log_probs(self.cfg, len(batch), staleness):
             return {"perf/old_log_prob_skipped": 1.0}
         batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
@@ -518,7 +523,9 @@ def batch_metrics(batch: TensorBatch, step_seconds: float) -> dict[str, float]:
         "perf/tokens_per_s": tokens / max(step_seconds, 1e-9),
         "rollout/rollout_logprob_mean": float((batch["rollout_log_probs"] * mask).sum() / mask.sum().clamp(min=1)),
     }
-    if "old_log_probs" in batch:  # otherwise (on-policy skip) update_actor reports it from the current log-probs
+    # Otherwise (on-policy skip) update_actor reports it from the current log-probs; in bypass mode the old
+    # log-probs are the rollout's, and the difference is not measured.
+    if "old_log_probs" in batch and not batch.meta.get("old_log_probs_from_rollout"):
         metrics["actor/rollout_vs_actor_logprob_diff"] = float(
             ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1))
     return metrics

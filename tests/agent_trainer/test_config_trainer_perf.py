@@ -57,6 +57,15 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu = 100"),
     (["critic.forward_max_token_len_per_gpu=0"], "critic.forward_max_token_len_per_gpu = 0"),
     (["trainer.max_off_policy_steps=2"], "trainer.max_off_policy_steps = 2 must be 0 (rollout, then update) or 1"),
+    (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.temperature=0.7"],
+     "bypass_mode = true puts the engine's temperature-1 log-probs in PPO's ratio against the trainer's at "
+     "actor_rollout_ref.rollout.temperature = 0.7; set actor_rollout_ref.rollout.temperature=1.0"),
+    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+     "algorithm.rollout_correction.rollout_is = 'token' weighs by pi_old / pi_rollout"),
+    (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.recompute_old_log_prob=always"],
+     "actor_rollout_ref.actor.recompute_old_log_prob = 'always' asks for the old-log-prob forward"),
+    (["+algorithm.rollout_correction.bypass=true"], "algorithm.rollout_correction.bypass is not a config key (got algorithm.rollout_correction.bypass=true); "
+     "did you mean algorithm.rollout_correction.bypass_mode?"),
 ])
 def test_bad_values_name_the_key_and_the_fix(overrides, message):
     with pytest.raises(ValueError, match=None) as err:

@@ -6,6 +6,10 @@ Step 1 is on-policy in both, so A's step 1 must equal B's exactly (the overlap c
 staleness 0); A's step 2 batch must come from the step-0 weights: its engine log-probs then differ from
 the trainer's (updated) old log-probs, which the IS weights see, while B's agree to float noise. Step 1's
 checkpoint, written while A held step 2's batch, must not count that batch's env reset.
+
+Bypass mode (algorithm.rollout_correction.bypass_mode) against the same loop without the correction: the
+engine's log-probs stand in for the old-log-prob forward, and on this CPU build (float32 on both sides)
+the update is the recomputed one up to the engine/trainer difference.
 """
 
 import json
@@ -22,17 +26,18 @@ pytestmark = pytest.mark.e2e
 WALL_CLOCK = ("timing_s/", "_per_s")
 
 
-def _train(model_path: str, run_dir: Path, *overrides: str) -> list[dict[str, float]]:
+def _train(model_path: str, run_dir: Path, *overrides: str, steps: int = 2,
+           rollout_is: str = "token") -> list[dict[str, float]]:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         raw = compose("frozenlake", overrides=[
             f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
-            "trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.val_before_train=false",
+            f"trainer.total_training_steps={steps}", "trainer.test_freq=0", "trainer.val_before_train=false",
             "trainer.progress_bar=false", "trainer.log_trajectories_freq=0", "trainer.save_freq=1",
             "es_manager.train.env_groups=2", "es_manager.train.group_size=4",
             "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]", "es_manager.train.env_configs.n_groups=[1,1]",
             "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2", "agent_proxy.max_turn=2",
             "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3",
-            "algorithm.rollout_correction.rollout_is=token", *overrides,
+            f"algorithm.rollout_correction.rollout_is={rollout_is}", *overrides,
         ])
     cfg, tags = prepare(raw)
     init_ray(cfg)
@@ -69,3 +74,17 @@ def test_one_step_off_policy_overlap_against_the_default_loop(tiny_model_path, t
     assert diff_overlap > 100 * max(diff_default, 1e-6), (diff_overlap, diff_default)
     assert default[1]["actor/rollout_is_max"] == pytest.approx(1.0, abs=1e-3)
     assert abs(overlap[1]["actor/rollout_is_max"] - 1.0) > 1e-3  # the IS weights see the one-step-old policy
+
+
+def test_bypass_mode_skips_the_old_log_prob_forward_and_keeps_the_update(tiny_model_path, tmp_path):
+    recomputed = _train(tiny_model_path, tmp_path / "recomputed", steps=1, rollout_is="null")[0]
+    bypass = _train(tiny_model_path, tmp_path / "bypass", "algorithm.rollout_correction.bypass_mode=true",
+                    steps=1, rollout_is="null")[0]
+    assert recomputed["perf/old_log_prob_skipped"] == 0.0 and bypass["perf/old_log_prob_skipped"] == 1.0
+    assert recomputed["actor/rollout_vs_actor_logprob_diff"] < 1e-4  # float32 engine and trainer agree
+    assert "actor/rollout_vs_actor_logprob_diff" not in bypass  # not measured without the trainer's forward
+    assert bypass["rollout/episode_reward_mean"] == recomputed["rollout/episode_reward_mean"]  # same episodes
+    # PPO's ratio is pi_theta / pi_rollout: the recomputed one up to the engine/trainer difference (its KL and
+    # clipping come from the second mini-batch, after the first optimizer step)
+    for key in ("actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/grad_norm", "critic/vf_loss"):
+        assert bypass[key] == pytest.approx(recomputed[key], rel=1e-3, abs=1e-6), key
