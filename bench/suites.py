@@ -30,6 +30,12 @@ BF16 = ["actor_rollout_ref.actor.fsdp.mixed_precision=bf16"]
 """The project's opt-in mixed precision (the colocated critic and reference follow the actor's fsdp section)."""
 OVERLAP = ["trainer.max_off_policy_steps=1", "algorithm.rollout_correction.rollout_is=token"]
 """One-step off-policy overlap with its token-level correction (opt-in)."""
+BYPASS = ["algorithm.rollout_correction.bypass_mode=true"]
+"""The engine's log-probs as PPO's old policy, no old-log-prob forward (opt-in, verl's bypass mode)."""
+OPT_IN = {"bypass": BYPASS, "bf16": BF16, "bf16 + overlap": [*BF16, *OVERLAP],
+          "bf16 + overlap + bypass": [*BF16, "trainer.max_off_policy_steps=1", *BYPASS]}
+"""The main job's opt-in runs: name -> overrides (with bypass, overlap needs no IS weights: PPO clips against
+the policy that sampled)."""
 # P2's matched GRPO work: 32 rows = 8 groups x 4, one turn of <= 64 new tokens, one optimizer step
 # (mini-batch = all rows), micro-batch 4, KL loss 0.001 against the reference model.
 GRPO_MATCHED = ["agent_proxy.max_turn=1", "ppo_mini_batch_size=32", "micro_batch_size_per_gpu=4",
@@ -139,7 +145,7 @@ def main_job(b: Bench) -> dict:
     cur_s = statistics.median(r.phases["step"] for r in after)
     # the same job with the working tree's opt-in switches, against the same previous-commit runs
     opt_in = {}
-    for name, overrides in {"bf16": BF16, "bf16 + overlap": [*BF16, *OVERLAP]}.items():
+    for name, overrides in OPT_IN.items():
         run = b.project(RunSpec(f"frozenlake_{name.replace(' + ', '_')}", steps=b.steps, code_dir=b.tree,
                                 overrides=[f"model_path={TINY}", *overrides]))
         opt_in[name] = {"step_s": run.phases["step"], "speedup": ratio(ref_s, run.phases["step"]),
