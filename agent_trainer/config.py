@@ -119,10 +119,11 @@ class ActorConfig:
     grad_clip: float = 1.0
     """Max global gradient norm."""
     recompute_old_log_prob: str = "auto"
-    """auto: skip the old-log-prob forward (the log_prob phase) when the update is exactly on-policy (ppo_epochs 1
-    and the step's rows fit one mini-batch) and use the detached current log-probs in the loss, as TRL does; the
-    forward still runs when algorithm.rollout_correction.rollout_is needs the trainer's log-probs, or for
-    KL-in-reward at a rollout temperature other than 1 | always: recompute every step. docs/algorithms.md."""
+    """auto: skip the old-log-prob forward (the log_prob phase) when the weights being updated generated the batch
+    and ppo_epochs is 1: the first mini-batch uses the detached current log-probs, as TRL does, and the actor scores
+    the later mini-batches' rows itself before its first optimizer step; the phase still runs when
+    algorithm.rollout_correction.rollout_is needs the trainer's log-probs, or for KL-in-reward at a rollout
+    temperature other than 1 | always: recompute every step. docs/algorithms.md."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu rows,
     for the update and the log-prob pass; verl's key. Gradients are the same either way (docs/algorithms.md)."""

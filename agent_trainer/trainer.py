@@ -304,14 +304,14 @@ class AgentTrainer:
         metrics["rollout/nonfinite_dropped"] += float(dropped)  # groups left without a (finite) baseline
 
     def compute_old_log_probs(self, batch: TensorBatch, staleness: int = 0) -> dict[str, float]:
-        """``old_log_probs`` from the actor, unless the update is exactly on-policy (:func:`needs_old_log_probs`)
+        """``old_log_probs`` from the actor, unless the update can do without (:func:`needs_old_log_probs`)
         or the engine's log-probs stand in (``algorithm.rollout_correction.bypass_mode``); then the
         rollout-correction weights from them (``algorithm.rollout_correction``)."""
         if self.cfg.algorithm.rollout_correction.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"]  # the same contract: response tokens, 0 elsewhere
             batch.meta["old_log_probs_from_rollout"] = True
             return {"perf/old_log_prob_skipped": 1.0}
-        if not needs_old_log_probs(self.cfg, len(batch), staleness):
+        if not needs_old_log_probs(self.cfg, staleness):
             return {"perf/old_log_prob_skipped": 1.0}
         batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
         rc = self.cfg.algorithm.rollout_correction
@@ -460,22 +460,22 @@ def make_kl_ctrl(cfg: AgentTrainerConfig) -> core_algos.AdaptiveKLController | c
     return core_algos.FixedKLController(ctrl.kl_coef)
 
 
-def needs_old_log_probs(cfg: AgentTrainerConfig, rows: int, staleness: int = 0) -> bool:
+def needs_old_log_probs(cfg: AgentTrainerConfig, staleness: int = 0) -> bool:
     """Whether this step runs the old-log-prob forward (``actor_rollout_ref.actor.recompute_old_log_prob``).
 
-    ``auto`` skips it when the update is exactly on-policy: one epoch over ``rows`` rows that
-    fit one mini-batch, so the weights that generated are the ones the single optimizer step
-    starts from and the actor's detached current log-probs equal the old ones (TRL's rule), and
-    ``staleness`` 0 (a prefetched batch, ``trainer.max_off_policy_steps``, is one step older).
-    It still runs when something needs the trainer's own log-probs before the update: the
-    rollout correction (TRL, too, keeps the forward with its vLLM IS correction), or
-    KL-in-reward at a temperature other than 1 (the engine's log-probs, which stand in for the
-    old ones there, are temperature-1).
+    ``auto`` skips it when the weights being updated are the ones that generated: ``staleness`` 0
+    (a prefetched batch, ``trainer.max_off_policy_steps``, is one step older) and one PPO epoch.
+    The actor then uses its detached current log-probs as the old ones on the first mini-batch
+    (exactly on-policy: TRL's rule) and scores the later mini-batches' rows itself before its
+    first optimizer step (``ActorWorker.update_actor``). It still runs when something needs the
+    trainer's own log-probs before the update: the rollout correction (TRL, too, keeps the
+    forward with its vLLM IS correction), or KL-in-reward at a temperature other than 1 (the
+    engine's log-probs, which stand in for the old ones there, are temperature-1).
     """
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
     if actor.recompute_old_log_prob == "always":
         return True
-    on_policy = staleness == 0 and actor.ppo_epochs == 1 and rows <= actor.ppo_mini_batch_size
+    on_policy = staleness == 0 and actor.ppo_epochs == 1
     needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or (
         alg.use_kl_in_reward and cfg.actor_rollout_ref.rollout.temperature != 1.0)
     return not on_policy or needs_trainer_log_probs

@@ -7,9 +7,9 @@ staleness 0); A's step 2 batch must come from the step-0 weights: its engine log
 the trainer's (updated) old log-probs, which the IS weights see, while B's agree to float noise. Step 1's
 checkpoint, written while A held step 2's batch, must not count that batch's env reset.
 
-Bypass mode (algorithm.rollout_correction.bypass_mode) against the same loop without the correction: the
-engine's log-probs stand in for the old-log-prob forward, and on this CPU build (float32 on both sides)
-the update is the recomputed one up to the engine/trainer difference.
+Bypass mode (algorithm.rollout_correction.bypass_mode) against the loop that runs the old-log-prob forward
+every step: the engine's log-probs stand in for that forward, and on this CPU build (float32 on both
+sides) the update is the recomputed one up to the engine/trainer difference.
 """
 
 import json
@@ -77,7 +77,8 @@ def test_one_step_off_policy_overlap_against_the_default_loop(tiny_model_path, t
 
 
 def test_bypass_mode_skips_the_old_log_prob_forward_and_keeps_the_update(tiny_model_path, tmp_path):
-    recomputed = _train(tiny_model_path, tmp_path / "recomputed", steps=1, rollout_is="null")[0]
+    always = "actor_rollout_ref.actor.recompute_old_log_prob=always"
+    recomputed = _train(tiny_model_path, tmp_path / "recomputed", always, steps=1, rollout_is="null")[0]
     bypass = _train(tiny_model_path, tmp_path / "bypass", "algorithm.rollout_correction.bypass_mode=true",
                     steps=1, rollout_is="null")[0]
     assert recomputed["perf/old_log_prob_skipped"] == 0.0 and bypass["perf/old_log_prob_skipped"] == 1.0

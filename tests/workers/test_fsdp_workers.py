@@ -218,10 +218,34 @@ def test_a_colocated_reference_is_the_separate_reference_and_never_moves(tiny_mo
         _actor(tiny_model_path).compute_ref_log_prob(batch)
 
 
-def test_update_without_old_log_probs_refuses_an_off_policy_update(tiny_model_path):
-    worker = _actor(tiny_model_path, ppo_mini_batch_size=2)  # 6 rows = 3 optimizer steps: not on-policy
-    with pytest.raises(RuntimeError, match="on-policy"):
+def test_update_without_old_log_probs_refuses_a_second_epoch(tiny_model_path):
+    worker = _actor(tiny_model_path, ppo_epochs=2)  # the second pass over the first mini-batch is off-policy
+    with pytest.raises(RuntimeError, match="needs one PPO epoch"):
         worker.update_actor(_ragged_batch([16, 9, 12, 5, 16, 7]))
+
+
+def test_later_mini_batches_without_old_log_probs_are_scored_before_the_first_step(tiny_model_path):
+    """Three mini-batches, one epoch, no old log-probs from the trainer: the first mini-batch is on-policy and
+    the actor scores the other rows before its first optimizer step, so the update is the recomputed one."""
+    lengths = [16, 9, 12, 5, 16, 7]
+    results = {}
+    for name in ("recomputed", "in the update"):
+        worker = _actor(tiny_model_path, ppo_mini_batch_size=2)
+        batch = _ragged_batch(lengths)
+        if name == "recomputed":
+            batch.update(worker.compute_log_prob(batch))
+        keys = set(batch.keys())
+        metrics = worker.update_actor(batch)
+        results[name] = (metrics, {k: v.detach().clone() for k, v in worker.model.state_dict().items()})
+        assert set(batch.keys()) == keys  # the caller's batch is left as it was
+    (rec_metrics, rec_params), (own_metrics, own_params) = results["recomputed"], results["in the update"]
+    assert own_metrics["actor/ppo_kl"] != 0.0  # later mini-batches move off the old policy
+    for key in ("actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/grad_norm"):
+        assert own_metrics[key] == pytest.approx(rec_metrics[key], rel=1e-4, abs=1e-6), key  # float noise: 1e-7
+    for key, value in rec_params.items():
+        # Adam turns float noise in tiny gradients into up to ~1% of one step (measured 1.2e-5 at lr 1e-3)
+        assert (value - own_params[key]).abs().max() < 5e-5, (key, (value - own_params[key]).abs().max())
+    assert own_metrics["actor/rollout_vs_actor_logprob_diff"] > 0  # the actor reports it over all rows
 
 
 @pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
