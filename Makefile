@@ -24,11 +24,15 @@ install-gpu:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e ".[gpu,test]"
 
-$(MODEL)/build_info.json: $(STAMP)
-	$(PY) -m launch.build_tiny_model --out $(MODEL)
+# Rebuilt when the builder or what its corpus is made of changes (a model built by older code would stay otherwise).
+MODEL_INPUTS := launch/build_tiny_model.py agent_trainer/prompts.py config/envs.yaml $(wildcard envs/*.py)
+
+$(MODEL)/build_info.json: $(STAMP) $(MODEL_INPUTS)
+	$(PY) -m launch.build_tiny_model --out $(MODEL) --force
 
 # The tiny reward model (docs/rewards.md): the policy's backbone under a seeded score head.
 $(RM)/config.json: $(MODEL)/build_info.json
+	rm -rf $(RM)
 	$(PY) -m launch.build_tiny_model --out $(MODEL) --reward-model-out $(RM)
 
 model: $(MODEL)/build_info.json $(RM)/config.json
