@@ -36,9 +36,9 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.es_manager import EnvInput, EnvOutput, safe_text
 
 CTX_MODES = ("full", "condensed")
+"""``ctx_manager.mode`` values: one row per episode, or one row per turn with condensed prompts."""
 OBSERVATION_CACHE_SIZE = 4096
 """How many observation texts a context manager keeps tokenized (:meth:`ContextManager._observation_ids`)."""
-"""``ctx_manager.mode`` values: one row per episode, or one row per turn with condensed prompts."""
 
 
 @dataclass
@@ -174,9 +174,9 @@ class ContextManager(Agent):
         self.eos_token_id: int = tokenizer.eos_token_id
         self._check_chat_template()
         self._observation_cache: dict[str, tuple[int, ...]] = {}
-        """The message (as sorted JSON) -> :meth:`_observation_ids`: episodes of a group, and later steps, see the same
-        observations again, and rendering the template twice per observation was most of the driver's
-        per-turn work. Cleared when it holds :data:`OBSERVATION_CACHE_SIZE` texts."""
+        """The message (as sorted JSON) -> :meth:`_observation_ids`: episodes of a group, and later steps, see
+        the same observations again, and rendering the template twice per observation was most of the
+        driver's per-turn work. Cleared when it holds :data:`OBSERVATION_CACHE_SIZE` texts."""
 
     # -- prompts -------------------------------------------------------------------------
     def start(self, out: EnvOutput) -> EpisodeContext:

@@ -63,7 +63,8 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
      "algorithm.rollout_correction.rollout_is = 'token' weighs by pi_old / pi_rollout"),
     (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.recompute_old_log_prob=always"],
      "actor_rollout_ref.actor.recompute_old_log_prob = 'always' asks for the old-log-prob forward"),
-    (["+algorithm.rollout_correction.bypass=true"], "algorithm.rollout_correction.bypass is not a config key (got algorithm.rollout_correction.bypass=true); "
+    (["+algorithm.rollout_correction.bypass=true"],
+     "algorithm.rollout_correction.bypass is not a config key (got algorithm.rollout_correction.bypass=true); "
      "did you mean algorithm.rollout_correction.bypass_mode?"),
 ])
 def test_bad_values_name_the_key_and_the_fix(overrides, message):
