@@ -309,18 +309,20 @@ class AgentTrainer:
         rollout-correction weights from them (``algorithm.rollout_correction``)."""
         if self.cfg.algorithm.rollout_correction.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"]  # the same contract: response tokens, 0 elsewhere
-            batch.meta["old_log_probs_from_rollout"] = True
             return {"perf/old_log_prob_skipped": 1.0}
-        if not needs_old_log_probs(self.cfg, staleness):
+        if not needs_old_log_probs(self.cfg, staleness):  # update_actor reports the difference to the engine's
             return {"perf/old_log_prob_skipped": 1.0}
         batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
+        mask = batch["response_mask"]
+        metrics = {"perf/old_log_prob_skipped": 0.0, "actor/rollout_vs_actor_logprob_diff": float(
+            ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1))}
         rc = self.cfg.algorithm.rollout_correction
         if rc.rollout_is is None:
-            return {"perf/old_log_prob_skipped": 0.0}
+            return metrics
         batch["rollout_is_weights"], is_metrics = core_algos.compute_rollout_is_weights(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
             rc.rollout_is_threshold)
-        return {"perf/old_log_prob_skipped": 0.0, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
+        return {**metrics, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
 
     def run_update(self, group, method: str, batch: TensorBatch, mini_batch_size: int) -> dict[str, float]:
         """Run ``method`` on every rank with the batch padded to whole mini-batches; average the metrics."""
@@ -523,11 +525,6 @@ def batch_metrics(batch: TensorBatch, step_seconds: float) -> dict[str, float]:
         "perf/tokens_per_s": tokens / max(step_seconds, 1e-9),
         "rollout/rollout_logprob_mean": float((batch["rollout_log_probs"] * mask).sum() / mask.sum().clamp(min=1)),
     }
-    # Otherwise (on-policy skip) update_actor reports it from the current log-probs; in bypass mode the old
-    # log-probs are the rollout's, and the difference is not measured.
-    if "old_log_probs" in batch and not batch.meta.get("old_log_probs_from_rollout"):
-        metrics["actor/rollout_vs_actor_logprob_diff"] = float(
-            ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1))
     return metrics
 
 

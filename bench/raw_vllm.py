@@ -70,12 +70,17 @@ def main() -> None:
         passes.append(generate_all(ROLLOUT_OUTPUTS))
         llm.reset_prefix_cache()
         tokens_only.append(generate_all({}))
-    seconds, tokens = sorted(passes)[len(passes) // 2]
+    seconds, tokens = median_pass(passes)
     Path(a.out).write_text(json.dumps({"seconds": seconds, "generated_tokens": tokens,
                                        "pass_seconds": [s for s, _ in passes],
-                                       "tokens_only_seconds": sorted(tokens_only)[len(tokens_only) // 2][0],
+                                       "tokens_only_seconds": median_pass(tokens_only)[0],
                                        "tokens_only_pass_seconds": [s for s, _ in tokens_only],
                                        "turns": len(turns), "rows": sum(len(b) for b in turns)}, indent=2))
+
+
+def median_pass(passes: list[tuple[float, int]]) -> tuple[float, int]:
+    """The (seconds, tokens) pass of median seconds (the upper one of an even count)."""
+    return sorted(passes)[len(passes) // 2]
 
 
 if __name__ == "__main__":

@@ -169,9 +169,8 @@ class ActorWorker(ReferenceWorker):
                 raise RuntimeError(f"update_actor without old_log_probs needs one PPO epoch (the first mini-batch is "
                                    f"on-policy, the later ones are scored before the first step), got "
                                    f"ppo_epochs={cfg.ppo_epochs}; the trainer must run compute_log_prob first")
-            if len(batch) > mini_size:  # a new batch: the caller's keeps its keys
-                batch = TensorBatch(dict(batch.tensors), dict(batch.meta)).update(
-                    self._old_log_probs_after_the_first_mini_batch(batch, mini_size))
+            # a new batch: the caller's keeps its keys
+            batch = batch.select(batch.keys()).update(self._old_log_probs_after_the_first_mini_batch(batch, mini_size))
         self.model.train()
         metrics = self.run_update(batch, epochs=cfg.ppo_epochs, mini_batch_size=mini_size, batching=self.batching,
                                   loss_agg_mode=cfg.loss_agg(), grad_clip=cfg.grad_clip, prefix="actor",
@@ -182,10 +181,12 @@ class ActorWorker(ReferenceWorker):
     def _old_log_probs_after_the_first_mini_batch(self, batch: TensorBatch, mini_size: int) -> TensorBatch:
         """``old_log_probs`` of the rows after the first mini-batch under the current weights (0 on the first
         mini-batch's rows), and ``on_policy_rows`` [B] bool marking the first mini-batch's rows, whose
-        detached current log-probs stand in during the update."""
-        self.model.eval()
+        detached current log-probs stand in during the update (all rows when they fit one mini-batch)."""
         old = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        old[mini_size:] = self._log_probs(batch.index(torch.arange(mini_size, len(batch))), self.model, self.batching)
+        if len(batch) > mini_size:
+            self.model.eval()
+            later = batch.index(torch.arange(mini_size, len(batch)))
+            old[mini_size:] = self._log_probs(later, self.model, self.batching)
         on_policy = torch.zeros(len(batch), dtype=torch.bool)
         on_policy[:mini_size] = True
         return TensorBatch({"old_log_probs": old, "on_policy_rows": on_policy})
@@ -258,8 +259,8 @@ class ActorWorker(ReferenceWorker):
             "actor/ppo_kl": scalar(ppo_kl),
             "actor/pg_clipfrac_lower": scalar(pg_clipfrac_lower),
         }
-        # the driver reports it from its own old_log_probs otherwise
-        if ("old_log_probs" not in micro or "on_policy_rows" in micro) and "rollout_log_probs" in micro:
+        # the driver reports it when it ran the old-log-prob pass
+        if "on_policy_rows" in micro and "rollout_log_probs" in micro:
             diff = (micro["rollout_log_probs"].to(self.device) - old_log_prob).abs()
             metrics["actor/rollout_vs_actor_logprob_diff"] = scalar(core_algos.masked_mean(diff, mask))
         if cfg.entropy_coeff:
@@ -275,10 +276,8 @@ class ActorWorker(ReferenceWorker):
 
 
 def _old_log_prob(micro: TensorBatch, current: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """PPO's old log-probs of ``micro``: the trainer's ``old_log_probs``, or ``current`` (detached) on the rows
-    the update found on-policy: all of them without ``old_log_probs``, those marked ``on_policy_rows`` else."""
-    if "old_log_probs" not in micro:
-        return current
+    """PPO's old log-probs of ``micro``: ``old_log_probs``, with ``current`` (detached) on the rows the update
+    found on-policy (``on_policy_rows``, set when the trainer gave no old log-probs)."""
     old = micro["old_log_probs"].to(device)
     if "on_policy_rows" not in micro:
         return old
