@@ -27,7 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
 from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
@@ -156,8 +157,7 @@ class FSDPWorker:
         assert self.model is not None
         if not dist.is_initialized():
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+        return gather_full_weights(self.model, keep=self.rank == 0)
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self, path: str, role: str | None = None) -> None:
@@ -326,6 +326,32 @@ def causal_mask_suffices(attention_mask: torch.Tensor, position_ids: torch.Tenso
     counting = position_ids == torch.arange(position_ids.shape[1], device=position_ids.device)
     right_padded = (attention_mask[:, 1:] <= attention_mask[:, :-1]).all()
     return bool(right_padded and (counting | (attention_mask == 0)).all())
+
+
+def gather_full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """The full state dict of an FSDP2 model, copied to CPU where ``keep`` (every rank calls, in step).
+
+    One FSDP unit at a time is all-gathered with FSDP2's own ``unshard`` (one collective per
+    unit, as in forward), its parameters copied, then resharded: the peak is one unit's full
+    parameters, as in forward. ``get_model_state_dict(full_state_dict=True)`` gives the same
+    tensors with one collective per parameter: 37 ms against 6 ms on the tiny model over gloo
+    (27 tensors, 2 ranks), 129 ms against 63 ms on 19M, which was most of the weight sync.
+    Buffers are not sharded and come from ``state_dict``; tied weights appear under each name.
+    """
+    state = model.state_dict()  # names in checkpoint order; parameters as sharded DTensors, buffers whole
+    full: dict[str, torch.Tensor] = {}
+    for unit in [m for m in model.modules() if isinstance(m, FSDPModule)]:
+        unit.unshard()
+        try:
+            if keep:
+                full.update((name, param.detach().to("cpu", copy=True))
+                            for name, param in model.named_parameters(remove_duplicate=False)
+                            if name not in full and not isinstance(param, DTensor))
+        finally:
+            unit.reshard()
+    if not keep:
+        return {}
+    return {name: full[name] if name in full else value.detach().to("cpu", copy=True) for name, value in state.items()}
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -310,6 +310,7 @@ def test_token_budget_groups_and_split_to_count():
 def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
     """One rank of a 2-rank FSDP2 (gloo) actor with a token budget: log-probs and one on-policy update."""
     import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -322,7 +323,11 @@ def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
         counts = len(worker.plan_micro_batches(batch, worker.batching))
         log_probs = worker.compute_log_prob(batch)["old_log_probs"]
         metrics = worker.update_actor(batch)
-        results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]))
+        gathered = worker.full_state_dict()  # unit by unit (gather_full_weights)
+        expected = get_model_state_dict(worker.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        same = (list(gathered) == list(expected) and all(type(v) is torch.Tensor for v in gathered.values())
+                and all(torch.equal(gathered[k], expected[k]) for k in expected))
+        results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]), same if rank == 0 else gathered == {})
     finally:
         dist.destroy_process_group()
 
@@ -334,7 +339,8 @@ def _two_rank_rows(rank: int) -> TensorBatch:
 
 def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path, tmp_path):
     """Ranks whose rows pack into different numbers of micro-batches still run as many forwards (an
-    all-reduce agrees on the count; a mismatch would hang FSDP's all-gathers), with the right log-probs."""
+    all-reduce agrees on the count; a mismatch would hang FSDP's all-gathers), with the right log-probs.
+    After the update, the weights gathered for the engines equal torch's full state dict."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -348,6 +354,7 @@ def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path,
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     assert results[0][0] == results[1][0] == 4  # rank 1 split its two micro-batches to match rank 0's four
     assert results[0][2] == results[1][2] > 0  # one global gradient norm
+    assert results[0][3] and results[1][3]  # the weight sync's gather: DCP's full state dict on rank 0, {} on rank 1
     single = _actor(tiny_model_path)  # the same weights on one rank, fixed micro-batches
     for rank in range(2):
         batch = _two_rank_rows(rank)
