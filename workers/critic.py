@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import CriticConfig
-from workers.fsdp_base import DTYPES, FSDPWorker, MicroBatching, scalar
+from workers.fsdp_base import DTYPES, FSDPWorker, MicroBatching, run_model, scalar
 
 
 def token_values(scores: torch.Tensor) -> torch.Tensor:
@@ -60,9 +60,11 @@ class CriticWorker(FSDPWorker):
         self.build_optimizer(self.config.optim)
 
     def _values(self, micro: TensorBatch) -> torch.Tensor:
+        """Values [b, w] of ``micro``; 0 in a shared prefix's columns, which no generated token reads."""
+        inputs = self.model_inputs(micro)
         with self.precision():
-            scores = self.model(**vars(self.model_inputs(micro))).logits
-        return token_values(scores)
+            scores = run_model(self.model, inputs).logits
+        return token_values(torch.nn.functional.pad(scores, (0, 0, inputs.shared_prefix, 0)))
 
     def compute_values(self, batch: TensorBatch) -> TensorBatch:
         """``values`` [B, T] for this rank's shard."""

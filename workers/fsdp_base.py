@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -29,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers import DynamicCache
 
 from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
@@ -63,6 +65,13 @@ class ModelInputs:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor | None
     position_ids: torch.Tensor
+    shared_prefix: int = 0
+    """Leading columns every row holds identically: :func:`run_model` runs them once, for one row, and the
+    model's outputs start after them (:func:`shared_prefix_length`)."""
+
+
+SHARED_PREFIX_MIN_TOKENS = 16
+"""The shortest common prefix worth its own forward call (:func:`shared_prefix_length`)."""
 
 
 class FSDPWorker:
@@ -237,12 +246,18 @@ class FSDPWorker:
         and ranks below it split their costliest micro-batches. Each micro-batch carries
         ``meta["seq_len"]``, the uncut width, the sequence length the loss normalises by.
         A row counts up to its last generated token (:func:`scored_lengths`).
+        Fixed-size micro-batches take the rows longest first, or one prompt's rows together when
+        that runs fewer token positions (:func:`forward_positions`: their shared prompt runs once).
         """
         lengths = scored_lengths(batch).tolist()
         if batching.max_token_len is None:  # rows of similar length together: each micro-batch is cut to its longest
             size = max(1, batching.rows)
-            order = longest_first(lengths)
-            groups = [order[i:i + size] for i in range(0, len(batch), size)]
+            orders = [longest_first(lengths)]
+            if prefix_sharing_supported(self.model) and causal_mask_suffices(batch["attention_mask"],
+                                                                             batch["position_ids"]):
+                orders.append(prompts_together(batch["input_ids"], scored_mask(batch), lengths))
+            groups = min(([order[i:i + size] for i in range(0, len(batch), size)] for order in orders),
+                         key=lambda groups: forward_positions(batch, groups, lengths))
         else:
             groups = token_budget_groups(lengths, batching.max_token_len)
             groups = split_to_count(groups, lengths, self._max_over_ranks(len(groups)))
@@ -302,16 +317,21 @@ class FSDPWorker:
         return contextlib.nullcontext()
 
     def model_inputs(self, batch: TensorBatch) -> ModelInputs:
-        """Move the forward inputs of ``batch`` to this rank's device (no mask for right-padded rows)."""
+        """Move the forward inputs of ``batch`` to this rank's device (no mask for right-padded rows,
+        whose common prefix then runs once: :func:`shared_prefix_length`)."""
         mask, positions = batch["attention_mask"], batch["position_ids"]
+        shared = 0
         if causal_mask_suffices(mask, positions):
             # Positions go on counting over the pads: repeated ones would read as packed sequences
             # (transformers then builds a mask after all); the pads' outputs are unused either way.
             mask, positions = None, torch.arange(positions.shape[1]).expand_as(positions)
+            if prefix_sharing_supported(self.model):
+                shared = shared_prefix_length(batch["input_ids"], scored_mask(batch))
         return ModelInputs(
             input_ids=batch["input_ids"].to(self.device),
             attention_mask=None if mask is None else mask.to(self.device),
             position_ids=positions.to(self.device),
+            shared_prefix=shared,
         )
 
 
@@ -352,6 +372,94 @@ def gather_full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
     if not keep:
         return {}
     return {name: full[name] if name in full else value.detach().to("cpu", copy=True) for name, value in state.items()}
+
+
+def shared_prefix_length(input_ids: torch.Tensor, scored: torch.Tensor) -> int:
+    """How many leading columns of right-padded rows one forward of the first row can stand in for.
+
+    Rows sharing a prompt (a GRPO group; every episode's system prompt and instructions) compute the
+    same hidden states, keys and values on it: the model is causal, so a token's outputs depend on
+    the tokens before it only. The prefix is the run of columns where every row holds the same id,
+    cut before the first position whose output a pass reads (the one predicting the first
+    ``scored`` token), so every output the pass uses comes from the rows' own forward.
+    0 for one row or a prefix under ``SHARED_PREFIX_MIN_TOKENS``.
+    """
+    rows, width = input_ids.shape
+    if rows < 2:
+        return 0
+    common = int((input_ids == input_ids[:1]).all(0).long().cumprod(0).sum())
+    scored_columns = scored.bool().any(0).nonzero()
+    first_read = int(scored_columns[0]) - 1 if len(scored_columns) else width - 1
+    length = min(common, first_read)
+    return length if length >= SHARED_PREFIX_MIN_TOKENS else 0
+
+
+def prefix_sharing_supported(model: torch.nn.Module | None) -> bool:
+    """Whether :func:`run_model` may split ``model``'s forward at a shared prefix: a key/value cache of
+    full-attention layers only (a sliding-window layer keeps part of it), and no activation
+    checkpointing (its recompute would append the suffix's keys to the cache a second time)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(model, "is_gradient_checkpointing", False):
+        return False
+    return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
+
+
+def run_model(model: torch.nn.Module, inputs: ModelInputs,
+              head_input: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    """``model``'s output on ``inputs`` from column ``inputs.shared_prefix`` on.
+
+    With a shared prefix of L columns (Prefix Grouper's shared-prefix forward, arXiv 2506.05433), one
+    row of it runs first and its keys and values, expanded to every row, are the cache the rows'
+    remaining columns attend to: ``b - 1`` copies of the prefix are neither run nor backpropagated.
+    Under autograd the prefix call is checkpointed (``torch.utils.checkpoint``): it keeps no
+    activations and runs again, for one row, when the rows' gradient reaches its keys and values,
+    so each FSDP unit's parameters are gathered for one forward and backward at a time and the
+    rows' gradients through the prefix sum into it. Outputs equal the whole forward's to float
+    rounding (tests/workers/test_fsdp_workers.py). ``head_input`` selects what the output head
+    (``get_output_embeddings()``) sees of the suffix's hidden states; the prefix call feeds it nothing.
+    """
+    length = inputs.shared_prefix
+    if not length:
+        with _output_head_input(model, head_input):
+            return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                         position_ids=inputs.position_ids)
+    prefix = (inputs.input_ids[:1, :length], inputs.position_ids[:1, :length])
+    if torch.is_grad_enabled():
+        keys_values = torch.utils.checkpoint.checkpoint(_prefix_keys_values, model, *prefix, use_reentrant=False)
+    else:
+        keys_values = _prefix_keys_values(model, *prefix)
+    rows = inputs.input_ids.shape[0]
+    cache = DynamicCache(config=model.config)
+    for layer, (keys, values) in enumerate(zip(keys_values[0::2], keys_values[1::2])):
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+    with _output_head_input(model, head_input):
+        return model(input_ids=inputs.input_ids[:, length:], position_ids=inputs.position_ids[:, length:],
+                     past_key_values=cache)
+
+
+def _prefix_keys_values(model: torch.nn.Module, input_ids: torch.Tensor,
+                        position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Every layer's keys and values of one prefix row, flat: (k0, v0, k1, v1, ...)."""
+    cache = DynamicCache(config=model.config)
+    with _output_head_input(model, lambda hidden: hidden[:, :0]):
+        model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache)
+    return tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+@contextlib.contextmanager
+def _output_head_input(model: torch.nn.Module, select: Callable[[torch.Tensor], torch.Tensor] | None):
+    """Inside the block, ``model``'s output head (``get_output_embeddings()``, when it has one) gets
+    ``select(hidden_states)`` in place of its input. The hook lives inside the model's own forward,
+    so FSDP has unsharded the head's (tied) weights as usual."""
+    head = model.get_output_embeddings() if select is not None else None
+    if head is None:
+        yield
+        return
+    hook = head.register_forward_pre_hook(lambda _module, args: (select(args[0]), *args[1:]))
+    try:
+        yield
+    finally:
+        hook.remove()
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -417,6 +525,26 @@ def scored_mask(batch: TensorBatch) -> torch.Tensor:
 def longest_first(lengths: list[int]) -> list[int]:
     """Row indices by decreasing length; equal lengths keep their row order (deterministic)."""
     return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
+def prompts_together(input_ids: torch.Tensor, scored: torch.Tensor, lengths: list[int]) -> list[int]:
+    """Row indices sorted by prompt (a row's tokens before its first scored one), longest first within one:
+    a GRPO group's rows, then groups whose prompts begin alike, sit next to each other."""
+    first = scored.bool().int().argmax(-1).tolist()
+    prompts = [input_ids[i, :first[i]].tolist() for i in range(len(lengths))]
+    return sorted(range(len(lengths)), key=lambda i: (prompts[i], -lengths[i], i))
+
+
+def forward_positions(batch: TensorBatch, groups: list[list[int]], lengths: list[int]) -> int:
+    """Token positions the forwards of these micro-batches run: each is cut to its longest row, and its
+    shared prefix (:func:`shared_prefix_length`) runs for one row."""
+    total = 0
+    for group in groups:
+        width = max(max(lengths[i] for i in group), 1)
+        rows = torch.tensor(group)
+        shared = shared_prefix_length(batch["input_ids"][rows, :width], scored_mask(batch)[rows, :width])
+        total += shared + len(group) * (width - shared)
+    return total
 
 
 def token_budget_groups(lengths: list[int], max_token_len: int) -> list[list[int]]:
@@ -528,12 +656,11 @@ def target_logits(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tens
     where = where.to(inputs.input_ids.device).bool().clone()
     where[:, 0] = False
     predicts = where[:, 1:]
-    head = model.get_output_embeddings()
-    hook = head.register_forward_pre_hook(lambda _module, args: (args[0][:, :-1][predicts], *args[1:]))
-    try:
-        logits = model(**vars(inputs)).logits
-    finally:
-        hook.remove()
+    if model.get_output_embeddings() is None:
+        raise RuntimeError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None); "
+                           "target_logits needs a causal LM")
+    suffix = predicts[:, inputs.shared_prefix:]  # run_model's outputs start at the shared prefix's end
+    logits = run_model(model, inputs, head_input=lambda hidden: hidden[:, :-1][suffix]).logits
     if logits.shape[:-1] != (int(predicts.sum()),):
         raise RuntimeError(f"{type(model).__name__}'s output head did not take the selected positions "
                            f"(logits {tuple(logits.shape)}); target_logits needs a model that applies "

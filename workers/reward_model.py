@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig
 from agent_trainer.reward_config import RewardModelConfig
-from workers.fsdp_base import DTYPES, FSDPWorker, micro_batches
+from workers.fsdp_base import DTYPES, FSDPWorker, micro_batches, run_model
 
 
 def load_reward_model(path: str, dtype: str = "float32") -> torch.nn.Module:
@@ -52,5 +52,5 @@ class RewardModelWorker(FSDPWorker):
         outs = []
         for micro in micro_batches(batch, self.config.micro_batch_size_per_gpu):
             inputs = self.model_inputs(micro)
-            outs.append(self.model(**vars(inputs)).logits[:, 0].float().cpu())
+            outs.append(run_model(self.model, inputs).logits[:, 0].float().cpu())
         return TensorBatch({"rm_scores": torch.cat(outs)})

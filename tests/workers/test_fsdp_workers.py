@@ -327,9 +327,26 @@ def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
         expected = get_model_state_dict(worker.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         same = (list(gathered) == list(expected) and all(type(v) is torch.Tensor for v in gathered.values())
                 and all(torch.equal(gathered[k], expected[k]) for k in expected))
-        results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]), same if rank == 0 else gathered == {})
+        results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]), same if rank == 0 else gathered == {},
+                         _shared_prefix_gradients_match(worker))
     finally:
         dist.destroy_process_group()
+
+
+def _shared_prefix_gradients_match(worker: ActorWorker) -> bool:
+    """Under FSDP2 the checkpointed prefix call gathers each unit for one forward and backward at a time:
+    this rank's gradient shards equal the full forward's."""
+    import workers.fsdp_base as fsdp_base
+
+    batch, grads, default = _prefix_rows(seed=worker.rank), [], fsdp_base.SHARED_PREFIX_MIN_TOKENS
+    for minimum, shared in ((default, 24), (10**9, 0)):
+        fsdp_base.SHARED_PREFIX_MIN_TOKENS = minimum
+        worker.model.zero_grad()
+        assert worker.model_inputs(batch).shared_prefix == shared
+        worker._target_logits(worker.model, batch).log_probs().sum().backward()
+        grads.append({k: p.grad.to_local().clone() for k, p in worker.model.named_parameters()})
+    fsdp_base.SHARED_PREFIX_MIN_TOKENS = default
+    return all(torch.allclose(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6) for k in grads[1])
 
 
 def _two_rank_rows(rank: int) -> TensorBatch:
@@ -340,7 +357,8 @@ def _two_rank_rows(rank: int) -> TensorBatch:
 def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path, tmp_path):
     """Ranks whose rows pack into different numbers of micro-batches still run as many forwards (an
     all-reduce agrees on the count; a mismatch would hang FSDP's all-gathers), with the right log-probs.
-    After the update, the weights gathered for the engines equal torch's full state dict."""
+    After the update, the weights gathered for the engines equal torch's full state dict, and a shared
+    prefix's forward gives the full forward's gradients."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -355,6 +373,7 @@ def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path,
     assert results[0][0] == results[1][0] == 4  # rank 1 split its two micro-batches to match rank 0's four
     assert results[0][2] == results[1][2] > 0  # one global gradient norm
     assert results[0][3] and results[1][3]  # the weight sync's gather: DCP's full state dict on rank 0, {} on rank 1
+    assert results[0][4] and results[1][4]  # a shared prefix's forward gives the full forward's gradients
     single = _actor(tiny_model_path)  # the same weights on one rank, fixed micro-batches
     for rank in range(2):
         batch = _two_rank_rows(rank)
@@ -527,3 +546,100 @@ def test_right_padded_rows_run_without_a_padding_mask_and_score_the_same(tiny_mo
     assert not causal_mask_suffices(left, (left.cumsum(-1) - 1).clamp(min=0))
     assert not causal_mask_suffices(batch["attention_mask"], batch["position_ids"] + 1)  # offset positions
     assert causal_mask_suffices(batch["attention_mask"], (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+
+
+def _prefix_rows(seed: int = 0, prefix: int = 24, lengths: tuple[int, ...] = (40, 33, 38, 29)) -> TensorBatch:
+    """Right-padded rows whose first ``prefix`` tokens are one prompt (a GRPO group); generated from column 28."""
+    batch = _ragged_batch(list(lengths), T=40, seed=seed)
+    batch["input_ids"][:, :prefix] = batch["input_ids"][0, :prefix]
+    batch["response_mask"][:, :28] = 0
+    batch["advantages"] *= batch["response_mask"]
+    return batch
+
+
+def _without_prefix_sharing(monkeypatch) -> None:
+    import workers.fsdp_base as fsdp_base
+
+    monkeypatch.setattr(fsdp_base, "SHARED_PREFIX_MIN_TOKENS", 10**9)
+
+
+def test_shared_prefix_length_stops_at_the_first_output_a_pass_reads():
+    from workers.fsdp_base import shared_prefix_length
+
+    batch = _prefix_rows()
+    assert shared_prefix_length(batch["input_ids"], batch["response_mask"]) == 24  # the rows part at column 24
+    early = batch["response_mask"].clone()
+    early[1, 20] = 1  # column 19's output predicts a generated token: the prefix ends before it
+    assert shared_prefix_length(batch["input_ids"], early) == 19
+    early[1, 10] = 1  # 9 columns: under SHARED_PREFIX_MIN_TOKENS, not worth a forward of its own
+    assert shared_prefix_length(batch["input_ids"], early) == 0
+    assert shared_prefix_length(batch["input_ids"][:1], batch["response_mask"][:1]) == 0  # one row: nothing to share
+    assert shared_prefix_length(batch["input_ids"], batch["attention_mask"]) == 0  # every column scored (reward model)
+
+
+def test_a_shared_prefix_runs_once_and_changes_no_output_or_gradient(tiny_model_path, monkeypatch):
+    """Rows sharing a prompt: the actor's log-probs, the critic's values and both updates' gradients equal the
+    forward of every row in full (float rounding), and the prompt's columns ran for one row only."""
+    from agent_trainer.config import CriticConfig
+    from workers.critic import CriticWorker
+
+    def run() -> dict[str, object]:
+        actor = _actor(tiny_model_path, ppo_mini_batch_size=4)
+        critic = CriticWorker(rank=0, world_size=1, device="cpu", critic=CriticConfig(
+            model=ModelConfig(path=tiny_model_path), ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2,
+            fsdp=FSDPConfig(world_size=1), grad_clip=1e9, optim=OptimConfig(lr=1e-3)))
+        critic.init_model()
+        batch = _prefix_rows()
+        widths = []
+        embed = actor.model.get_input_embeddings().register_forward_hook(lambda m, a, out: widths.append(out.shape))
+        batch.update(actor.compute_log_prob(batch))
+        embed.remove()
+        batch.update(critic.compute_values(batch))
+        batch["returns"] = batch["advantages"] + 0.5
+        actor_grads, critic_grads = _record_grads(actor), _record_grads(critic)
+        metrics = {**actor.update_actor(batch), **critic.update_critic(batch)}
+        return {"batch": batch, "widths": widths, "actor": actor_grads, "critic": critic_grads, "metrics": metrics}
+
+    shared = run()
+    with monkeypatch.context() as patch:
+        _without_prefix_sharing(patch)
+        full = run()
+    # micro-batches of 2 rows (longest first) cut to 40 and 33 columns: the prompt once ([1, 24]), then the rest
+    assert shared["widths"] == [(1, 24, 128), (2, 16, 128), (1, 24, 128), (2, 9, 128)]
+    assert full["widths"] == [(2, 40, 128), (2, 33, 128)]
+    scored = full["batch"]["response_mask"].bool()
+    for key in ("old_log_probs", "values"):
+        assert torch.allclose(shared["batch"][key][scored], full["batch"][key][scored], atol=1e-5), key
+    for role in ("actor", "critic"):
+        assert shared[role].keys() == full[role].keys() and shared[role]
+        for name, grad in full[role].items():
+            assert torch.allclose(shared[role][name], grad, rtol=1e-4, atol=1e-6), (role, name)
+    for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
+        assert shared["metrics"][key] == pytest.approx(full["metrics"][key], rel=1e-4), key
+
+
+def _two_prompts(lengths: tuple[int, ...], second: list[int]) -> TensorBatch:
+    """:func:`_prefix_rows` whose prompts (28 tokens) share 24: the rows in ``second`` end theirs differently."""
+    batch = _prefix_rows(lengths=lengths)
+    batch["input_ids"][:, 24:28] = batch["input_ids"][0, 24:28]
+    batch["input_ids"][second, 24:28] += 1
+    return batch
+
+
+def test_micro_batches_keep_a_prompts_rows_together_when_that_runs_fewer_positions(tiny_model_path, monkeypatch):
+    """Two prompts' rows interleaved (a GRPO batch after shuffling): longest first would pair different prompts,
+    which share 24 tokens; each prompt's rows together share all 28 and run 8 positions fewer. Rows of very
+    different lengths stay longest first where pairing by prompt would add more padding than it shares."""
+    actor = _actor(tiny_model_path)
+
+    def plan(batch: TensorBatch) -> list[list[int]]:
+        return [rows.tolist() for rows, _ in actor.plan_micro_batches(batch, actor.batching)]
+
+    interleaved = _two_prompts((40, 40, 39, 39), second=[1, 3])
+    assert plan(interleaved) == [[0, 2], [1, 3]]
+    micro = actor.plan_micro_batches(interleaved, actor.batching)[0][1]
+    assert micro["input_ids"].shape[1] == 40 and actor.model_inputs(micro).shared_prefix == 27
+    assert plan(_two_prompts((40, 30, 39, 29), second=[1, 3])) == [[0, 2], [1, 3]]  # longest first agrees
+    assert plan(_two_prompts((40, 29, 30, 39), second=[2, 3])) == [[0, 3], [1, 2]]  # by prompt: 104 positions, not 92
+    _without_prefix_sharing(monkeypatch)
+    assert plan(interleaved) == [[0, 1], [2, 3]]
