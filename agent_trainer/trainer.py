@@ -313,9 +313,9 @@ class AgentTrainer:
         if not needs_old_log_probs(self.cfg, staleness):  # update_actor reports the difference to the engine's
             return {"perf/old_log_prob_skipped": 1.0}
         batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
-        mask = batch["response_mask"]
-        metrics = {"perf/old_log_prob_skipped": 0.0, "actor/rollout_vs_actor_logprob_diff": float(
-            ((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).sum() / mask.sum().clamp(min=1))}
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()  # as update_actor reports it
+        metrics = {"perf/old_log_prob_skipped": 0.0,
+                   "actor/rollout_vs_actor_logprob_diff": float(core_algos.masked_mean(diff, batch["response_mask"]))}
         rc = self.cfg.algorithm.rollout_correction
         if rc.rollout_is is None:
             return metrics
@@ -523,7 +523,7 @@ def batch_metrics(batch: TensorBatch, step_seconds: float) -> dict[str, float]:
         "perf/generated_tokens": float(mask.sum()),
         "perf/max_seq_len": float(batch["input_ids"].shape[1]),
         "perf/tokens_per_s": tokens / max(step_seconds, 1e-9),
-        "rollout/rollout_logprob_mean": float((batch["rollout_log_probs"] * mask).sum() / mask.sum().clamp(min=1)),
+        "rollout/rollout_logprob_mean": float(core_algos.masked_mean(batch["rollout_log_probs"], mask)),
     }
     return metrics
 

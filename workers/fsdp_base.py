@@ -252,12 +252,14 @@ class FSDPWorker:
         lengths = scored_lengths(batch).tolist()
         if batching.max_token_len is None:  # rows of similar length together: each micro-batch is cut to its longest
             size = max(1, batching.rows)
-            orders = [longest_first(lengths)]
+            order = longest_first(lengths)
+            groups = [order[i:i + size] for i in range(0, len(batch), size)]
             if prefix_sharing_supported(self.model) and causal_mask_suffices(batch["attention_mask"],
                                                                              batch["position_ids"]):
-                orders.append(prompts_together(batch["input_ids"], scored_mask(batch), lengths))
-            groups = min(([order[i:i + size] for i in range(0, len(batch), size)] for order in orders),
-                         key=lambda groups: forward_positions(batch, groups, lengths))
+                order = prompts_together(batch["input_ids"], scored_mask(batch), lengths)
+                by_prompt = [order[i:i + size] for i in range(0, len(batch), size)]
+                if forward_positions(batch, by_prompt, lengths) < forward_positions(batch, groups, lengths):
+                    groups = by_prompt
         else:
             groups = token_budget_groups(lengths, batching.max_token_len)
             groups = split_to_count(groups, lengths, self._max_over_ranks(len(groups)))
@@ -358,7 +360,6 @@ def gather_full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
     (27 tensors, 2 ranks), 129 ms against 63 ms on 19M, which was most of the weight sync.
     Buffers are not sharded and come from ``state_dict``; tied weights appear under each name.
     """
-    state = model.state_dict()  # names in checkpoint order; parameters as sharded DTensors, buffers whole
     full: dict[str, torch.Tensor] = {}
     for unit in [m for m in model.modules() if isinstance(m, FSDPModule)]:
         unit.unshard()
@@ -371,6 +372,7 @@ def gather_full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
             unit.reshard()
     if not keep:
         return {}
+    state = model.state_dict()  # names in checkpoint order; parameters as sharded DTensors, buffers whole
     return {name: full[name] if name in full else value.detach().to("cpu", copy=True) for name, value in state.items()}
 
 
