@@ -68,6 +68,9 @@ class ModelInputs:
     shared_prefix: int = 0
     """Leading columns every row holds identically: :func:`run_model` runs them once, for one row, and the
     model's outputs start after them (:func:`shared_prefix_length`)."""
+    suffix_lengths: tuple[int, ...] | None = None
+    """With a shared prefix: each row's columns after it that a pass reads (through its last scored token),
+    run packed with the prefix in one row (:func:`choose_layout`)."""
 
 
 SHARED_PREFIX_MIN_TOKENS = 16
@@ -270,7 +273,18 @@ class FSDPWorker:
             micro = trim_padding(batch.index(rows), max(max(lengths[i] for i in group), 1))
             micro.meta["seq_len"] = full
             plan.append((rows, micro))
+        if self.world_size > 1 and prefix_sharing_supported(self.model):
+            # FSDP gathers each unit once per model call: micro-batch k runs two calls on every rank or on none
+            wanted = [float(self.layout(micro, two_calls=True).model_calls == 2) for _, micro in plan]
+            for (_, micro), agreed in zip(plan, self._min_over_ranks(wanted)):
+                micro.meta["two_calls"] = bool(agreed)
         return plan
+
+    def _min_over_ranks(self, values: list[float]) -> list[float]:
+        """Element-wise minimum of ``values`` over the group's ranks (a collective: every rank calls it)."""
+        t = torch.tensor(values, dtype=torch.float32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return t.tolist()
 
     def _max_over_ranks(self, value: int) -> int:
         """The largest ``value`` over the group's ranks (a collective: every rank calls it)."""
@@ -322,19 +336,28 @@ class FSDPWorker:
         """Move the forward inputs of ``batch`` to this rank's device (no mask for right-padded rows,
         whose common prefix then runs once: :func:`shared_prefix_length`)."""
         mask, positions = batch["attention_mask"], batch["position_ids"]
-        shared = 0
+        layout = Layout()
         if causal_mask_suffices(mask, positions):
             # Positions go on counting over the pads: repeated ones would read as packed sequences
             # (transformers then builds a mask after all); the pads' outputs are unused either way.
             mask, positions = None, torch.arange(positions.shape[1]).expand_as(positions)
-            if prefix_sharing_supported(self.model):
-                shared = shared_prefix_length(batch["input_ids"], scored_mask(batch))
+            layout = self.layout(batch)
         return ModelInputs(
             input_ids=batch["input_ids"].to(self.device),
             attention_mask=None if mask is None else mask.to(self.device),
             position_ids=positions.to(self.device),
-            shared_prefix=shared,
+            shared_prefix=layout.shared,
+            suffix_lengths=layout.spans,
         )
+
+    def layout(self, batch: TensorBatch, two_calls: bool | None = None) -> Layout:
+        """:func:`choose_layout` for right-padded rows; two model calls (``two_calls`` None) only where every
+        rank's micro-batch allows them (``meta["two_calls"]``, from :meth:`plan_micro_batches`), or on one rank."""
+        if not prefix_sharing_supported(self.model):
+            return Layout()
+        if two_calls is None:
+            two_calls = batch.meta.get("two_calls", self.world_size == 1)
+        return choose_layout(self.model.config, batch["input_ids"], scored_mask(batch), two_calls)
 
 
 def causal_mask_suffices(attention_mask: torch.Tensor, position_ids: torch.Tensor) -> bool:
@@ -406,6 +429,68 @@ def prefix_sharing_supported(model: torch.nn.Module | None) -> bool:
     return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How :func:`run_model` runs a micro-batch: ``shared`` prefix columns (0: every row in full, one call),
+    with ``spans`` packed into one row (one call) or, when None, the prefix's keys and values cached for the
+    padded rows (two calls)."""
+
+    shared: int = 0
+    spans: tuple[int, ...] | None = None
+
+    @property
+    def model_calls(self) -> int:
+        return 2 if self.shared and self.spans is None else 1
+
+
+def choose_layout(config, input_ids: torch.Tensor, scored: torch.Tensor, two_calls: bool) -> Layout:
+    """The cheapest way to run right-padded rows (:class:`Layout`), by FLOPs; ``two_calls`` False rules out
+    the cached prefix (FSDP ranks must run the same number of model calls: :meth:`FSDPWorker.plan_micro_batches`).
+
+    Rows in full run every column (the causal kernel computes about half the pairs); cached, the shared
+    prefix (:func:`shared_prefix_length`) runs for one row and each row's remaining columns attend to it,
+    padding included; packed, the prefix and each row's span through its last scored token run as one
+    row under a block mask (:func:`_run_packed`), with no padding but every pair of the packed row
+    computed. Cost per layer: the linear FLOPs per token (:func:`linear_per_attention_pair` attention
+    pairs) plus one per computed (query, key) pair. Packing needs an attention that takes a 4D boolean
+    mask (``sdpa``). A GRPO group's prompt and replies of 64, 12, 8 and 6 tokens: packed; four long
+    episodes of near-equal length sharing their system prompt: in full or cached.
+    """
+    rows, width = input_ids.shape
+    shared = shared_prefix_length(input_ids, scored)
+    if not shared:
+        return Layout()
+    per_token = linear_per_attention_pair(config)
+    spans = suffix_spans(scored, shared)
+    packed = shared + sum(spans)
+    costs = {Layout(): rows * width * (per_token + width / 2)}
+    if getattr(config, "_attn_implementation", None) == "sdpa" and sum(spans):
+        costs[Layout(shared, spans)] = packed * (per_token + packed)
+    if two_calls:
+        costs[Layout(shared)] = shared * (per_token + shared / 2) + rows * (width - shared) * (per_token + width)
+    return min(costs, key=costs.get)
+
+
+def suffix_spans(scored: torch.Tensor, shared: int) -> tuple[int, ...]:
+    """Each row's columns after the first ``shared`` through its last ``scored`` token (0 for a row without one)."""
+    rows, width = scored.shape
+    last = torch.where(scored.bool(), torch.arange(width).expand(rows, width), -1).max(1).values
+    return tuple(max(0, int(n) + 1 - shared) for n in last)
+
+
+def linear_per_attention_pair(config) -> float:
+    """A decoder layer's linear FLOPs per token over its attention FLOPs per (query, key) pair.
+
+    Linear: 2 x (q, k, v, o projections + the gated MLP's three matrices). Attention: 2 x (QK^T + AV)
+    over the query heads' width. 768 for the tiny model, 2,880 for the 19M one.
+    """
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    linear = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * config.intermediate_size
+    return 2 * linear / (4 * heads * head_dim)
+
+
 def run_model(model: torch.nn.Module, inputs: ModelInputs,
               head_input: Callable[[torch.Tensor], torch.Tensor] | None = None):
     """``model``'s output on ``inputs`` from column ``inputs.shared_prefix`` on.
@@ -419,12 +504,17 @@ def run_model(model: torch.nn.Module, inputs: ModelInputs,
     rows' gradients through the prefix sum into it. Outputs equal the whole forward's to float
     rounding (tests/workers/test_fsdp_workers.py). ``head_input`` selects what the output head
     (``get_output_embeddings()``) sees of the suffix's hidden states; the prefix call feeds it nothing.
+
+    With ``inputs.suffix_lengths`` the prefix and the rows' spans after it run packed in one row
+    (:func:`_run_packed`); callers see the same ``[rows, width - L, ...]`` outputs either way.
     """
     length = inputs.shared_prefix
     if not length:
         with _output_head_input(model, head_input):
             return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
                          position_ids=inputs.position_ids)
+    if inputs.suffix_lengths is not None:
+        return _run_packed(model, inputs, head_input)
     prefix = (inputs.input_ids[:1, :length], inputs.position_ids[:1, :length])
     if torch.is_grad_enabled():
         keys_values = torch.utils.checkpoint.checkpoint(_prefix_keys_values, model, *prefix, use_reentrant=False)
@@ -437,6 +527,38 @@ def run_model(model: torch.nn.Module, inputs: ModelInputs,
     with _output_head_input(model, head_input):
         return model(input_ids=inputs.input_ids[:, length:], position_ids=inputs.position_ids[:, length:],
                      past_key_values=cache)
+
+
+def _run_packed(model: torch.nn.Module, inputs: ModelInputs, head_input: Callable | None):
+    """:func:`run_model` as one row: the shared prefix once, then each row's span (``inputs.suffix_lengths``)
+    back to back. The prefix attends causally to itself, each span to the prefix and, causally, to its own
+    tokens (a [1, 1, N, N] boolean mask), at the positions the rows give them. One forward, no cache and no
+    recomputation; the decoder's hidden states of the spans go back to ``[rows, width - L, H]`` (zeros behind
+    each span) before the output head."""
+    length, spans = inputs.shared_prefix, inputs.suffix_lengths
+    rows, width = inputs.input_ids.shape
+    device = inputs.input_ids.device
+    row = torch.repeat_interleave(torch.arange(rows), torch.tensor(spans)).to(device)
+    column = torch.cat([torch.arange(n) for n in spans]).to(device) + length
+    segment = torch.cat([row.new_full((length,), -1), row])  # -1: the prefix
+    order = torch.arange(len(segment), device=device)
+    mask = (order[:, None] >= order[None, :]) & ((segment[:, None] == segment[None, :]) | (segment[None, :] == -1))
+
+    def unpack(_module, _args, out):
+        hidden = out.last_hidden_state
+        rows_hidden = hidden.new_zeros(rows, width - length, hidden.shape[-1])
+        rows_hidden[row, column - length] = hidden[0, length:]
+        out.last_hidden_state = rows_hidden
+        return out
+
+    hook = model.base_model.register_forward_hook(unpack)
+    try:
+        with _output_head_input(model, head_input):
+            ids = torch.cat([inputs.input_ids[0, :length], inputs.input_ids[row, column]])
+            positions = torch.cat([inputs.position_ids[0, :length], inputs.position_ids[row, column]])
+            return model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None])
+    finally:
+        hook.remove()
 
 
 def _prefix_keys_values(model: torch.nn.Module, input_ids: torch.Tensor,

@@ -322,31 +322,54 @@ def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
         batch = _two_rank_rows(rank)
         counts = len(worker.plan_micro_batches(batch, worker.batching))
         log_probs = worker.compute_log_prob(batch)["old_log_probs"]
+        disagreeing = _disagreeing_ranks(worker)  # before the update: the same weights as the single rank below
         metrics = worker.update_actor(batch)
         gathered = worker.full_state_dict()  # unit by unit (gather_full_weights)
         expected = get_model_state_dict(worker.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         same = (list(gathered) == list(expected) and all(type(v) is torch.Tensor for v in gathered.values())
                 and all(torch.equal(gathered[k], expected[k]) for k in expected))
         results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]), same if rank == 0 else gathered == {},
-                         _shared_prefix_gradients_match(worker))
+                         _shared_prefix_gradients_match(worker), disagreeing)
     finally:
         dist.destroy_process_group()
 
 
 def _shared_prefix_gradients_match(worker: ActorWorker) -> bool:
     """Under FSDP2 the checkpointed prefix call gathers each unit for one forward and backward at a time:
-    this rank's gradient shards equal the full forward's."""
+    this rank's gradient shards equal the full forward's (the rows after the prefix run packed)."""
     import workers.fsdp_base as fsdp_base
 
     batch, grads, default = _prefix_rows(seed=worker.rank), [], fsdp_base.SHARED_PREFIX_MIN_TOKENS
     for minimum, shared in ((default, 24), (10**9, 0)):
         fsdp_base.SHARED_PREFIX_MIN_TOKENS = minimum
         worker.model.zero_grad()
-        assert worker.model_inputs(batch).shared_prefix == shared
+        inputs = worker.model_inputs(batch)
+        assert inputs.shared_prefix == shared and (inputs.suffix_lengths is not None) == bool(shared)  # packed
         worker._target_logits(worker.model, batch).log_probs().sum().backward()
         grads.append({k: p.grad.to_local().clone() for k, p in worker.model.named_parameters()})
     fsdp_base.SHARED_PREFIX_MIN_TOKENS = default
     return all(torch.allclose(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6) for k in grads[1])
+
+
+def _long_episodes(rank: int) -> TensorBatch:
+    """Rank 0: four long rows sharing a 150-token prompt, whose cheapest layout caches it (two model calls);
+    rank 1: four rows sharing nothing (one call)."""
+    batch = _ragged_batch([580, 570, 560, 550], T=580, seed=rank)
+    batch["response_mask"][:, :200] = 0
+    if rank == 0:
+        batch["input_ids"][:, :150] = batch["input_ids"][0, :150]
+    return batch
+
+
+def _disagreeing_ranks(worker: ActorWorker) -> tuple[list[bool], torch.Tensor]:
+    """FSDP gathers each unit once per model call: where one rank's micro-batch would cache its prefix (two calls)
+    and the other's runs in one call, both run one (``meta["two_calls"]``); without it this would hang."""
+    from workers.fsdp_base import MicroBatching
+
+    batch, batching = _long_episodes(worker.rank), MicroBatching(rows=4)
+    alone = worker.layout(batch, two_calls=True).model_calls
+    agreed = [micro.meta["two_calls"] for _, micro in worker.plan_micro_batches(batch, batching)]
+    return [alone == 2, *agreed], worker._log_probs(batch, worker.model, batching)
 
 
 def _two_rank_rows(rank: int) -> TensorBatch:
@@ -357,8 +380,8 @@ def _two_rank_rows(rank: int) -> TensorBatch:
 def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path, tmp_path):
     """Ranks whose rows pack into different numbers of micro-batches still run as many forwards (an
     all-reduce agrees on the count; a mismatch would hang FSDP's all-gathers), with the right log-probs.
-    After the update, the weights gathered for the engines equal torch's full state dict, and a shared
-    prefix's forward gives the full forward's gradients."""
+    After the update, the weights gathered for the engines equal torch's full state dict, a shared
+    prefix's forward gives the full forward's gradients, and ranks agree on each micro-batch's model calls."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -374,12 +397,13 @@ def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path,
     assert results[0][2] == results[1][2] > 0  # one global gradient norm
     assert results[0][3] and results[1][3]  # the weight sync's gather: DCP's full state dict on rank 0, {} on rank 1
     assert results[0][4] and results[1][4]  # a shared prefix's forward gives the full forward's gradients
+    assert results[0][5][0] == [True, False] and results[1][5][0] == [False, False]  # one call each, agreed
     single = _actor(tiny_model_path)  # the same weights on one rank, fixed micro-batches
     for rank in range(2):
-        batch = _two_rank_rows(rank)
-        attended = batch["attention_mask"].bool()
-        expected = single.compute_log_prob(batch)["old_log_probs"]
-        assert torch.allclose(results[rank][1][attended], expected[attended], atol=1e-5)
+        for rows, log_probs in ((_two_rank_rows(rank), results[rank][1]), (_long_episodes(rank), results[rank][5][1])):
+            attended = rows["attention_mask"].bool()
+            expected = single.compute_log_prob(rows)["old_log_probs"]
+            assert torch.allclose(log_probs[attended], expected[attended], atol=1e-5)
 
 
 def test_critic_shares_the_update_loop_and_the_dynamic_batching(tiny_model_path):
@@ -577,9 +601,12 @@ def test_shared_prefix_length_stops_at_the_first_output_a_pass_reads():
     assert shared_prefix_length(batch["input_ids"], batch["attention_mask"]) == 0  # every column scored (reward model)
 
 
-def test_a_shared_prefix_runs_once_and_changes_no_output_or_gradient(tiny_model_path, monkeypatch):
+@pytest.mark.parametrize("suffixes", ["padded", "packed"])
+def test_a_shared_prefix_runs_once_and_changes_no_output_or_gradient(tiny_model_path, monkeypatch, suffixes):
     """Rows sharing a prompt: the actor's log-probs, the critic's values and both updates' gradients equal the
-    forward of every row in full (float rounding), and the prompt's columns ran for one row only."""
+    forward of every row in full (float rounding), and the prompt's columns ran for one row only; the rows'
+    remaining columns ran padded, or packed into one row without their padding."""
+    import workers.fsdp_base as fsdp_base
     from agent_trainer.config import CriticConfig
     from workers.critic import CriticWorker
 
@@ -600,12 +627,20 @@ def test_a_shared_prefix_runs_once_and_changes_no_output_or_gradient(tiny_model_
         metrics = {**actor.update_actor(batch), **critic.update_critic(batch)}
         return {"batch": batch, "widths": widths, "actor": actor_grads, "critic": critic_grads, "metrics": metrics}
 
-    shared = run()
+    def forced(config, ids, scored, two_calls) -> fsdp_base.Layout:  # whichever the cost would pick for these rows
+        shared = fsdp_base.shared_prefix_length(ids, scored)
+        return fsdp_base.Layout(shared, fsdp_base.suffix_spans(scored, shared) if suffixes == "packed" else None)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fsdp_base, "choose_layout", forced)
+        shared = run()
     with monkeypatch.context() as patch:
         _without_prefix_sharing(patch)
         full = run()
     # micro-batches of 2 rows (longest first) cut to 40 and 33 columns: the prompt once ([1, 24]), then the rest
-    assert shared["widths"] == [(1, 24, 128), (2, 16, 128), (1, 24, 128), (2, 9, 128)]
+    # padded to the longer row, or the prompt and both rows' rest in one row (24 + 16 + 14 and 24 + 9 + 5)
+    padded = [(1, 24, 128), (2, 16, 128), (1, 24, 128), (2, 9, 128)]
+    assert shared["widths"] == (padded if suffixes == "padded" else [(1, 54, 128), (1, 38, 128)])
     assert full["widths"] == [(2, 40, 128), (2, 33, 128)]
     scored = full["batch"]["response_mask"].bool()
     for key in ("old_log_probs", "values"):
@@ -616,6 +651,39 @@ def test_a_shared_prefix_runs_once_and_changes_no_output_or_gradient(tiny_model_
             assert torch.allclose(shared[role][name], grad, rtol=1e-4, atol=1e-6), (role, name)
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):
         assert shared["metrics"][key] == pytest.approx(full["metrics"][key], rel=1e-4), key
+
+
+def test_the_layout_of_rows_sharing_a_prefix_follows_their_flops(tiny_model_path):
+    """GRPO replies of one group differ in length: packed with their prompt into one row, without padding.
+    Long episodes of near-equal length sharing a system prompt: the prefix cached, or every row in full where
+    two model calls are ruled out (FSDP ranks that disagree). Attentions without 4D masks never pack."""
+    from transformers import AutoConfig
+
+    from workers.fsdp_base import Layout, choose_layout, linear_per_attention_pair
+
+    config = AutoConfig.from_pretrained(tiny_model_path)
+    config._attn_implementation = "sdpa"
+    assert linear_per_attention_pair(config) == 768  # 2 x 196,608 linear weights per layer / (4 x 128)
+
+    def rows(ends: list[int], start: int, common: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = torch.randint(3, 200, (len(ends), max(ends)), generator=torch.Generator().manual_seed(0)), \
+            torch.zeros(len(ends), max(ends), dtype=torch.long)
+        ids[:, :common] = ids[0, :common]
+        for row, end in enumerate(ends):
+            mask[row, start:end] = 1
+        return ids, mask
+
+    grpo = rows([175 + 64, 175 + 12, 175 + 8, 175 + 6], start=175, common=175)
+    assert choose_layout(config, *grpo, two_calls=True) == Layout(174, (65, 13, 9, 7))  # through each last token
+    episodes = rows([580, 570, 560, 550], start=200, common=150)
+    assert choose_layout(config, *episodes, two_calls=True) == Layout(150)
+    assert Layout(150).model_calls == 2 and Layout(174, (1,)).model_calls == Layout().model_calls == 1
+    assert choose_layout(config, *episodes, two_calls=False) == Layout()
+    no_reply = grpo[1].clone()
+    no_reply[3] = 0  # a padding row: nothing to run after the prefix
+    assert choose_layout(config, grpo[0], no_reply, two_calls=True) == Layout(174, (65, 13, 9, 0))
+    config._attn_implementation = "eager"
+    assert choose_layout(config, *grpo, two_calls=False) == Layout()
 
 
 def _two_prompts(lengths: tuple[int, ...], second: list[int]) -> TensorBatch:
