@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -174,9 +175,10 @@ class ContextManager(Agent):
         self.eos_token_id: int = tokenizer.eos_token_id
         self._check_chat_template()
         self._observation_cache: dict[str, tuple[int, ...]] = {}
-        """The message (as sorted JSON) -> :meth:`_observation_ids`: episodes of a group, and later steps, see
-        the same observations again, and rendering the template twice per observation was most of the
-        driver's per-turn work. Cleared when it holds :data:`OBSERVATION_CACHE_SIZE` texts."""
+        """The message (as sorted JSON) -> :meth:`_observation_ids`, and a first prompt's text and tools ->
+        :meth:`_chat_prompt_ids`: episodes of a group, and later steps, see the same observations again, and
+        rendering the template was most of the driver's per-turn work (and a third of its rollout work at
+        the resets). Cleared when it holds :data:`OBSERVATION_CACHE_SIZE` texts."""
 
     # -- prompts -------------------------------------------------------------------------
     def start(self, out: EnvOutput) -> EpisodeContext:
@@ -255,8 +257,8 @@ class ContextManager(Agent):
         """
         messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
                     {"role": "user", "content": safe_text(user_message)}]
-        return _as_ids(self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                          tokenize=True))
+        return self._cached_ids(json.dumps({"first": messages, "tools": tools}, sort_keys=True), lambda: _as_ids(
+            self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)))
 
     # -- chat-template plumbing ----------------------------------------------------------
     def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
@@ -275,11 +277,14 @@ class ContextManager(Agent):
         """
         if isinstance(message, str):
             message = {"role": "user", "content": message}
-        key = json.dumps(message, sort_keys=True)
+        return self._cached_ids(json.dumps(message, sort_keys=True), lambda: self._render_observation(message))
+
+    def _cached_ids(self, key: str, render: Callable[[], list[int]]) -> list[int]:
+        """``render()`` once per ``key`` (see ``_observation_cache``); the caller gets its own list."""
         if key not in self._observation_cache:
             if len(self._observation_cache) >= OBSERVATION_CACHE_SIZE:
                 self._observation_cache.clear()
-            self._observation_cache[key] = tuple(self._render_observation(message))
+            self._observation_cache[key] = tuple(render())
         return list(self._observation_cache[key])
 
     def _render_observation(self, message: dict) -> list[int]:

@@ -38,7 +38,9 @@ class RunSpec:
     steps: int = 4
     code_dir: Path = REPO
     keep_trajectories: bool = False
-    """Log every episode of the last step (P1 replays them, P2 reuses the prompts)."""
+    """Log every episode of the last step (P2 reuses the prompts)."""
+    every_step: bool = False
+    """With ``keep_trajectories``: log every step's episodes, not only the last's (P1 replays steps 2..N)."""
 
 
 @dataclass
@@ -62,15 +64,21 @@ class RunResult:
     mean_load_1m: float | None
     """The machine's mean 1-minute load average during the run (2 cores: above 2 means queued work)."""
     step_seconds: list[float]
-    last: dict[str, float]
-    """The last step's metrics (the step whose episodes ``trajectories`` holds)."""
-    trajectories: list[dict] = field(default_factory=list)
+    history: list[dict[str, float]]
+    """Every training step's metrics, in order (``history[k]`` is step k + 1)."""
+    trajectories: dict[int, list[dict]] = field(default_factory=dict)
+    """Step -> its logged episodes (the last step's, or every step's with ``RunSpec.every_step``)."""
+
+    @property
+    def last_episodes(self) -> list[dict]:
+        """The episodes of the last logged step."""
+        return self.trajectories[max(self.trajectories)]
 
     def to_json(self) -> dict:
-        """Everything but the trajectories (large; kept in their own file)."""
+        """Everything but the trajectories and per-step metrics (large)."""
         out = asdict(self)
         out.pop("trajectories")
-        out.pop("last")
+        out.pop("history")
         return out
 
 
@@ -79,8 +87,9 @@ def command(spec: RunSpec, run_dir: str) -> list[str]:
     cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", spec.config,
            f"trainer.default_local_dir={run_dir}", f"trainer.total_training_steps={spec.steps}",
            "trainer.test_freq=0", "trainer.progress_bar=false", "trainer.save_freq=-1"]
-    if spec.keep_trajectories:  # written at the last step only
-        cmd += [f"trainer.log_trajectories_freq={spec.steps}", "trainer.log_trajectories_per_tag=1000"]
+    if spec.keep_trajectories:  # written at the last step only, or at every step
+        cmd += [f"trainer.log_trajectories_freq={1 if spec.every_step else spec.steps}",
+                "trainer.log_trajectories_per_tag=1000"]
     else:
         cmd += ["trainer.log_trajectories_freq=0"]
     return cmd + list(spec.overrides)
@@ -102,10 +111,11 @@ def run(spec: RunSpec, log_dir: Path) -> RunResult:
         if code != 0:
             raise RuntimeError(f"{spec.label}: trainer exited {code}; log {log_path}:\n{log_tail(log_path)}")
         history = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-        trajectories = []
+        trajectories = {}
         if spec.keep_trajectories:
-            sample = Path(run_dir) / "trajectories" / f"step_{spec.steps}.jsonl"
-            trajectories = [json.loads(line) for line in sample.read_text().splitlines() if line.strip()]
+            for step in range(1 if spec.every_step else spec.steps, spec.steps + 1):
+                sample = Path(run_dir) / "trajectories" / f"step_{step}.jsonl"
+                trajectories[step] = [json.loads(line) for line in sample.read_text().splitlines() if line.strip()]
     shown = " ".join(c if c != sys.executable else "python" for c in cmd)
     return summarize(spec, history, shown, rss, wall, trajectories)
 
@@ -116,7 +126,7 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 def summarize(spec: RunSpec, history: list[dict], cmd: str, rss: PeakRSS, wall: float,
-              trajectories: list[dict]) -> RunResult:
+              trajectories: dict[int, list[dict]]) -> RunResult:
     """Medians over steps 2..N of every phase and of the token counts."""
     train = [h for h in history if "timing_s/step" in h]
     phases = {p: steady_median([h.get(f"timing_s/{p}", 0.0) for h in train]) for p in PHASES}
@@ -128,5 +138,5 @@ def summarize(spec: RunSpec, history: list[dict], cmd: str, rss: PeakRSS, wall: 
         peak_rss_by_kind=rss.peak_by_kind,
         wall_seconds=wall,
         mean_load_1m=rss.mean_load,
-        step_seconds=[h["timing_s/step"] for h in train], last=train[-1], trajectories=trajectories,
+        step_seconds=[h["timing_s/step"] for h in train], history=train, trajectories=trajectories,
     )

@@ -138,16 +138,21 @@ def _other_sections(r: dict) -> list[str]:
     out = []
     if r.get("P1"):
         p = r["P1"]
+        rows = [[str(s["step"]), fmt(s["generated_tokens"], 0), fmt(s["rollout_seconds"]), fmt(s["raw_seconds"]),
+                 " / ".join(fmt(x) for x in s["raw_pass_seconds"]), fmt(s["ratio"]), fmt(s["ratio_vs_tokens_only"])]
+                for s in p["steps"]]
         out += ["### P1: multi-turn rollout vs the raw engine", "",
-                f"Last step of the main-job run: {fmt(p['generated_tokens'], 0)} tokens in "
-                f"{fmt(p['rollout_seconds'])} s ({fmt(p['rollout_tokens_per_s'], 0)} tokens/s, env steps "
-                f"included). The raw vLLM engine on the same contexts, per-turn batches and reply lengths, "
-                f"asked for the same outputs (the sampled token's logprob, no text): "
-                f"{fmt(p['raw_seconds'])} s ({fmt(p['raw_engine_tokens_per_s'], 0)} tokens/s). "
-                f"Ratio **{fmt(p['ratio'])}**."
-                + (f" With vLLM's default outputs instead (text, no logprobs, which the rollout cannot train on): "
-                   f"{fmt(p['raw_tokens_only_seconds'])} s, ratio {fmt(p['ratio_vs_tokens_only'])}."
-                   if "raw_tokens_only_seconds" in p else ""), ""]
+                f"The main job on the working tree (run `{p['label']}`, every step's episodes logged); for each of "
+                "its steps 2..N, the rollout's generated tokens/s (env steps, resets and batch building included) "
+                "against the raw vLLM engine's on the same contexts, per-turn batches and reply lengths, asked for "
+                "the same outputs (the sampled token's logprob, no text), each pass from an empty prefix cache, "
+                f"median of {p['raw_repeats']} passes per step. Median over the steps: **{fmt(p['ratio'])}**; "
+                f"pooled over the steps ({fmt(p['rollout_tokens_per_s'], 0)} vs "
+                f"{fmt(p['raw_engine_tokens_per_s'], 0)} tokens/s): {fmt(p['pooled_ratio'])}. Against vLLM's "
+                f"default outputs (text, no logprobs, which the rollout cannot train on): "
+                f"{fmt(p['ratio_vs_tokens_only'])}.", "",
+                render_table(["step", "tokens", "rollout s", "raw s (median)", "raw passes (s)", "ratio",
+                              "ratio vs text outputs"], rows), ""]
     if r.get("P3"):
         out += [f"### P3: weight sync\n\n{fmt(r['P3']['sync_s'], 3)} s of a {fmt(r['P3']['step_s'])} s step: "
                 f"**{fmt(100 * r['P3']['frozenlake_share'], 1)}%**.", ""]

@@ -77,7 +77,7 @@ class Bench:
     def current(self, repeat: int = 0) -> RunResult:
         """The main job (``config/frozenlake.yaml``) on the working tree, episodes kept for P1."""
         return self.project(RunSpec(f"frozenlake_current{_suffix(repeat)}", steps=self.steps, code_dir=self.tree,
-                                    keep_trajectories=True, overrides=[f"model_path={TINY}"]))
+                                    overrides=[f"model_path={TINY}"]))
 
     def grpo(self, model: Path, precision: str = "fp32") -> RunResult:
         """P2's matched GRPO step on ``model``."""
@@ -90,7 +90,7 @@ class Bench:
         """TRL GRPOTrainer on ``model`` with the project run's first-turn prompts (own venv, subprocess)."""
         key = f"{model.name}_threads{threads}{'_bf16' * (precision == 'bf16')}"
         if key not in self.trl:
-            firsts = {ep["group_id"]: ep["turns"][0]["prompt"] for ep in self.grpo(model).trajectories}
+            firsts = {ep["group_id"]: ep["turns"][0]["prompt"] for ep in self.grpo(model).last_episodes}
             prompts = [firsts[g] for g in sorted(firsts)]  # one per group (maps may repeat across groups)
             work = self.out / "trl" / key
             work.mkdir(parents=True, exist_ok=True)
@@ -137,7 +137,7 @@ def main_job(b: Bench) -> dict:
         try:
             for i in range(b.repeats):
                 before.append(b.project(RunSpec(f"frozenlake_ref{_suffix(i)}", steps=b.steps, code_dir=tree,
-                                                keep_trajectories=True, overrides=[f"model_path={TINY}"])))
+                                                overrides=[f"model_path={TINY}"])))
                 after.append(b.current(i))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
@@ -179,25 +179,47 @@ def replay_turns(trajectories: list[dict]) -> list[list[dict]]:
 
 
 def p1_rollout_vs_engine(b: Bench) -> dict:
-    """Multi-turn rollout tokens/s (last step of the main-job run) vs the raw engine on its contexts."""
-    run = b.current()
-    turns = replay_turns(run.trajectories)
+    """Multi-turn rollout tokens/s vs the raw engine on the same contexts, step by step over steps 2..N.
+
+    A run of its own (the main job on the working tree, every step's episodes logged); the raw engine
+    replays each of its steps (``bench/raw_vllm.py``, median of its passes per step). The figure is the
+    median over the steps of rollout tokens/s / raw tokens/s; one step against one pass moved by more
+    than the 0.9 line between runs on this machine.
+    """
+    run = b.project(RunSpec("frozenlake_p1", steps=b.steps, code_dir=b.tree, keep_trajectories=True,
+                            every_step=True, overrides=[f"model_path={TINY}"]))
+    steps = sorted(k for k in run.trajectories if k > 1) or sorted(run.trajectories)  # steady state, as elsewhere
     work = b.out / "p1"
     work.mkdir(parents=True, exist_ok=True)
-    (work / "turns.json").write_text(json.dumps(turns))
-    print("[bench] raw vLLM engine on the same contexts ...", flush=True)
+    (work / "turns.json").write_text(json.dumps([replay_turns(run.trajectories[k]) for k in steps]))
+    print(f"[bench] raw vLLM engine on the same contexts (steps {steps[0]}..{steps[-1]}) ...", flush=True)
     # One intra-op thread, like the rollout's engine actor (Ray gives a 1-CPU actor OMP_NUM_THREADS=1).
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     _run_logged([sys.executable, str(REPO / "bench" / "raw_vllm.py"), "--model", str(TINY), "--turns",
                  str(work / "turns.json"), "--out", str(work / "raw.json")], work / "raw_vllm.log", env=env)
     raw = json.loads((work / "raw.json").read_text())
-    rollout_s, generated = run.last["timing_s/rollout"], run.last["perf/generated_tokens"]
-    rollout_tps, raw_tps = generated / rollout_s, raw["generated_tokens"] / raw["seconds"]
-    return {"rollout_tokens_per_s": rollout_tps, "raw_engine_tokens_per_s": raw_tps,
-            "ratio": ratio(rollout_tps, raw_tps), "rollout_seconds": rollout_s, "raw_seconds": raw["seconds"],
-            "generated_tokens": generated, "raw_generated_tokens": raw["generated_tokens"], "turns": len(turns),
-            "raw_tokens_only_seconds": raw["tokens_only_seconds"],
-            "ratio_vs_tokens_only": ratio(rollout_tps, raw["generated_tokens"] / raw["tokens_only_seconds"])}
+    per_step = []
+    for k, raw_step in zip(steps, raw["steps"]):
+        metrics = run.history[k - 1]
+        rollout_s, generated = metrics["timing_s/rollout"], metrics["perf/generated_tokens"]
+        rollout_tps, raw_tps = generated / rollout_s, raw_step["generated_tokens"] / raw_step["seconds"]
+        per_step.append({"step": k, "rollout_seconds": rollout_s, "generated_tokens": generated,
+                         "raw_seconds": raw_step["seconds"], "raw_generated_tokens": raw_step["generated_tokens"],
+                         "raw_pass_seconds": raw_step["pass_seconds"], "ratio": ratio(rollout_tps, raw_tps),
+                         "ratio_vs_tokens_only": ratio(rollout_tps, raw_step["generated_tokens"]
+                                                       / raw_step["tokens_only_seconds"]),
+                         "turns": raw_step["turns"]})
+
+    def pooled(key: str) -> float:
+        return sum(s[key] for s in per_step)
+
+    return {"ratio": statistics.median(s["ratio"] for s in per_step),
+            "ratio_vs_tokens_only": statistics.median(s["ratio_vs_tokens_only"] for s in per_step),
+            "pooled_ratio": ratio(pooled("generated_tokens") / pooled("rollout_seconds"),
+                                  pooled("raw_generated_tokens") / pooled("raw_seconds")),
+            "rollout_tokens_per_s": pooled("generated_tokens") / pooled("rollout_seconds"),
+            "raw_engine_tokens_per_s": pooled("raw_generated_tokens") / pooled("raw_seconds"),
+            "steps": per_step, "raw_repeats": raw["repeats"], "label": run.label}
 
 
 def p2_vs_trl(b: Bench, models: list[Path]) -> dict:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agent_trainer import core_algos
-from agent_trainer.ctx_manager import ContextManager, anchor_id
+from agent_trainer import core_algos, prompts
+from agent_trainer.ctx_manager import ContextManager, _as_ids, anchor_id
 from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
 from envs import load_env_tags
 
@@ -168,3 +168,22 @@ def test_observation_ids_are_rendered_once_per_distinct_message(tokenizer, monke
     monkeypatch.setattr(ctx_module, "OBSERVATION_CACHE_SIZE", 3)
     assert ctx_mgr._observation_ids("a fourth text") == render({"role": "user", "content": "a fourth text"})
     assert len(ctx_mgr._observation_cache) == 1  # full: cleared before the new entry
+
+
+def test_first_prompts_are_rendered_once_per_distinct_text_and_tools(tokenizer, manager, monkeypatch):
+    """A group's episodes start from one observation: the template renders it once; each episode gets its own ids,
+    the template's own, and different tools render apart."""
+    ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
+    calls = []
+    apply = tokenizer.apply_chat_template
+    monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **kw: calls.append(kw.get("tools")) or apply(
+        *a, **kw))
+    outs = manager.reset({0: 123})
+    first, second = ctx_mgr.start(outs[0]), ctx_mgr.start(outs[1])
+    assert len(calls) == 1 and first.token_ids == second.token_ids and first.token_ids is not second.token_ids
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    assert ctx_mgr._chat_prompt_ids("x", tools=tool) == _as_ids(apply(
+        [{"role": "system", "content": prompts.SYSTEM_PROMPT}, {"role": "user", "content": "x"}], tools=tool,
+        add_generation_prompt=True, tokenize=True))
+    ctx_mgr._chat_prompt_ids("x")
+    assert calls == [None, tool, None]  # cached ids never served across different tools

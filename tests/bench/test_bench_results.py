@@ -54,8 +54,10 @@ def test_ratio_rows_and_block_from_results():
                   "loaded": True, "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 3.0}},
          "main": {"ref": "HEAD", "ref_sha": "abcdef1234567", "ref_step_s": 6.0, "current_step_s": 3.0,
                   "speedup": 2.0, "ref_phases": {"step": 6.0}, "current_phases": {"step": 3.0}},
-         "P1": {"ratio": 0.8, "generated_tokens": 100.0, "rollout_seconds": 1.0, "rollout_tokens_per_s": 100.0,
-                "raw_seconds": 0.8, "raw_engine_tokens_per_s": 125.0},
+         "P1": {"ratio": 0.8, "ratio_vs_tokens_only": 0.7, "pooled_ratio": 0.79, "rollout_tokens_per_s": 100.0,
+                "raw_engine_tokens_per_s": 126.6, "raw_repeats": 3, "label": "frozenlake_p1",
+                "steps": [{"step": 2, "generated_tokens": 100.0, "rollout_seconds": 1.0, "raw_seconds": 0.8,
+                           "raw_pass_seconds": [0.8, 0.9, 0.7], "ratio": 0.8, "ratio_vs_tokens_only": 0.7}]},
          "P3": {"frozenlake_share": 0.01, "sync_s": 0.03, "step_s": 3.0}}
     rows = report.ratio_rows(r)
     assert [(label.split()[0], value, target) for label, value, target, _ in rows] == [
@@ -64,6 +66,8 @@ def test_ratio_rows_and_block_from_results():
     assert "**Numbers from a loaded machine**" in block
     assert "| main job speedup vs HEAD | 2.00 | >= 2.0 |" in block
     assert "![ratios](bench/ratios.png)" in block
+    assert "Median over the steps: **0.80**; pooled over the steps (100 vs 127 tokens/s): 0.79" in block
+    assert "| 2 | 100 | 1.00 | 0.80 | 0.80 / 0.90 / 0.70 | 0.80 | 0.70 |" in block
     r["P2"] = {"tiny-qwen2": {"error": "trainer exited 1"}}
     assert report.ratio_rows(r)[1][0].startswith("P1")  # a failed row has no ratio
     assert "Failed: tiny-qwen2: trainer exited 1" in report.render(r, asset_prefix="")
