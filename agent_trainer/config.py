@@ -212,6 +212,11 @@ class RolloutConfig:
     """vLLM tensor parallelism (GPU only)."""
     num_cpus_per_worker: float = 0.5
     """Ray CPU accounting per engine."""
+    num_threads: int = 0
+    """Intra-op threads of each engine on CPU (its process's OMP_NUM_THREADS; ignored on GPUs). 0 = auto: 2 for a
+    model of at least 4M parameters when one engine generates while the trainer waits (num_workers 1,
+    trainer.max_off_policy_steps 0), else 1. Measured on 2 cores: a 19M model generates 1.5x faster on 2 threads,
+    the 0.6M tiny model 0.9x (too little work per token to share)."""
     rollout_filter_strategy: str = "top_k"
     """StarPO-S group filtering by in-group reward std: top_k (keep the top fraction of groups) |
     top_p (groups whose std sums to that fraction of the total) | min_p (groups with std >= value x the largest)."""

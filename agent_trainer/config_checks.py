@@ -115,6 +115,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     (f"{_ROLLOUT}.gpu_memory_utilization", between(0, 1, True, False), "0.5"),
     (f"{_ROLLOUT}.tensor_model_parallel_size", at_least(1), "1"),
     (f"{_ROLLOUT}.num_cpus_per_worker", at_least(0), "0.5"),
+    (f"{_ROLLOUT}.num_threads", at_least(0, " (0 = auto)"), "0"),
     (f"{_ROLLOUT}.val_kwargs.temperature", at_least(0, " (0 = greedy)"), "0.0"),
     (f"{_ROLLOUT}.val_kwargs.top_p", between(0, 1, True, False), "1.0"),
     ("critic.ppo_epochs", at_least(1), "1"),

@@ -103,18 +103,30 @@ def _check_weight_names(expected: set[str], given: set[str], optional: set[str])
         )
 
 
-def _checkpoint_weight_names(model_path: str) -> set[str] | None:
-    """Tensor names stored in a local safetensors checkpoint (None when not a local dir)."""
+def _checkpoint_shapes(model_path: str) -> dict[str, list[int]] | None:
+    """Tensor name -> shape of a local safetensors checkpoint, from its headers (None when not a local dir)."""
     from safetensors import safe_open
 
     files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
     if not files:
         return None
-    names: set[str] = set()
+    shapes: dict[str, list[int]] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as fh:
-            names.update(fh.keys())
-    return names
+            shapes.update((name, fh.get_slice(name).get_shape()) for name in fh.keys())
+    return shapes
+
+
+def _checkpoint_weight_names(model_path: str) -> set[str] | None:
+    """Tensor names stored in a local safetensors checkpoint (None when not a local dir)."""
+    shapes = _checkpoint_shapes(model_path)
+    return None if shapes is None else set(shapes)
+
+
+def checkpoint_parameters(model_path: str) -> int | None:
+    """Parameters stored in a local safetensors checkpoint (None when not a local dir)."""
+    shapes = _checkpoint_shapes(model_path)
+    return None if shapes is None else sum(math.prod(shape) for shape in shapes.values())
 
 
 # --------------------------------------------------------------------------- vLLM
@@ -223,6 +235,10 @@ class VLLMRolloutWorker:
             reason = FINISH_STOP if completion.finish_reason == "stop" else FINISH_LENGTH
             results.append(GenerationOutput(ids, logprobs, reason))
         return results
+
+    def intra_op_threads(self) -> int:
+        """torch's intra-op threads in this process (``rollout.num_threads``, through OMP_NUM_THREADS)."""
+        return torch.get_num_threads()
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """``out[i][t] = log p(seq[t] | seq[:t])`` under the live weights; ``out[i][0] = 0.0``.
@@ -417,6 +433,10 @@ class HFRolloutWorker:
         _check_weight_names(expected, set(state_dict), optional=tied)
         self.model.load_state_dict(state_dict, strict=False)
         return time.perf_counter() - start
+
+    def intra_op_threads(self) -> int:
+        """torch's intra-op threads in this process; see ``VLLMRolloutWorker.intra_op_threads``."""
+        return torch.get_num_threads()
 
     def sleep(self, level: int = 1) -> None:
         """Move the model to CPU RAM when sleep mode is on (GPU only); no-op otherwise."""

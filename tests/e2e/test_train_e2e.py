@@ -38,6 +38,7 @@ def _config(model_path: str, run_dir: Path, *overrides: str):
             "agent_proxy.max_turn=2",
             "actor_rollout_ref.rollout.response_length=24",
             "actor_rollout_ref.actor.optim.lr=1e-3",
+            "actor_rollout_ref.rollout.num_threads=2",  # not the default (auto: 1 for the tiny model)
             *overrides,
         ])
     return prepare(raw)
@@ -81,6 +82,11 @@ def test_rollout_logprobs_match_actor_before_update(trained):
     _, history, _ = trained
     for metrics in history:
         assert metrics["actor/rollout_vs_actor_logprob_diff"] < 1e-3
+
+
+def test_the_engine_runs_the_configured_threads(trained):
+    trainer, _, _ = trained
+    assert ray.get(trainer.engines[0].intra_op_threads.remote()) == 2  # rollout.num_threads, through OMP_NUM_THREADS
 
 
 def test_weight_sync_is_real(trained):

@@ -32,6 +32,24 @@ def test_the_reported_deadlock_is_refused_listing_every_demand(tiny_model_path):
     check_placement(demands, {"CPU": 2.4})  # exactly enough is enough
 
 
+def test_engine_threads_follow_the_model_size_unless_set(tiny_model_path, monkeypatch):
+    """rollout.num_threads 0 (auto): 1 thread for the tiny model, 2 from AUTO_ENGINE_THREADS_MIN_PARAMETERS on, 1 again
+    when the engine shares the cores with training (overlap) or with a second engine; a set value wins."""
+    import workers.build as build
+    from workers.rollout import checkpoint_parameters
+
+    def threads(*overrides: str) -> int:
+        return build.engine_threads(compose_and_prepare([f"model_path={tiny_model_path}", *overrides])[0])
+
+    assert checkpoint_parameters(tiny_model_path) == 623_360 and checkpoint_parameters("Qwen/Qwen2.5-0.5B") is None
+    assert threads() == 1
+    monkeypatch.setattr(build, "AUTO_ENGINE_THREADS_MIN_PARAMETERS", 600_000)
+    assert threads() == 2
+    assert threads("trainer.max_off_policy_steps=1", "algorithm.rollout_correction.rollout_is=token") == 1
+    assert threads("actor_rollout_ref.rollout.num_workers=2") == 1
+    assert threads("actor_rollout_ref.rollout.num_threads=3") == 3
+
+
 @pytest.mark.parametrize("colocate", [True, False])
 def test_a_colocated_reference_or_critic_asks_for_nothing_of_its_own(tiny_model_path, colocate):
     flag = str(colocate).lower()
