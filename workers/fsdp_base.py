@@ -276,23 +276,22 @@ class FSDPWorker:
         if self.world_size > 1 and prefix_sharing_supported(self.model):
             # FSDP gathers each unit once per model call: micro-batch k runs two calls on every rank or on none
             wanted = [float(self.layout(micro, two_calls=True).model_calls == 2) for _, micro in plan]
-            for (_, micro), agreed in zip(plan, self._min_over_ranks(wanted)):
+            for (_, micro), agreed in zip(plan, self._over_ranks(wanted, dist.ReduceOp.MIN)):
                 micro.meta["two_calls"] = bool(agreed)
         return plan
 
-    def _min_over_ranks(self, values: list[float]) -> list[float]:
-        """Element-wise minimum of ``values`` over the group's ranks (a collective: every rank calls it)."""
-        t = torch.tensor(values, dtype=torch.float32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return t.tolist()
-
     def _max_over_ranks(self, value: int) -> int:
         """The largest ``value`` over the group's ranks (a collective: every rank calls it)."""
+        return int(self._over_ranks([value], dist.ReduceOp.MAX)[0])
+
+    def _over_ranks(self, values: list[float], op: dist.ReduceOp) -> list[float]:
+        """``values`` reduced element-wise with ``op`` over the group's ranks (a collective: every rank calls it;
+        float64, exact for counts)."""
         if not dist.is_initialized():
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
 
     @torch.no_grad()
     def forward_rows(self, batch: TensorBatch, batching: MicroBatching,
@@ -473,9 +472,7 @@ def choose_layout(config, input_ids: torch.Tensor, scored: torch.Tensor, two_cal
 
 def suffix_spans(scored: torch.Tensor, shared: int) -> tuple[int, ...]:
     """Each row's columns after the first ``shared`` through its last ``scored`` token (0 for a row without one)."""
-    rows, width = scored.shape
-    last = torch.where(scored.bool(), torch.arange(width).expand(rows, width), -1).max(1).values
-    return tuple(max(0, int(n) + 1 - shared) for n in last)
+    return tuple(max(0, int(n) - shared) for n in row_lengths(scored))
 
 
 def linear_per_attention_pair(config) -> float:
