@@ -11,15 +11,11 @@ import json
 import math
 
 import pytest
-import ray
-from hydra import compose, initialize_config_dir
-from transformers import AutoTokenizer
 
 from agent_trainer.agents.tool_call import ToolCallAgent
-from agent_trainer.main import CONFIG_DIR, init_ray, prepare
-from agent_trainer.trainer import AgentTrainer
+from e2e_runs import train_here
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("module_cluster")]
 
 SMALL = ["trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.progress_bar=false",
          "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.train.env_configs.n_groups=[2]",
@@ -31,25 +27,8 @@ SMALL = ["trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.progr
 
 
 def train(model_path: str, run_dir, *overrides: str):
-    """Compose frozenlake_grpo with ``overrides``, train 2 steps in this process; returns (trainer, history)."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        raw = compose("frozenlake_grpo", overrides=[f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
-                                                    *SMALL, *overrides])
-    cfg, tags = prepare(raw)
-    init_ray(cfg)  # once per module: later runs join the same local cluster
-    trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(model_path), tags)
-    trainer.init_workers()
-    try:
-        history = trainer.fit()
-    finally:
-        trainer.shutdown()  # the workers go; the cluster stays for the next test
-    return trainer, history
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_cluster():
-    yield
-    ray.shutdown()
+    """frozenlake_grpo with ``overrides``, 2 steps in this process; returns (trainer, history)."""
+    return train_here("frozenlake_grpo", model_path, run_dir, *SMALL, *overrides)
 
 
 def first_turns(run_dir) -> list[dict]:

@@ -8,47 +8,22 @@ from pathlib import Path
 
 import pytest
 
+from e2e_runs import train_here
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize(
-    "config_name, extra, expect_critic",
-    [
-        # GRPO: no critic, the reference (in the actor's ranks) for the KL loss and (adaptive) KL-in-reward
-        ("frozenlake_grpo", ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"], False),
-        # the same with the reference in a group of its own instead of the actor's ranks; bf16 autocast in both
-        ("frozenlake_grpo", ["actor_rollout_ref.ref.colocate=false",
-                             "actor_rollout_ref.actor.fsdp.mixed_precision=bf16",
-                             "actor_rollout_ref.ref.fsdp.mixed_precision=bf16"], False),
-        # PPO with the critic in a group of its own (one rank on both cores, bf16 autocast) instead of the actor's ranks
-        ("frozenlake", ["critic.colocate=false", "critic.fsdp.num_threads=2",
-                        "critic.fsdp.mixed_precision=bf16"], True),
-        # bi-level GAE with the GSPO sequence-level loss
-        ("frozenlake_bilevel", ["actor_rollout_ref.actor.policy_loss_mode=gspo"], True),
-        # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and
-        # mean_std reward normalisation: a varying row count padded to whole mini-batches on 2 FSDP ranks
-        ("frozenlake_grpo_multiturn", ["actor_rollout_ref.rollout.rollout_filter_value=0.5",
-                                       "agent_proxy.reward_normalization.method=mean_std"], False),
-        # the example environment of docs/writing_an_environment.md, trained by config only
-        ("frozenlake", ["es_manager.train.env_configs.tags=[GuessNumber]"], True),
-        # GiGPO (anchor states hashed by the rollout) and ReMax (a greedy baseline episode per group),
-        # two steps each by config only
-        ("frozenlake_gigpo", ["trainer.total_training_steps=2"], False),
-        ("frozenlake_remax", ["trainer.total_training_steps=2"], False),
-    ],
-)
-def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_critic):
-    """The real command line: hydra config file, overrides, metrics file."""
-    run_dir = tmp_path / "cli"
-    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", config_name,
-           f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}",
-           "trainer.total_training_steps=1", "trainer.test_freq=0", "agent_proxy.max_turn=2",
-           "es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]", "ppo_mini_batch_size=8",
-           "actor_rollout_ref.rollout.response_length=16", *extra]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+TINY = ["trainer.total_training_steps=1", "trainer.test_freq=0", "agent_proxy.max_turn=2",
+        "es_manager.train.env_groups=2", "es_manager.train.env_configs.n_groups=[2]", "ppo_mini_batch_size=8",
+        "actor_rollout_ref.rollout.response_length=16"]
+# GRPO: no critic; the reference in a group of its own (not the actor's ranks), bf16 autocast in both, for the
+# KL loss and the (adaptive) KL-in-reward
+CLI_CASE = ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "actor_rollout_ref.ref.colocate=false",
+            "actor_rollout_ref.actor.fsdp.mixed_precision=bf16", "actor_rollout_ref.ref.fsdp.mixed_precision=bf16"]
+
+
+def check_records(records: list[dict], config_name: str, extra: list[str], expect_critic: bool) -> None:
+    """The run's metrics: every step logged once, finite, from the algorithm and env tag the config names."""
     record = records[-1]
     steps = 2 if "trainer.total_training_steps=2" in extra else 1
     assert [r["step"] for r in records] == list(range(1, steps + 1)) and "actor/pg_loss" in record
@@ -58,6 +33,45 @@ def test_entry_point_runs(tiny_model_path, tmp_path, config_name, extra, expect_
     assert ("actor/reward_kl_penalty" in record) == ("algorithm.use_kl_in_reward=true" in extra)
     tags = [t for t in ("FrozenLakeDescribed", "GuessNumber") if f"env/{t}/num_actions" in record]
     assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLakeDescribed"])
+
+
+@pytest.mark.e2e
+def test_entry_point_runs(tiny_model_path, tmp_path):
+    """The real command line: hydra config file, overrides, metrics file."""
+    run_dir = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake_grpo",
+           f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}", *TINY, *CLI_CASE]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    check_records(records, "frozenlake_grpo", CLI_CASE, expect_critic=False)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "config_name, extra, expect_critic",
+    [
+        # PPO with the critic in a group of its own (one rank on both cores, bf16 autocast) instead of the actor's
+        # ranks, on the example environment of docs/writing_an_environment.md (registered by config only)
+        ("frozenlake", ["critic.colocate=false", "critic.fsdp.num_threads=2", "critic.fsdp.mixed_precision=bf16",
+                        "es_manager.train.env_configs.tags=[GuessNumber]"], True),
+        # multi-turn GRPO on condensed per-turn rows, with StarPO-S filtering (1 of 2 groups kept) and
+        # mean_std reward normalisation: a varying row count padded to whole mini-batches on 2 FSDP ranks
+        ("frozenlake_grpo_multiturn", ["actor_rollout_ref.rollout.rollout_filter_value=0.5",
+                                       "agent_proxy.reward_normalization.method=mean_std"], False),
+        # GiGPO (anchor states hashed by the rollout) and ReMax (a greedy baseline episode per group),
+        # two steps each by config only
+        ("frozenlake_gigpo", ["trainer.total_training_steps=2"], False),
+        ("frozenlake_remax", ["trainer.total_training_steps=2"], False),
+    ],
+)
+def test_config_trains(tiny_model_path, tmp_path, module_cluster, config_name, extra, expect_critic):
+    """The shipped configs with the command line's overrides, trained in this process on one shared cluster
+    (bi-level GAE with the GSPO loss: test_rewards_e2e's align-anything config file)."""
+    train_here(config_name, tiny_model_path, tmp_path / "run", *TINY, *extra)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    check_records(records, config_name, extra, expect_critic)
+    record = records[-1]
     if config_name == "frozenlake_grpo_multiturn":
         assert record["rollout/filter_kept_ratio"] == 0.5
         rows, padding = record["perf/num_rows"], record["perf/update_actor_padding_rows"]

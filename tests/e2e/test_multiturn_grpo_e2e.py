@@ -13,15 +13,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import ray
 import torch
-from hydra import compose, initialize_config_dir
-from transformers import AutoTokenizer
 
-from agent_trainer.main import CONFIG_DIR, init_ray, prepare
 from agent_trainer.trainer import AgentTrainer
+from e2e_runs import train_here
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("module_cluster")]
 
 TINY = ["trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.progress_bar=false",
         "algorithm.multiturn_grpo.n_trajectories_per_question=2", "algorithm.multiturn_grpo.max_turns_per_trajectory=3",
@@ -42,26 +39,8 @@ class BatchRecordingTrainer(AgentTrainer):
 
 
 def train(model_path: str, run_dir, config: str, *overrides: str):
-    """Compose ``config`` with the tiny overrides, train 2 steps here; returns (trainer, history).
-
-    The first call starts the module's local cluster (``init_ray``); later calls join it.
-    """
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg, tags = prepare(compose(config, overrides=[f"model_path={model_path}",
-                                                       f"trainer.default_local_dir={run_dir}", *TINY, *overrides]))
-    init_ray(cfg)
-    trainer = BatchRecordingTrainer(cfg, AutoTokenizer.from_pretrained(model_path), tags)
-    trainer.init_workers()
-    try:
-        return trainer, trainer.fit()
-    finally:
-        trainer.shutdown()  # the workers go; the batch, the generations and the cluster stay
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_cluster():
-    yield
-    ray.shutdown()
+    """Compose ``config`` with the tiny overrides, train 2 steps here; returns (trainer, history)."""
+    return train_here(config, model_path, run_dir, *TINY, *overrides, trainer_cls=BatchRecordingTrainer)
 
 
 def check_rows(trainer) -> None:

@@ -1,9 +1,9 @@
 """Exact resume through the real command line: kill -9 a run mid-save, start the same command, compare.
 
-Run A trains 4 steps uninterrupted. Run B is the same command in another folder; it is
+Run A trains 3 steps uninterrupted. Run B is the same command in another folder; it is
 SIGKILLed (its whole process group: driver and the Ray cluster it started) while it writes
-step 3's checkpoint, after step 2's is complete. Starting the same command again resumes at
-step 3 from global_step_2 and must end where A ended.
+step 2's checkpoint, after step 1's is complete. Starting the same command again resumes at
+step 2 from global_step_1 and must end where A ended.
 
 Tolerance: exact equality. On CPU every phase is deterministic given its inputs: the engine
 samples from a seed that is a pure function of (trainer.seed, step, turn), the environments
@@ -35,7 +35,7 @@ WALL_CLOCK_PREFIX, WALL_CLOCK_SUFFIX = "timing_s/", "_per_s"
 def _command(model_path: str, run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake",
             f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
-            "trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.test_freq=0",
+            "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=0",
             "trainer.progress_bar=false", "agent_proxy.max_turn=2",
             "es_manager.train.env_groups=2", "es_manager.train.group_size=4",
             "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]", "es_manager.train.env_configs.n_groups=[1,1]",
@@ -77,21 +77,21 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
 def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_path, tmp_path):
     run_a, run_b = tmp_path / "a", tmp_path / "b"
     _run(_command(tiny_model_path, run_a))
-    _kill_during_save(_command(tiny_model_path, run_b), run_b, step=3)
-    assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "2"
+    _kill_during_save(_command(tiny_model_path, run_b), run_b, step=2)
+    assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
 
     resumed = _run(_command(tiny_model_path, run_b))
-    assert f"resumed from {run_b / 'global_step_2'}" in resumed.stdout + resumed.stderr
+    assert f"resumed from {run_b / 'global_step_1'}" in resumed.stdout + resumed.stderr
     assert not list(run_b.glob(".tmp_*"))
 
     a, b = _metrics(run_a), _metrics(run_b)
-    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
-    for step in (3, 4):
+    assert sorted(a) == sorted(b) == [1, 2, 3]
+    for step in (2, 3):
         assert a[step] == b[step], {k: (a[step][k], b[step].get(k)) for k in a[step] if a[step][k] != b[step].get(k)}
     for part in ("actor", "critic"):
-        final_a = load_file(str(run_a / "global_step_4" / part / "model.safetensors"))
-        final_b = load_file(str(run_b / "global_step_4" / part / "model.safetensors"))
+        final_a = load_file(str(run_a / "global_step_3" / part / "model.safetensors"))
+        final_b = load_file(str(run_b / "global_step_3" / part / "model.safetensors"))
         assert final_a.keys() == final_b.keys()
         assert all((final_a[k] == final_b[k]).all() for k in final_a), part
-    state = json.loads((run_b / "global_step_4" / "trainer_state.json").read_text())
-    assert state["global_step"] == 4 and state["env_resets"]["train"] == 4
+    state = json.loads((run_b / "global_step_3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3 and state["env_resets"]["train"] == 3

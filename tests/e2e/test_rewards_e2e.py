@@ -5,7 +5,8 @@
 - single-turn PPO over prompts without ground truth, scored by the tiny reward model alone;
 - FrozenLake with environment rewards plus the reward model's score of the whole conversation,
   validated after the last step: the validation episodes are scored by the reward model too;
-- FrozenLake from a config file written with align-anything's keys (config/seed_style_frozenlake.yaml).
+- FrozenLake from a config file written with align-anything's keys (config/seed_style_frozenlake.yaml), on
+  the command line (the others run in this process, on one cluster).
 The reward-model runs dump every scored text: each score equals a direct forward pass of the
 reward model on that text, and the logged rewards add up to env reward + weight x score.
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e_runs import train_here
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["trainer.test_freq=0", "ppo_mini_batch_size=8", "es_manager.train.env_groups=2",
         "es_manager.train.env_configs.n_groups=[2]", "actor_rollout_ref.rollout.response_length=16"]
@@ -27,13 +30,20 @@ ONE_ACTOR_RANK = ["actor_rollout_ref.actor.fsdp.world_size=1"]  # the reward-mod
 
 def run_cli(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str], tiny: list[str] = TINY,
             console: list[str] | None = None) -> list[dict]:
-    """One CLI run; returns its metrics records (and appends its stdout and stderr lines to ``console``)."""
+    """One command-line run; returns its metrics records (and appends its stdout and stderr lines to ``console``)."""
     cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", config_name, f"model_path={tiny_model_path}",
            f"trainer.default_local_dir={run_dir}", *tiny, *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     if console is not None:  # hydra's log handler writes to stdout, the one-line refusals to stderr
         console.extend(proc.stdout.splitlines() + proc.stderr.splitlines())
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_here(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str], tiny: list[str] = TINY,
+             ) -> list[dict]:
+    """The same run in this process, on the module's cluster; returns its metrics file's records."""
+    train_here(config_name, tiny_model_path, run_dir, *tiny, *extra)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -57,11 +67,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.e2e
-def test_single_turn_grpo_with_custom_reward_function(tiny_model_path, tmp_path):
+def test_single_turn_grpo_with_custom_reward_function(tiny_model_path, tmp_path, module_cluster):
     """2 GRPO steps over data/arith/train.jsonl; the episode rewards logged are the function's scores."""
     fn_file = tmp_path / "recording_reward.py"
     fn_file.write_text(RECORDING_FN.format(reward=str(REPO / "data/arith/reward.py")))
-    records = run_cli("arith_grpo", tmp_path / "run", tiny_model_path, [
+    records = run_here("arith_grpo", tmp_path / "run", tiny_model_path, [
         "trainer.total_training_steps=2", f"reward.custom_reward_function.path={fn_file}",
         "es_manager.format_penalty=0.0"])
     assert [r["step"] for r in records] == [1, 2]
@@ -119,10 +129,10 @@ def check_reward_model_rewards(run_dir: Path, records: list[dict], rm_path: str,
 
 
 @pytest.mark.e2e
-def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_path, tmp_path):
+def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_path, tmp_path, module_cluster):
     """2 PPO steps over TXT prompts (no ground truth): every reward is the reward model's score of the reply."""
     run_dir = tmp_path / "run"
-    records = run_cli("arith_ppo_rm", run_dir, tiny_model_path, [
+    records = run_here("arith_ppo_rm", run_dir, tiny_model_path, [
         "trainer.total_training_steps=2", *ONE_ACTOR_RANK, f"reward_model.model.path={tiny_rm_path}",
         "reward_model.dump_scores=true", "es_manager.format_penalty=0.0"])
     assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
@@ -132,7 +142,7 @@ def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_pat
 
 
 @pytest.mark.e2e
-def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_path, tmp_path):
+def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_path, tmp_path, module_cluster):
     """2 steps of FrozenLake PPO; each episode's reward is its env rewards + 0.5 x the RM's conversation score.
 
     Validated after step 2 on 2 episodes: the validation episodes get the reward model's scores too.
@@ -141,7 +151,7 @@ def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_p
     validate = [o for o in TINY if not o.startswith("trainer.test_freq=")] + [
         "trainer.test_freq=2", "trainer.val_before_train=false", "es_manager.val.env_groups=2",
         "es_manager.val.env_configs.n_groups=[2]"]
-    records = run_cli("frozenlake_rm", run_dir, tiny_model_path, [
+    records = run_here("frozenlake_rm", run_dir, tiny_model_path, [
         "trainer.total_training_steps=2", *ONE_ACTOR_RANK, f"reward_model.model.path={tiny_rm_path}",
         "reward_model.dump_scores=true", "agent_proxy.max_turn=2"], tiny=validate)
     assert [r["step"] for r in records] == [1, 2]
@@ -159,12 +169,14 @@ def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_p
 @pytest.mark.e2e
 def test_a_config_file_with_align_anything_keys_trains(tiny_model_path, tmp_path):
     """config/seed_style_frozenlake.yaml (train_cfgs / model_cfgs sections) composes, logs one notice per key,
-    and trains 2 steps with the mapped values: bi-level GAE with a critic, 4 turns; the command line wins."""
+    and trains 2 steps with the mapped values: bi-level GAE with a critic, 4 turns; the command line wins
+    (and adds the GSPO sequence-level loss)."""
     import yaml
 
     run_dir, console = tmp_path / "run", []
     records = run_cli("seed_style_frozenlake", run_dir, tiny_model_path, [
-        "trainer.total_training_steps=2", "algorithm.high_level_gamma=0.9"], console=console)
+        "trainer.total_training_steps=2", "algorithm.high_level_gamma=0.9",
+        "actor_rollout_ref.actor.policy_loss_mode=gspo"], console=console)
     notices = [line[line.index(m.group(1)):] for line in console
                if (m := re.search(r"\b((?:train|model)_cfgs\.\w+ is align-anything's name)", line))]
     assert notices == [
@@ -182,6 +194,7 @@ def test_a_config_file_with_align_anything_keys_trains(tiny_model_path, tmp_path
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["algorithm"]["bi_level_gae"] is True and saved["algorithm"]["high_level_gamma"] == 0.9
     assert saved["agent_proxy"]["max_turn"] == 4 and saved["critic"]["enable"] is True
+    assert saved["actor_rollout_ref"]["actor"]["policy_loss_mode"] == "gspo"
     assert saved["train_cfgs"] == {} and saved["model_cfgs"] == {}
     assert [r["step"] for r in records] == [1, 2]
     assert all("critic/vf_loss" in r and r["rollout/num_turns_mean"] <= 4 for r in records)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from agent_trainer.ctx_manager import ContextManager
+
 
 FAULT_TAGS = {
     # tag: env_config of envs.examples.faulty:FaultyEnv (one group per tag, so one env actor per fault)
@@ -14,6 +18,16 @@ FAULT_TAGS = {
     "FaultyMegabytes": {"fault": "megabytes", "chars": 300_000},
     "FaultySurrogates": {"fault": "surrogates"},
 }
+
+
+class EveryReplyActs(ContextManager):
+    """The default agent, except that a reply without a usable ``<answer>`` still acts (``Left``; the
+    format error is counted as usual). The faults under test are the envs': every episode must reach its
+    env's ``step`` whatever the untrained model writes, or which faults fire depends on its sampling."""
+
+    def _parse_reply(self, ctx, token_ids):
+        inp, parsed = super()._parse_reply(ctx, token_ids)
+        return (inp if inp.actions else dataclasses.replace(inp, actions=["Left"])), parsed
 
 
 def write_fault_envs(path) -> str:
@@ -34,7 +48,8 @@ def write_fault_envs(path) -> str:
 
 def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: str):
     """A small GRPO run (1 actor rank, no critic, 1 engine): one group of 2 episodes per train tag,
-    one env actor per group, validation off; returns (cfg, env_tags)."""
+    one env actor per group, validation off, every reply an action (:class:`EveryReplyActs`); returns
+    (cfg, env_tags)."""
     from hydra import compose, initialize_config_dir
 
     from agent_trainer.main import CONFIG_DIR, prepare
@@ -53,7 +68,7 @@ def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: st
             f"es_manager.val.env_configs.n_groups=[{n}]",
             f"agent_proxy.num_env_actors={n}", "agent_proxy.num_cpus_per_env_actor=0.01", "agent_proxy.max_turn=2",
             "actor_rollout_ref.actor.fsdp.world_size=1", "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.response_length=24",
+            "actor_rollout_ref.rollout.response_length=24", "agent_proxy.agent_cls=fault_runs.EveryReplyActs",
             *overrides,
         ])
     return prepare(raw)

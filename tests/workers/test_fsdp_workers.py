@@ -267,8 +267,14 @@ def test_dynamic_batch_size_gives_the_fixed_micro_batch_update(tiny_model_path, 
     assert [r.tolist() for r, _ in dynamic_plan] == [[0, 4], [1, 2, 5], [3]]
     assert [m["input_ids"].shape[1] for _, m in dynamic_plan] == [16, 12, 5]
     assert out["dynamic"][1] == pytest.approx(out["fixed"][1], rel=1e-5)
-    for key, value in out["fixed"][2].items():  # float32 sums in another order: within 1e-5 of the tensor's scale
-        assert (value - out["dynamic"][2][key]).abs().max() <= 1e-5 * value.abs().max(), key
+    # float32 sums over other shapes, in another order: measured 1-3e-7 of the whole gradient's norm; a tensor
+    # whose gradient mostly cancels keeps fewer digits of its own (up to 6e-5 of its norm, layer 1's q_proj on
+    # this machine). A mis-weighted micro-batch moves the gradient by its share of it, orders of magnitude more.
+    fixed, dynamic = out["fixed"][2], out["dynamic"][2]
+    flat = {name: torch.cat([g[k].flatten() for k in fixed]) for name, g in (("fixed", fixed), ("dynamic", dynamic))}
+    assert (flat["dynamic"] - flat["fixed"]).norm() <= 1e-5 * flat["fixed"].norm()
+    for key, value in fixed.items():
+        assert (dynamic[key] - value).norm() <= 1e-3 * value.norm(), key
 
 
 def _record_grads(worker) -> dict[str, torch.Tensor]:

@@ -1,0 +1,25 @@
+"""In-process training runs for the e2e tests: the module's first run starts a local Ray cluster
+(``init_ray``, as the command line does) and later runs join it; each run starts and kills its own
+workers. A cluster costs a start and a teardown per run on the command line; here one per module
+(the ``module_cluster`` fixture of tests/e2e/conftest.py ends it)."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from agent_trainer.main import compose_and_prepare, init_ray
+from agent_trainer.trainer import AgentTrainer
+
+
+def train_here(config_name: str, model_path: str, run_dir, *overrides: str, trainer_cls=AgentTrainer):
+    """Compose ``config_name`` with ``overrides`` as the command line would, train in this process;
+    returns (trainer, every step's metrics). The workers are gone afterwards, the cluster stays."""
+    cfg, tags = compose_and_prepare([f"model_path={model_path}", f"trainer.default_local_dir={run_dir}", *overrides],
+                                    config_name)
+    init_ray(cfg)
+    trainer = trainer_cls(cfg, AutoTokenizer.from_pretrained(model_path), tags)
+    trainer.init_workers()
+    try:
+        return trainer, trainer.fit()
+    finally:
+        trainer.shutdown()
