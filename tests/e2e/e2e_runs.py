@@ -5,6 +5,9 @@ workers. A cluster costs a start and a teardown per run on the command line; her
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from transformers import AutoTokenizer
 
 from agent_trainer.main import compose_and_prepare, init_ray
@@ -23,3 +26,8 @@ def train_here(config_name: str, model_path: str, run_dir, *overrides: str, trai
         return trainer, trainer.fit()
     finally:
         trainer.shutdown()
+
+
+def metrics_records(run_dir) -> list[dict]:
+    """Every line of ``<run_dir>/metrics.jsonl``, in file order (a repeated step stays visible)."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]

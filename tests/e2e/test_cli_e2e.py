@@ -1,6 +1,5 @@
 """The command line: hydra config, overrides, validation errors, the metrics file (real workers)."""
 
-import json
 import math
 import subprocess
 import sys
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_runs import train_here
+from e2e_runs import metrics_records, train_here
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,8 +42,7 @@ def test_entry_point_runs(tiny_model_path, tmp_path):
            f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}", *TINY, *CLI_CASE]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    check_records(records, "frozenlake_grpo", CLI_CASE, expect_critic=False)
+    check_records(metrics_records(run_dir), "frozenlake_grpo", CLI_CASE, expect_critic=False)
 
 
 @pytest.mark.e2e
@@ -69,7 +67,7 @@ def test_config_trains(tiny_model_path, tmp_path, module_cluster, config_name, e
     """The shipped configs with the command line's overrides, trained in this process on one shared cluster
     (bi-level GAE with the GSPO loss: test_rewards_e2e's align-anything config file)."""
     train_here(config_name, tiny_model_path, tmp_path / "run", *TINY, *extra)
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = metrics_records(tmp_path / "run")
     check_records(records, config_name, extra, expect_critic)
     record = records[-1]
     if config_name == "frozenlake_grpo_multiturn":

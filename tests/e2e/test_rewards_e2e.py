@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_runs import train_here
+from e2e_runs import metrics_records, train_here
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["trainer.test_freq=0", "ppo_mini_batch_size=8", "es_manager.train.env_groups=2",
@@ -37,14 +37,14 @@ def run_cli(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[s
     assert proc.returncode == 0, proc.stderr[-3000:]
     if console is not None:  # hydra's log handler writes to stdout, the one-line refusals to stderr
         console.extend(proc.stdout.splitlines() + proc.stderr.splitlines())
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metrics_records(run_dir)
 
 
 def run_here(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str], tiny: list[str] = TINY,
              ) -> list[dict]:
     """The same run in this process, on the module's cluster; returns its metrics file's records."""
     train_here(config_name, tiny_model_path, run_dir, *tiny, *extra)
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metrics_records(run_dir)
 
 
 RECORDING_FN = '''

@@ -25,9 +25,9 @@ class EveryReplyActs(ContextManager):
     format error is counted as usual). The faults under test are the envs': every episode must reach its
     env's ``step`` whatever the untrained model writes, or which faults fire depends on its sampling."""
 
-    def _parse_reply(self, ctx, token_ids):
-        inp, parsed = super()._parse_reply(ctx, token_ids)
-        return (inp if inp.actions else dataclasses.replace(inp, actions=["Left"])), parsed
+    def append_reply(self, ctx, token_ids, logprobs):
+        inp = super().append_reply(ctx, token_ids, logprobs)
+        return inp if inp.actions else dataclasses.replace(inp, actions=["Left"])
 
 
 def write_fault_envs(path) -> str:
