@@ -1,7 +1,7 @@
-"""In-process training runs for the e2e tests: the module's first run starts a local Ray cluster
-(``init_ray``, as the command line does) and later runs join it; each run starts and kills its own
-workers. A cluster costs a start and a teardown per run on the command line; here one per module
-(the ``module_cluster`` fixture of tests/e2e/conftest.py ends it)."""
+"""In-process training runs for the e2e tests (marked ``shared_cluster``): the first run starts a local
+Ray cluster (``init_ray``, as the command line does) and later runs join it; each run starts and kills
+its own workers. A cluster costs a start and a teardown per run on the command line; here one for all
+of them (tests/e2e/conftest.py orders the marked tests first and ends the cluster after them)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 from agent_trainer.agents.tool_call import ToolCallAgent
 from e2e_runs import train_here
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("module_cluster")]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 
 SMALL = ["trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.progress_bar=false",
          "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.train.env_configs.n_groups=[2]",

@@ -18,7 +18,7 @@ import torch
 from agent_trainer.trainer import AgentTrainer
 from e2e_runs import train_here
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("module_cluster")]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 
 TINY = ["trainer.total_training_steps=2", "trainer.test_freq=0", "trainer.progress_bar=false",
         "algorithm.multiturn_grpo.n_trajectories_per_question=2", "algorithm.multiturn_grpo.max_turns_per_trajectory=3",

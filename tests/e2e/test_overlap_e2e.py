@@ -19,7 +19,7 @@ import pytest
 
 from e2e_runs import train_here
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("module_cluster")]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 WALL_CLOCK = ("timing_s/", "_per_s")
 
 

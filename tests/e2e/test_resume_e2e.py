@@ -1,6 +1,6 @@
 """Exact resume through the real command line: kill -9 a run mid-save, start the same command, compare.
 
-Run A trains 3 steps uninterrupted. Run B is the same command in another folder; it is
+Run A trains 3 steps uninterrupted. Run B, started beside it, is the same command in another folder; it is
 SIGKILLed (its whole process group: driver and the Ray cluster it started) while it writes
 step 2's checkpoint, after step 1's is complete. Starting the same command again resumes at
 step 2 from global_step_1 and must end where A ended.
@@ -43,10 +43,16 @@ def _command(model_path: str, run_dir: Path) -> list[str]:
             "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3"]
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+    """Start ``cmd`` (a run and the local cluster it starts), its output to ``log``."""
+    with log.open("w") as sink:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+
+
+def _finish(proc: subprocess.Popen, log: Path) -> str:
+    """Wait for a run started by :func:`_start`; its output."""
+    assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
+    return log.read_text()
 
 
 def _kill_during_save(cmd: list[str], run_dir: Path, step: int) -> None:
@@ -75,13 +81,19 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
 
 
 def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_path, tmp_path):
+    """A runs beside B and B's resumed run (each run is deterministic whatever else shares the cores)."""
     run_a, run_b = tmp_path / "a", tmp_path / "b"
-    _run(_command(tiny_model_path, run_a))
-    _kill_during_save(_command(tiny_model_path, run_b), run_b, step=2)
-    assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
-
-    resumed = _run(_command(tiny_model_path, run_b))
-    assert f"resumed from {run_b / 'global_step_1'}" in resumed.stdout + resumed.stderr
+    proc_a = _start(_command(tiny_model_path, run_a), tmp_path / "a.log")
+    try:
+        _kill_during_save(_command(tiny_model_path, run_b), run_b, step=2)
+        assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
+        resumed_log = tmp_path / "b.resumed.log"
+        resumed = _finish(_start(_command(tiny_model_path, run_b), resumed_log), resumed_log)
+        _finish(proc_a, tmp_path / "a.log")
+    finally:
+        if proc_a.poll() is None:
+            proc_a.kill()
+    assert f"resumed from {run_b / 'global_step_1'}" in resumed
     assert not list(run_b.glob(".tmp_*"))
 
     a, b = _metrics(run_a), _metrics(run_b)

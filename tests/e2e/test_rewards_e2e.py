@@ -67,7 +67,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.e2e
-def test_single_turn_grpo_with_custom_reward_function(tiny_model_path, tmp_path, module_cluster):
+@pytest.mark.shared_cluster
+def test_single_turn_grpo_with_custom_reward_function(tiny_model_path, tmp_path):
     """2 GRPO steps over data/arith/train.jsonl; the episode rewards logged are the function's scores."""
     fn_file = tmp_path / "recording_reward.py"
     fn_file.write_text(RECORDING_FN.format(reward=str(REPO / "data/arith/reward.py")))
@@ -129,7 +130,8 @@ def check_reward_model_rewards(run_dir: Path, records: list[dict], rm_path: str,
 
 
 @pytest.mark.e2e
-def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_path, tmp_path, module_cluster):
+@pytest.mark.shared_cluster
+def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_path, tmp_path):
     """2 PPO steps over TXT prompts (no ground truth): every reward is the reward model's score of the reply."""
     run_dir = tmp_path / "run"
     records = run_here("arith_ppo_rm", run_dir, tiny_model_path, [
@@ -142,7 +144,8 @@ def test_single_turn_ppo_with_the_tiny_reward_model(tiny_model_path, tiny_rm_pat
 
 
 @pytest.mark.e2e
-def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_path, tmp_path, module_cluster):
+@pytest.mark.shared_cluster
+def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_path, tmp_path):
     """2 steps of FrozenLake PPO; each episode's reward is its env rewards + 0.5 x the RM's conversation score.
 
     Validated after step 2 on 2 episodes: the validation episodes get the reward model's scores too.
@@ -170,13 +173,17 @@ def test_frozenlake_with_env_and_reward_model_rewards(tiny_model_path, tiny_rm_p
 def test_a_config_file_with_align_anything_keys_trains(tiny_model_path, tmp_path):
     """config/seed_style_frozenlake.yaml (train_cfgs / model_cfgs sections) composes, logs one notice per key,
     and trains 2 steps with the mapped values: bi-level GAE with a critic, 4 turns; the command line wins
-    (and adds the GSPO sequence-level loss)."""
+    (and adds the GSPO sequence-level loss, and the adaptive KL-in-reward against a reference in a group of
+    its own, the policy and the reference in bf16 autocast)."""
     import yaml
 
     run_dir, console = tmp_path / "run", []
     records = run_cli("seed_style_frozenlake", run_dir, tiny_model_path, [
         "trainer.total_training_steps=2", "algorithm.high_level_gamma=0.9",
-        "actor_rollout_ref.actor.policy_loss_mode=gspo"], console=console)
+        "actor_rollout_ref.actor.policy_loss_mode=gspo", "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive", "actor_rollout_ref.ref.colocate=false",
+        "actor_rollout_ref.actor.fsdp.mixed_precision=bf16", "actor_rollout_ref.ref.fsdp.mixed_precision=bf16"],
+        console=console)
     notices = [line[line.index(m.group(1)):] for line in console
                if (m := re.search(r"\b((?:train|model)_cfgs\.\w+ is align-anything's name)", line))]
     assert notices == [
@@ -195,6 +202,9 @@ def test_a_config_file_with_align_anything_keys_trains(tiny_model_path, tmp_path
     assert saved["algorithm"]["bi_level_gae"] is True and saved["algorithm"]["high_level_gamma"] == 0.9
     assert saved["agent_proxy"]["max_turn"] == 4 and saved["critic"]["enable"] is True
     assert saved["actor_rollout_ref"]["actor"]["policy_loss_mode"] == "gspo"
+    assert saved["actor_rollout_ref"]["ref"]["colocate"] is False and saved["algorithm"]["kl_ctrl"]["type"] == "adaptive"
     assert saved["train_cfgs"] == {} and saved["model_cfgs"] == {}
     assert [r["step"] for r in records] == [1, 2]
     assert all("critic/vf_loss" in r and r["rollout/num_turns_mean"] <= 4 for r in records)
+    assert all(math.isfinite(r["actor/reward_kl_penalty"]) and r["timing_s/ref"] > 0 for r in records)
+    assert all("actor/kl_loss" not in r and r["rollout/nonfinite_dropped"] == 0 for r in records)

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from agent_trainer.main import CONFIG_DIR, init_ray, prepare
 from agent_trainer.trainer import AgentTrainer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 
 
 def _config(model_path: str, run_dir: Path, *overrides: str):
@@ -48,13 +48,15 @@ def _config(model_path: str, run_dir: Path, *overrides: str):
 def trained(tiny_model_path, tmp_path_factory):
     """Two PPO steps; yields the trainer (workers alive), its step metrics, and pre-training weights."""
     cfg, tags = _config(tiny_model_path, tmp_path_factory.mktemp("run"))
-    init_ray(cfg)
+    init_ray(cfg)  # the e2e tests' shared cluster (tests/e2e/conftest.py)
     trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags)
     trainer.init_workers()
-    before = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
-    history = trainer.fit()
-    yield trainer, history, before
-    ray.shutdown()
+    try:
+        before = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
+        history = trainer.fit()
+        yield trainer, history, before
+    finally:
+        trainer.shutdown()
 
 
 def test_two_steps_train_and_log(trained):

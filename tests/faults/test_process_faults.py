@@ -8,6 +8,7 @@ A rank is killed with SIGKILL while Ray runs its ``update_actor`` (the process t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -157,29 +158,39 @@ def _last_line(run: Run) -> str:
 # -- dead FSDP rank -----------------------------------------------------------------------------------------
 
 
-def test_a_killed_actor_rank_restarts_the_run_from_its_checkpoint_with_a_user_env(tiny_model_path, tmp_path):
-    """max_restarts=1: rank 1 dies in step 2's update; the run restarts from global_step_1 and finishes.
+def test_a_killed_actor_rank_restarts_from_its_checkpoint_then_sigint_saves_and_exits_130(tiny_model_path, tmp_path):
+    """max_restarts=1, a checkpoint every 2 steps: rank 1 dies in step 3's update; the run restarts from
+    global_step_2 and trains step 3 again, during which SIGINT ends it at the step boundary with a checkpoint
+    of step 3 (not a regular save) and exit code 130, leaving no process behind.
 
     The env is a user module outside the repository, named by import path and found via PYTHONPATH
     in every Ray worker.
     """
     mods, envs_file = _user_env(tmp_path)
     run_dir = tmp_path / "run"
-    run = Run(_args(tiny_model_path, run_dir, 2, envs_file, ("trainer.save_freq=1", "trainer.max_restarts=1")),
+    run = Run(_args(tiny_model_path, run_dir, 4, envs_file, ("trainer.save_freq=2", "trainer.max_restarts=1")),
               tmp_path / "restart.log", pythonpath=mods)
     deadline = time.monotonic() + 600
-    while not (run_dir / "global_step_1").is_dir():
+    while not (run_dir / "global_step_2").is_dir():
         assert run.proc.poll() is None and time.monotonic() < deadline, run.output()[-3000:]
         run.watch()
         time.sleep(0.05)
     run.wait_for_title("ActorWorker.update_actor").kill()
-    assert run.wait() == 0, run.output()[-4000:]
+    while "resumed from" not in run.output():  # the old ranks are dead by then; the next update is step 3's again
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.output()[-3000:]
+        run.watch()
+        time.sleep(0.05)
+    run.wait_for_title("ActorWorker.update_actor")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait(timeout=180) == 130, run.output()[-4000:]
     out = run.output()
     assert "actor rank" in out and "restart 1 of trainer.max_restarts = 1" in out, out[-3000:]
-    assert "resumed from" in out and "global_step_1" in out, out[-3000:]
-    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "2"
-    steps = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert len(steps) == 2, steps
+    assert "resumed from" in out and "global_step_2" in out, out[-3000:]
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "3"  # saved at the step boundary
+    assert (run_dir / "global_step_3" / "trainer_state.json").is_file()
+    assert not (run_dir / "global_step_4").exists()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert steps == [1, 2, 3], steps
     assert run.left_behind() == []
 
 
@@ -196,18 +207,6 @@ def test_a_killed_actor_rank_without_restarts_exits_quickly_naming_the_rank(tiny
 
 
 # -- signals on the driver --------------------------------------------------------------------------------
-
-
-def test_sigint_saves_a_checkpoint_and_exits_130_leaving_nothing(tiny_model_path, tmp_path):
-    run_dir = tmp_path / "run"
-    run = Run(_args(tiny_model_path, run_dir, 3), tmp_path / "sigint.log")
-    run.wait_for_title("ActorWorker.update_actor")
-    run.proc.send_signal(signal.SIGINT)
-    assert run.wait(timeout=180) == 130, run.output()[-3000:]
-    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "1"  # saved at the step boundary
-    assert (run_dir / "global_step_1" / "trainer_state.json").is_file()
-    assert not (run_dir / "global_step_2").exists()
-    assert run.left_behind() == []
 
 
 def test_sigkill_of_the_driver_leaves_no_process_behind(tiny_model_path, tmp_path):
