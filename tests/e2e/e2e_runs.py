@@ -6,6 +6,7 @@ of them (tests/e2e/conftest.py orders the marked tests first and ends the cluste
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -14,18 +15,25 @@ from agent_trainer.main import compose_and_prepare, init_ray
 from agent_trainer.trainer import AgentTrainer
 
 
-def train_here(config_name: str, model_path: str, run_dir, *overrides: str, trainer_cls=AgentTrainer):
-    """Compose ``config_name`` with ``overrides`` as the command line would, train in this process;
-    returns (trainer, every step's metrics). The workers are gone afterwards, the cluster stays."""
+@contextmanager
+def started(config_name: str, model_path: str, run_dir, *overrides: str, trainer_cls=AgentTrainer):
+    """Compose ``config_name`` with ``overrides`` as the command line would and start the workers in this
+    process; yields the trainer. Its workers are killed on exit, the cluster stays."""
     cfg, tags = compose_and_prepare([f"model_path={model_path}", f"trainer.default_local_dir={run_dir}", *overrides],
                                     config_name)
     init_ray(cfg)
     trainer = trainer_cls(cfg, AutoTokenizer.from_pretrained(model_path), tags)
     trainer.init_workers()
     try:
-        return trainer, trainer.fit()
+        yield trainer
     finally:
         trainer.shutdown()
+
+
+def train_here(config_name: str, model_path: str, run_dir, *overrides: str, trainer_cls=AgentTrainer):
+    """:func:`started`, then train; returns (trainer, every step's metrics). The workers are gone afterwards."""
+    with started(config_name, model_path, run_dir, *overrides, trainer_cls=trainer_cls) as trainer:
+        return trainer, trainer.fit()
 
 
 def metrics_records(run_dir) -> list[dict]:

@@ -43,10 +43,11 @@ def _command(model_path: str, run_dir: Path) -> list[str]:
             "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3"]
 
 
-def _start(cmd: list[str], log: Path) -> subprocess.Popen:
-    """Start ``cmd`` (a run and the local cluster it starts), its output to ``log``."""
+def _start(cmd: list[str], log: Path, own_session: bool = False) -> subprocess.Popen:
+    """Start ``cmd`` (a run and the local cluster it starts), its output to ``log``; ``own_session``: in a
+    session of its own, so ``os.killpg`` reaches every process of it."""
     with log.open("w") as sink:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=own_session)
 
 
 def _finish(proc: subprocess.Popen, log: Path) -> str:
@@ -58,8 +59,7 @@ def _finish(proc: subprocess.Popen, log: Path) -> str:
 def _kill_during_save(cmd: list[str], run_dir: Path, step: int) -> None:
     """Start ``cmd`` in its own session; SIGKILL the session as soon as step ``step``'s save begins."""
     log = run_dir.parent / f"{run_dir.name}.killed.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = _start(cmd, log, own_session=True)
     partial = run_dir / f".tmp_global_step_{step}"
     deadline = time.monotonic() + 900
     while not partial.exists():

@@ -42,7 +42,7 @@ def run_cli(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[s
 
 def run_here(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[str], tiny: list[str] = TINY,
              ) -> list[dict]:
-    """The same run in this process, on the module's cluster; returns its metrics file's records."""
+    """The same run in this process, on the e2e tests' shared cluster; returns its metrics file's records."""
     train_here(config_name, tiny_model_path, run_dir, *tiny, *extra)
     return metrics_records(run_dir)
 

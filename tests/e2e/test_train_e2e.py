@@ -2,61 +2,46 @@
 ranks over gloo, 1 FSDP2 critic rank, 1 vLLM (CPU build) rollout engine and 2 env actors."""
 
 import json
-from pathlib import Path
 
 import pytest
 import ray
 import torch
-from hydra import compose, initialize_config_dir
 from transformers import AutoTokenizer
 
-from agent_trainer.main import CONFIG_DIR, init_ray, prepare
-from agent_trainer.trainer import AgentTrainer
+from e2e_runs import started
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 
-
-def _config(model_path: str, run_dir: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        raw = compose("frozenlake", overrides=[
-            f"model_path={model_path}",
-            f"trainer.default_local_dir={run_dir}",
-            "trainer.total_training_steps=2",
-            "trainer.test_freq=2",
-            "trainer.val_before_train=false",
-            "trainer.progress_bar=false",
-            "es_manager.train.env_groups=2",
-            "es_manager.train.group_size=4",
-            # two tags in one config: multi-turn FrozenLake, and a Bandit whose random payout
-            # guarantees reward variance (so advantages, and therefore updates, are non-zero)
-            "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]",
-            "es_manager.train.env_configs.n_groups=[1,1]",
-            "es_manager.val.env_groups=4",
-            "es_manager.val.env_configs.n_groups=[4]",
-            "ppo_mini_batch_size=4",
-            "micro_batch_size_per_gpu=2",
-            "agent_proxy.max_turn=2",
-            "actor_rollout_ref.rollout.response_length=24",
-            "actor_rollout_ref.actor.optim.lr=1e-3",
-            "actor_rollout_ref.rollout.num_threads=2",  # not the default (auto: 1 for the tiny model)
-            *overrides,
-        ])
-    return prepare(raw)
+SMALL = [
+    "trainer.total_training_steps=2",
+    "trainer.test_freq=2",
+    "trainer.val_before_train=false",
+    "trainer.progress_bar=false",
+    "es_manager.train.env_groups=2",
+    "es_manager.train.group_size=4",
+    # two tags in one config: multi-turn FrozenLake, and a Bandit whose random payout
+    # guarantees reward variance (so advantages, and therefore updates, are non-zero)
+    "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]",
+    "es_manager.train.env_configs.n_groups=[1,1]",
+    "es_manager.val.env_groups=4",
+    "es_manager.val.env_configs.n_groups=[4]",
+    "ppo_mini_batch_size=4",
+    "micro_batch_size_per_gpu=2",
+    "agent_proxy.max_turn=2",
+    "actor_rollout_ref.rollout.response_length=24",
+    "actor_rollout_ref.actor.optim.lr=1e-3",
+    "actor_rollout_ref.rollout.num_threads=2",  # not the default (auto: 1 for the tiny model)
+]
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_model_path, tmp_path_factory):
-    """Two PPO steps; yields the trainer (workers alive), its step metrics, and pre-training weights."""
-    cfg, tags = _config(tiny_model_path, tmp_path_factory.mktemp("run"))
-    init_ray(cfg)  # the e2e tests' shared cluster (tests/e2e/conftest.py)
-    trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags)
-    trainer.init_workers()
-    try:
+    """Two PPO steps on the e2e tests' shared cluster; yields the trainer (workers alive), its step metrics,
+    and pre-training weights."""
+    with started("frozenlake", tiny_model_path, tmp_path_factory.mktemp("run"), *SMALL) as trainer:
         before = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
         history = trainer.fit()
         yield trainer, history, before
-    finally:
-        trainer.shutdown()
 
 
 def test_two_steps_train_and_log(trained):

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -126,6 +127,13 @@ class Run:
             time.sleep(0.02)
         raise AssertionError(f"no process titled {text!r} within {timeout} s")
 
+    def wait_until(self, done: Callable[[], bool], deadline: float) -> None:
+        """Watch the run until ``done()``; it must stay alive and finish before ``deadline`` (``time.monotonic()``)."""
+        while not done():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.output()[-3000:]
+            self.watch()
+            time.sleep(0.05)
+
     def wait(self, timeout: float = 600) -> int:
         """Wait for the driver, watching its processes meanwhile; returns its exit code."""
         deadline = time.monotonic() + timeout
@@ -171,15 +179,10 @@ def test_a_killed_actor_rank_restarts_from_its_checkpoint_then_sigint_saves_and_
     run = Run(_args(tiny_model_path, run_dir, 4, envs_file, ("trainer.save_freq=2", "trainer.max_restarts=1")),
               tmp_path / "restart.log", pythonpath=mods)
     deadline = time.monotonic() + 600
-    while not (run_dir / "global_step_2").is_dir():
-        assert run.proc.poll() is None and time.monotonic() < deadline, run.output()[-3000:]
-        run.watch()
-        time.sleep(0.05)
+    run.wait_until((run_dir / "global_step_2").is_dir, deadline)
     run.wait_for_title("ActorWorker.update_actor").kill()
-    while "resumed from" not in run.output():  # the old ranks are dead by then; the next update is step 3's again
-        assert run.proc.poll() is None and time.monotonic() < deadline, run.output()[-3000:]
-        run.watch()
-        time.sleep(0.05)
+    # the old ranks are dead once it resumed; the next update is step 3's again
+    run.wait_until(lambda: "resumed from" in run.output(), deadline)
     run.wait_for_title("ActorWorker.update_actor")
     run.proc.send_signal(signal.SIGINT)
     assert run.wait(timeout=180) == 130, run.output()[-4000:]
