@@ -422,7 +422,7 @@ class TrainerConfig:
     total_training_steps: int = 10
     """Training steps (one rollout + one update each)."""
     test_freq: int = 5
-    """Validate every N steps (and after the last); <= 0 disables."""
+    """Validate every N steps (and after the last); <= 0 disables (then the val split starts no env actors)."""
     val_before_train: bool = False
     """Validate once before the first step."""
     save_freq: int = -1

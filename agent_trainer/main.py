@@ -219,6 +219,22 @@ def refusal(err: BaseException, overrides: Sequence[str] = ()) -> str:
     return f"agent-trainer: {config_errors.one_line(err, config_schema(), overrides)}"
 
 
+def check_local_placement(cfg: AgentTrainerConfig) -> None:
+    """A local run whose workers need more CPUs than the cluster it would start is refused before Ray starts.
+
+    The cluster's CPUs are known in advance: ``trainer.ray_num_cpus``, else what Ray detects (the machine's, or
+    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``workers.build``), GPUs too.
+    """
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    from ray._private.utils import get_num_cpus
+
+    from workers.build import check_placement, resource_demands
+
+    cpus = cfg.trainer.ray_num_cpus if cfg.trainer.ray_num_cpus is not None else get_num_cpus()
+    check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device
+
+
 def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     """Start Ray and the workers, train; return every step's metrics."""
     from transformers import AutoTokenizer
@@ -229,8 +245,9 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts
+        check_local_placement(cfg)
         trainer = AgentTrainer(cfg, tokenizer, env_tags)
-    except ValueError as err:
+    except (ValueError, PlacementError) as err:
         raise SystemExit(refusal(err)) from None
     OmegaConf.save(OmegaConf.structured(cfg), Path(cfg.trainer.default_local_dir) / "config.yaml")
     with lifecycle.StopSignal() as stop:

@@ -564,6 +564,13 @@ METRIC_PREFIX = {"train": "rollout", "val": "val", "remax_baseline": "remax_base
 """Metric prefix of each split (the trainer reports the ReMax baseline as ``rollout/remax_baseline_*``)."""
 
 
+def trainer_splits(cfg: AgentTrainerConfig) -> tuple[str, ...]:
+    """The splits a training run plays, each with env actors of its own: train; val only when the run validates
+    (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; ReMax's baseline split."""
+    return (("train",) + (("val",) if cfg.trainer.test_freq > 0 else ())
+            + (("remax_baseline",) if cfg.algorithm.estimator() == "remax" else ()))
+
+
 def split_config(cfg: AgentTrainerConfig, split: str) -> EnvGroupsConfig:
     """The groups a split plays; remax_baseline: the training groups with one episode each."""
     if split not in SPLITS:

@@ -27,7 +27,8 @@ from agent_trainer.overlap import RolloutPrefetch
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, wait_until_ready
+from agent_trainer.rollout import (RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits,
+                                   wait_until_ready)
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
 
@@ -79,16 +80,16 @@ class AgentTrainer:
         self.rm_wg = w.reward_model
         """reward_model.enable: the RewardModelWorker group scoring every training episode (docs/rewards.md)."""
         self.rm_tokenizer = load_tokenizer(self.cfg.reward_model.model.path) if self.rm_wg is not None else None
-        splits = ("train", "val") + (("remax_baseline",) if self.cfg.algorithm.estimator() == "remax" else ())
         rollouts = {
             split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
                                         split=split, num_env_actors=self.cfg.agent_proxy.num_env_actors,
                                         on_engine_restart=self.sync_weights, agent_cls=self.agent_cls)
-            for split in splits
+            for split in trainer_splits(self.cfg)
         }
         self.rollouts = rollouts
         """Every split's rollout; their env seed counters go into checkpoints."""
-        self.train_rollout, self.val_rollout = rollouts["train"], rollouts["val"]
+        self.train_rollout, self.val_rollout = rollouts["train"], rollouts.get("val")
+        """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0, :func:`trainer_splits`)."""
         self.remax_rollout = rollouts.get("remax_baseline")
         """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
         if self.resume_from is not None:

@@ -9,7 +9,7 @@ import ray
 
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.es_manager import EnvStateManager
-from agent_trainer.rollout import split_config
+from agent_trainer.rollout import split_config, trainer_splits
 from workers.actor import ActorWorker, ReferenceWorker
 from workers.critic import CriticWorker
 from workers.worker_group import PlacementError, WorkerGroup
@@ -159,7 +159,8 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
     """Every worker the run starts: FSDP groups and engines (placement groups) and the env actors (plain actors).
 
     Env actors: one per ``agent_proxy.num_env_actors`` for each split, at most one per env group
-    (``SyncMultiTurnRollout`` shards whole groups), for the train and val splits and ReMax's baseline split.
+    (``SyncMultiTurnRollout`` shards whole groups), for each split the run plays (``trainer_splits``: train, val
+    when it validates, ReMax's baseline split).
     """
     gpus = 1.0 if device == "cuda" else 0.0
     arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
@@ -172,8 +173,7 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
         demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
     demands.append(Demand("rollout", r.num_workers, r.num_cpus_per_worker,
                           float(r.tensor_model_parallel_size) if device == "cuda" else 0.0))
-    splits = ("train", "val") + (("remax_baseline",) if cfg.algorithm.estimator() == "remax" else ())
-    for split in splits:
+    for split in trainer_splits(cfg):
         actors = min(max(1, cfg.agent_proxy.num_env_actors), split_config(cfg, split).env_groups)
         demands.append(Demand(f"env_{split}", actors, cfg.agent_proxy.num_cpus_per_env_actor))
     return demands

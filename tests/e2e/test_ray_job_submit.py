@@ -223,9 +223,10 @@ def test_submit_frozenlake_job(head_node, tiny_model_path, tmp_path):
     actors = json.loads(ray_cli(head, "list", "actors", "--address", head.dashboard_url, "--format", "json",
                                 "--limit", "1000"))
     names = {a["name"]: a["ray_namespace"] for a in actors if a.get("name")}
-    expected = {"actor_rank0", "actor_rank1", "rollout_0", "env_train_0", "env_train_1", "env_val_0", "env_val_1"}
+    expected = {"actor_rank0", "actor_rank1", "rollout_0", "env_train_0", "env_train_1"}
     assert expected <= set(names), sorted(names)
     assert "critic_rank0" not in names  # the critic trained (vf_loss above) inside the actor ranks (critic.colocate)
+    assert not any(n.startswith("env_val_") for n in names), sorted(names)  # test_freq=0: no val env actors
     namespaces = {names[n] for n in expected}
     assert len(namespaces) == 1 and namespaces.pop().startswith(f"agent_trainer.{EXPERIMENT}."), names
 

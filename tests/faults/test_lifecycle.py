@@ -59,6 +59,16 @@ def test_a_colocated_reference_or_critic_asks_for_nothing_of_its_own(tiny_model_
     assert demands == ["actor"] + ([] if colocate else ["critic", "ref"]) + ["rollout", "env_train", "env_val"]
 
 
+@pytest.mark.parametrize("overrides, env_splits", [
+    ([], ["env_train", "env_val"]),
+    (["trainer.test_freq=0"], ["env_train"]),  # never validates: no val env actors are started or asked for
+    (["trainer.test_freq=0", "algorithm.adv_estimator=remax"], ["env_train", "env_remax_baseline"]),
+])
+def test_env_actors_are_asked_for_each_split_the_run_plays(tiny_model_path, overrides, env_splits):
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", *overrides])
+    assert [d.what for d in resource_demands(cfg, "cpu") if d.what.startswith("env_")] == env_splits
+
+
 def test_gpus_are_counted_too():
     with pytest.raises(PlacementError, match="need 3 GPU but the Ray cluster has 2"):
         check_placement([Demand("actor", 2, 0.25, 1.0), Demand("rollout", 1, 0.5, 1.0)], {"CPU": 8.0, "GPU": 2.0})

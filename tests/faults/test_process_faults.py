@@ -197,36 +197,45 @@ def test_a_killed_actor_rank_restarts_from_its_checkpoint_then_sigint_saves_and_
     assert run.left_behind() == []
 
 
-def test_a_killed_actor_rank_without_restarts_exits_quickly_naming_the_rank(tiny_model_path, tmp_path):
-    run = Run(_args(tiny_model_path, tmp_path / "run", 2), tmp_path / "norestart.log")
-    victim = run.wait_for_title("ActorWorker.update_actor")
-    killed_at = time.monotonic()
-    victim.kill()
-    code = run.wait(timeout=120)
-    assert code != 0 and time.monotonic() - killed_at < 60, run.output()[-3000:]
-    line = _last_line(run)
-    assert line.startswith("agent-trainer: actor rank ") and "trainer.max_restarts" in line, line
-    assert run.left_behind() == []
+def test_a_killed_rank_without_restarts_exits_naming_it_and_a_sigkilled_driver_leaves_nothing(tiny_model_path,
+                                                                                               tmp_path):
+    """Two runs started side by side (their start-ups share the cores), each with more steps than it lives:
 
+    - max_restarts 0 (the default): a rank killed in an update ends the run within 60 s, exit code non-zero,
+      its last line naming the rank and ``trainer.max_restarts``;
+    - SIGKILL of the driver (nothing in it runs again) mid-update: the watchdog takes the local cluster down.
 
-# -- signals on the driver --------------------------------------------------------------------------------
+    Neither leaves a process behind."""
+    norestart = Run(_args(tiny_model_path, tmp_path / "norestart", 50), tmp_path / "norestart.log")
+    sigkill = Run(_args(tiny_model_path, tmp_path / "sigkill", 50), tmp_path / "sigkill.log")
+    try:
+        sigkill.wait_for_title("ActorWorker.update_actor")
+        sigkill.watch()
+        assert len(sigkill.seen) >= 5  # gcs, raylet, actor ranks, engine, env actors
+        sigkill.proc.kill()
+        sigkill.proc.wait(timeout=10)
 
-
-def test_sigkill_of_the_driver_leaves_no_process_behind(tiny_model_path, tmp_path):
-    run = Run(_args(tiny_model_path, tmp_path / "run", 3), tmp_path / "sigkill.log")
-    run.wait_for_title("ActorWorker.update_actor")
-    run.watch()
-    assert len(run.seen) >= 5  # gcs, raylet, actor ranks, engine, env actors
-    run.proc.kill()
-    run.proc.wait(timeout=10)
-    assert run.left_behind() == []
+        victim = norestart.wait_for_title("ActorWorker.update_actor")
+        killed_at = time.monotonic()
+        victim.kill()
+        code = norestart.wait(timeout=120)
+        assert code != 0 and time.monotonic() - killed_at < 60, norestart.output()[-3000:]
+        line = _last_line(norestart)
+        assert line.startswith("agent-trainer: actor rank ") and "trainer.max_restarts" in line, line
+    finally:
+        for run in (sigkill, norestart):  # a failed assertion above leaves a driver running: its watchdog ends
+            if run.proc.poll() is None:  # its cluster
+                run.proc.kill()
+        left = {"sigkill": sigkill.left_behind(), "norestart": norestart.left_behind()}
+    assert left == {"sigkill": [], "norestart": []}
 
 
 # -- refused before anything trains -----------------------------------------------------------------------
 
 
 def test_an_unsatisfiable_placement_is_refused_in_one_line(tiny_model_path, tmp_path):
-    """The reported deadlock: the placement groups take both CPUs and the env actors are never placed."""
+    """The reported deadlock: the placement groups take both CPUs and the env actors are never placed. A local
+    cluster's CPUs are known before it starts (trainer.ray_num_cpus), so the run is refused before Ray starts."""
     args = [f"model_path={tiny_model_path}", f"trainer.default_local_dir={tmp_path}/run",
             f"hydra.run.dir={tmp_path}/hydra", "critic.colocate=false", "critic.fsdp.world_size=2",
             "actor_rollout_ref.rollout.num_workers=2",
@@ -237,7 +246,8 @@ def test_an_unsatisfiable_placement_is_refused_in_one_line(tiny_model_path, tmp_
     assert line.startswith("agent-trainer: the workers need 2.4 CPU but the Ray cluster has 2 ("), line
     for demand in ("actor 2 x 0.25", "critic 2 x 0.25", "rollout 2 x 0.5", "env_train 2 x 0.1", "env_val 2 x 0.1"):
         assert demand in line, line
-    assert run.left_behind() == []
+    assert not any("raylet" in title for title in run.titles), run.titles  # a local cluster's CPUs are known: refused
+    assert run.left_behind() == []  # before Ray started
 
 
 def test_an_env_class_with_abstract_methods_is_refused_before_ray_starts(tiny_model_path, tmp_path):
