@@ -68,11 +68,16 @@ train: model $(SFT_RUN)/final/config.json
 	  trainer.val_before_train=true $(ARGS)
 	$(PY) bench/baselines.py --config-name frozenlake --sft-dir $(SFT_RUN) $(ARGS)
 
+# Two pytest-xdist workers (TEST_WORKERS=1 runs in one process): a module runs whole on one worker, the
+# shared-cluster e2e runs all on one (tests/conftest.py); on 2 cores the suite takes about 2/3 of one process's time.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
+
 test: model shellcheck chromium
-	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider $(ARGS)
+	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider $(XDIST) $(ARGS)
 
 test-fast: model shellcheck chromium
-	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(ARGS)
+	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(XDIST) $(ARGS)
 
 # Issue 12's suite (docs/benchmarks.md): results go to bench/results/<UTC stamp>/ (printed at the end).
 # ARGS="--quick" for a smoke run, "--only main,P2" for a subset, "--update-docs" (or BENCH_UPDATE_DOCS=1)

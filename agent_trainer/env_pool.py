@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 NAME_RELEASE_TIMEOUT_S = 30.0
 """How long a replacement waits for Ray to release the killed actor's name."""
+START_TIMEOUT_S = 120.0
+"""How long a call waits for its actors to finish starting (process, imports, envs built) before its own deadline
+(``es_manager.env_*_timeout_s``) begins: that deadline measures the call, not a process start on a busy machine."""
 
 
 @dataclass
@@ -62,6 +65,8 @@ class EnvActorPool:
         self._killed_for_timeout: list = []
         """Handles killed after a timeout: a concurrent call that dies with one timed out too."""
         self.actors = [self._start(i) for i in range(len(shards))]
+        self._started: set[int] = set()
+        """Actors known to have started (:meth:`_wait_started`); a replacement starts anew."""
         self.replaced = 0
         """Actors replaced after a timeout, over the pool's life."""
 
@@ -86,6 +91,7 @@ class EnvActorPool:
 
     def call(self, method: str, args_by_index: dict[int, object], timeout_s: float) -> EnvCall:
         """Call ``method`` on the given actors at once (arg None: no argument); wait at most ``timeout_s``."""
+        self._wait_started(list(args_by_index))
         called = {i: self.actors[i] for i in args_by_index}
         refs = {i: (getattr(called[i], method).remote() if arg is None
                     else getattr(called[i], method).remote(arg)) for i, arg in args_by_index.items()}
@@ -114,6 +120,14 @@ class EnvActorPool:
             logger.error("%s", call.errors[i])
         return call
 
+    def _wait_started(self, indices: list[int]) -> None:
+        """Wait at most START_TIMEOUT_S for the given actors' first start (or restart after a replacement); one
+        still starting then gets the call anyway, and its deadline."""
+        pending = {self.actors[i].__ray_ready__.remote(): i for i in indices if i not in self._started}
+        if pending:
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=START_TIMEOUT_S)
+            self._started.update(pending[ref] for ref in ready)  # a dead one too: the call reports it
+
     def replace(self, index: int, stuck=None) -> None:
         """Kill actor ``index`` (stuck: its process is ended) and start a fresh one with its name and shard.
 
@@ -128,4 +142,5 @@ class EnvActorPool:
     def _replace(self, index: int) -> None:
         ray.kill(self.actors[index], no_restart=True)
         self.actors[index] = self._start(index)
+        self._started.discard(index)
         self.replaced += 1
