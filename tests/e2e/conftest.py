@@ -4,7 +4,8 @@ A test marked ``shared_cluster`` trains through ``e2e_runs.train_here``: the fir
 local cluster as the command line does (``init_ray``) and later runs, in any module, join it. The
 marked tests run first among the e2e tests, in their modules' order (:func:`pytest_collection_modifyitems`),
 so the cluster starts once; it ends after the last of them (:func:`pytest_runtest_teardown`), before
-the command-line runs, which start clusters of their own.
+the command-line runs, which start clusters of their own. Under ``make test``'s two xdist workers every
+marked test goes to the same worker (tests/conftest.py), while the other worker runs the rest beside it.
 """
 
 from __future__ import annotations

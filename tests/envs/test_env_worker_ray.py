@@ -4,7 +4,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from agent_trainer.es_manager import EnvInput, EsManagerConfig, group_seeds, plan_episodes  # noqa: E402
+from agent_trainer.es_manager import (EnvInput, EnvStateManager, EsManagerConfig, group_seeds,  # noqa: E402
+                                      plan_episodes)
 from envs import load_env_tags  # noqa: E402
 
 
@@ -42,3 +43,29 @@ def test_two_tags_across_two_actors(ray_local):
     assert [s["env_id"] for s in states] == [0, 1, 2, 3]
     assert states[1]["penalty"] == pytest.approx(cfg.format_penalty)
     assert states[0]["metrics"]["num_actions"] in (1.0, 2.0)
+
+
+def test_a_call_deadline_starts_once_the_actor_has_started(ray_local):
+    """es_manager.env_reset_timeout_s 1 s against a 3 s start: the reset is not taken for a hung env."""
+    from agent_trainer.env_pool import EnvActorPool
+
+    class SlowStartManager(EnvStateManager):  # defined here: Ray ships it by value (tests/ is no worker package)
+        """An env state manager whose actor takes 3 s to start (a process start on a busy machine)."""
+
+        def __init__(self, *args, **kwargs):
+            import time
+
+            time.sleep(3.0)
+            super().__init__(*args, **kwargs)
+
+    cfg = EsManagerConfig.from_dict({"train": {"env_groups": 1, "group_size": 2,
+                                               "env_configs": {"tags": ["Bandit"], "n_groups": [1]}}})
+    pool = EnvActorPool(ray.remote(num_cpus=0.1)(SlowStartManager), "slowstart", [plan_episodes(cfg.train)],
+                        dict(tags=load_env_tags(), format_penalty=cfg.format_penalty, action_sep=cfg.action_sep,
+                             max_actions_per_turn=cfg.max_actions_per_turn))
+    try:
+        call = pool.call("reset", {0: dict(enumerate(group_seeds("train", 1, 0, cfg.seed)))}, timeout_s=1.0)
+        assert call.timed_out == [] and call.failed == [] and len(call.results) == 2
+        assert pool.replaced == 0
+    finally:
+        ray.kill(pool.actors[0])
