@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import defaultdict
 
 import psutil
 
@@ -28,14 +29,26 @@ def is_ray_process(cmdline: list[str]) -> bool:
 
 
 def ray_processes(driver: psutil.Process) -> list[psutil.Process]:
-    """The driver's Ray processes (gcs, raylet, dashboard, ...) and all of their descendants."""
+    """The driver's Ray processes (gcs, raylet, dashboard, ...) and all of their descendants.
+
+    One pass over the process table per call (``psutil.Process.children`` reads all of it once per process
+    asked, which cost a run's watchdog about 4% of a core with a dozen Ray processes).
+    """
+    children: dict[int, list[psutil.Process]] = defaultdict(list)
+    for proc in psutil.process_iter(["ppid"]):
+        children[proc.info["ppid"]].append(proc)
     found = []
-    for child in driver.children():
+    for child in children.get(driver.pid, []):
         try:
-            if is_ray_process(child.cmdline()):
-                found += [child, *child.children(recursive=True)]
+            if not is_ray_process(child.cmdline()):
+                continue
         except psutil.Error:
             continue
+        below = [child]
+        while below:
+            proc = below.pop()
+            found.append(proc)
+            below += children.get(proc.pid, [])
     return found
 
 
