@@ -227,11 +227,15 @@ def check_local_placement(cfg: AgentTrainerConfig) -> None:
     """
     if os.environ.get("RAY_ADDRESS"):
         return
-    from ray._private.utils import get_num_cpus
-
+    cpus = cfg.trainer.ray_num_cpus
+    if cpus is None:
+        try:
+            from ray._private.utils import get_num_cpus  # what ray.init(num_cpus=None) uses
+        except ImportError:  # another Ray version: the check after ray.init still runs
+            return
+        cpus = get_num_cpus()
     from workers.build import check_placement, resource_demands
 
-    cpus = cfg.trainer.ray_num_cpus if cfg.trainer.ray_num_cpus is not None else get_num_cpus()
     check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device
 
 
