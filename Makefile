@@ -69,7 +69,7 @@ train: model $(SFT_RUN)/final/config.json
 	$(PY) bench/baselines.py --config-name frozenlake --sft-dir $(SFT_RUN) $(ARGS)
 
 # Two pytest-xdist workers (TEST_WORKERS=1 runs in one process): a module runs whole on one worker, the
-# shared-cluster e2e runs all on one (tests/conftest.py); on 2 cores the suite takes about 2/3 of one process's time.
+# shared-cluster e2e runs all on one (tests/conftest.py); on 2 cores the suite takes 0.55-0.66 of one process's time.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
 
