@@ -50,6 +50,20 @@ class EnvCall:
     """Per failed or timed-out actor: what happened, for error messages."""
 
 
+@dataclass
+class PendingCall:
+    """A call :meth:`EnvActorPool.submit` started: collect it with :meth:`EnvActorPool.collect`."""
+
+    method: str
+    called: dict
+    """Actor index -> the handle called (a replacement later gets a new handle)."""
+    refs: dict
+    """Actor index -> the call's object ref."""
+    timeout_s: float
+    deadline: float
+    """``time.monotonic()`` past which an unfinished actor has missed the deadline."""
+
+
 class EnvActorPool:
     """``len(shards)`` env actors; actor i hosts the episodes ``shards[i]``."""
 
@@ -91,11 +105,22 @@ class EnvActorPool:
 
     def call(self, method: str, args_by_index: dict[int, object], timeout_s: float) -> EnvCall:
         """Call ``method`` on the given actors at once (arg None: no argument); wait at most ``timeout_s``."""
+        return self.collect(self.submit(method, args_by_index, timeout_s))
+
+    def submit(self, method: str, args_by_index: dict[int, object], timeout_s: float) -> PendingCall:
+        """Start the call without waiting for it; :meth:`collect` waits until ``timeout_s`` after now."""
         self._wait_started(list(args_by_index))
         called = {i: self.actors[i] for i in args_by_index}
         refs = {i: (getattr(called[i], method).remote() if arg is None
                     else getattr(called[i], method).remote(arg)) for i, arg in args_by_index.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        return PendingCall(method, called, refs, timeout_s, time.monotonic() + timeout_s)
+
+    def collect(self, pending: PendingCall) -> EnvCall:
+        """Wait for a submitted call until its deadline; replace the actors that missed it."""
+        method, called, refs = pending.method, pending.called, pending.refs
+        timeout_s = pending.timeout_s
+        remaining = max(0.0, pending.deadline - time.monotonic())
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=remaining)
         ready_set = set(ready)
         call = EnvCall()
         for i, ref in refs.items():

@@ -142,6 +142,10 @@ class EsManagerConfig:
     env_reset_timeout_s: float = 60.0
     """Seconds one env actor may take to reset its episodes; past it the actor is killed and replaced and its
     episodes are dropped from the step (metric rollout/reset_failures)."""
+    prefetch_reset: bool = True
+    """Reset the training envs for the next step as soon as a rollout is done, while the step trains, so the
+    next rollout starts with its first turn (the same group seeds; an env whose reset is slow costs nothing
+    while it is shorter than the step). false: each rollout resets its envs when it starts."""
     max_failed_reset_fraction: float = 0.5
     """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
     of a split's episodes fail to reset; below it they are dropped from the step (rollout/reset_failures)."""
@@ -256,6 +260,8 @@ class _Episode:
     last_info: dict = field(default_factory=dict)
     error: str | None = None
     truncated: bool = False
+    was_reset: bool = False
+    """False until the first reset: a restarted actor's episodes must be reset before they step."""
 
 
 class EnvStateManager:
@@ -297,7 +303,7 @@ class EnvStateManager:
         outputs = []
         for ep in self.episodes.values():
             ep.done, ep.penalty, ep.num_actions, ep.truncated = False, 0.0, 0, False
-            ep.history, ep.action_infos, ep.error = [], [], None
+            ep.history, ep.action_infos, ep.error, ep.was_reset = [], [], None, True
             ep.last_info = {"success": False, "action_is_valid": True, "action_is_effective": False}
             try:
                 ep.observation = self._observation(ep.env.reset(seed=int(seeds[ep.spec.group_id])), "reset")
@@ -331,6 +337,9 @@ class EnvStateManager:
             inp = inp if isinstance(inp, EnvInput) else EnvInput(**inp)
             if inp.env_id not in self.episodes:
                 raise ValueError(f"step: unknown env_id {inp.env_id}; this manager holds {sorted(self.episodes)}")
+            if not self.episodes[inp.env_id].was_reset:  # e.g. the actor restarted after its (prefetched) reset
+                raise RuntimeError(f"step: episode {inp.env_id} was never reset in this env actor (did it restart "
+                                   "after the reset?); its episodes end here and the next rollout resets them")
             outputs.append(self._step_one(self.episodes[inp.env_id], inp))
         return outputs
 

@@ -4,11 +4,12 @@ One call to :meth:`SyncMultiTurnRollout.rollout` plays ``env_groups x
 group_size`` episodes for up to ``agent_proxy.max_turn`` turns and returns
 one training batch plus metrics::
 
-    reset env actors (one seed per group)
+    reset env actors (one seed per group; es_manager.prefetch_reset: started as the last rollout ended)
     for turn in 1..max_turn, while any episode is active:
         prompts  <- ctx_manager: token ids of each active episode's next turn
         outputs  <- rollout engines: generate(token ids) -> token ids + logprobs
         env actors: parse <answer>, step env, reward, done
+    start the next rollout's reset (prefetch_reset), which runs while the step trains
     batch    <- ctx_manager.build_update_batch()
 
 ``actor_rollout_ref.rollout.mode=async`` plays the same turns without the barrier between
@@ -63,7 +64,7 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import EpisodeContext
-from agent_trainer.env_pool import EnvActorPool
+from agent_trainer.env_pool import EnvActorPool, PendingCall
 from agent_trainer.es_manager import EnvGroupsConfig, EnvInput, EpisodeSpec, group_seeds, plan_episodes
 from envs.registry import normalize_tags
 
@@ -145,6 +146,13 @@ class SyncMultiTurnRollout:
         self.logged_errors: set[tuple[str, str]] = set()
         """(env tag, exception type) pairs already logged with their text: each is logged once per run."""
         self.num_resets = 0
+        """Resets this split's rollouts have used (a prefetched one counts once its rollout takes it)."""
+        self.prefetch_reset = es.prefetch_reset and split == "train"
+        """Reset the env actors for the next rollout as soon as this one is done (``es_manager.prefetch_reset``)."""
+        self._pending_reset: tuple[list[int], PendingCall] | None = None
+        """The next rollout's reset, started at the end of the last one: (group seeds, the call)."""
+        self.reset_was_prefetched = False
+        """Whether the last rollout took a prefetched reset (metric ``<prefix>/reset_prefetched``)."""
         self.last_seeds: list[int] = []
         """The group seeds of the last rollout (group id -> seed), for error messages."""
         self.last_generations: dict[int, list[list[int]]] = defaultdict(list)
@@ -215,6 +223,8 @@ class SyncMultiTurnRollout:
                                   self.cfg.es_manager.env_reset_timeout_s)
         self.faults.actor_failures += len(call.failed)
         self.faults.timeouts += len(call.timed_out)
+        if self.prefetch_reset and step < self.cfg.trainer.total_training_steps:
+            self._start_next_reset()  # the env actors reset while the batch is built and the step trains
         states = [s for s in call.results if s["env_id"] in ctxs]
         played = [ctxs[k] for k in sorted(ctxs) if ctxs[k].num_turns > 0]
         if not played:
@@ -231,6 +241,7 @@ class SyncMultiTurnRollout:
         metrics.update(self.faults.metrics(prefix))
         metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
         metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
+        metrics[f"{prefix}/reset_prefetched"] = float(self.reset_was_prefetched)
         metrics.update(profiling.rollout_profile(self.cfg, self.ctx, self.turn_timings, played, prefix))
         return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
 
@@ -243,7 +254,14 @@ class SyncMultiTurnRollout:
         """
         seed_of_group = dict(enumerate(seeds))
         timeout = self.cfg.es_manager.env_reset_timeout_s
-        call = self.env_pool.call("reset", {i: seed_of_group for i in range(len(self.env_actors))}, timeout)
+        pending, self._pending_reset = self._pending_reset, None
+        self.reset_was_prefetched = pending is not None and pending[0] == list(seeds)
+        if self.reset_was_prefetched:
+            call = self.env_pool.collect(pending[1])
+        else:
+            if pending is not None:  # other seeds asked for: the prefetched reset ends before this one starts
+                self.env_pool.collect(pending[1])
+            call = self.env_pool.call("reset", {i: seed_of_group for i in range(len(self.env_actors))}, timeout)
         outputs, lost = list(call.results), dict(call.errors)
         self.faults.actor_failures += len(call.failed)
         self.faults.timeouts += len(call.timed_out)
@@ -266,6 +284,14 @@ class SyncMultiTurnRollout:
                     self.faults.tag_timeouts[self._spec(env_id).tag] += 1
         self._check_reset_failures(errors)
         return {out.env_id: self.ctx.start(out) for out in outputs if out.env_id not in errors}
+
+    def _start_next_reset(self) -> None:
+        """Start the reset of the split's next group seeds (:meth:`next_group_seeds` draws them when the next
+        rollout takes the reset, so a checkpoint saved meanwhile counts only the resets used)."""
+        seeds = group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
+        seed_of_group = dict(enumerate(seeds))
+        self._pending_reset = (seeds, self.env_pool.submit(
+            "reset", {i: seed_of_group for i in range(len(self.env_actors))}, self.cfg.es_manager.env_reset_timeout_s))
 
     def _check_reset_failures(self, errors: dict[int, str]) -> None:
         """Log failed resets once per (tag, error type); stop when too many of the split failed."""

@@ -43,6 +43,8 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
         if r["P6"].get("overlap_speedup") is not None:
             rows.append(("P6 slow-env step, one-step overlap speedup", r["P6"]["overlap_speedup"], None, True))
             rows.append(("P6 main-job step, one-step overlap speedup", r["P6"]["main_overlap_speedup"], None, True))
+        if r["P6"].get("reset_prefetch_speedup") is not None:
+            rows.append(("P6 slow-reset step, prefetched reset speedup", r["P6"]["reset_prefetch_speedup"], None, True))
     return [row for row in rows if row[1] is not None]
 
 
@@ -202,6 +204,14 @@ def _other_sections(r: dict) -> list[str]:
                         f"barrier-free step and **{fmt(p['slow_total_speedup'])}x** the turn-synchronous one. "
                         f"The main job (no latency) with overlap: step {fmt(p['main_overlap_step_s'])} s vs "
                         f"{fmt(p['step_s'])} s, **{fmt(p['main_overlap_speedup'])}x**.")
+        if p.get("reset_prefetch_speedup") is not None:
+            out += ["", "`SlowResetFrozenLake3x3` (FrozenLake3x3 whose every reset sleeps 50 ms, 16 episodes per env "
+                    "actor, instant steps): each rollout resetting its envs when it starts "
+                    "(`es_manager.prefetch_reset=false`): rollout "
+                    f"{fmt(p['slow_reset_at_start_rollout_s'])} s, step {fmt(p['slow_reset_at_start_step_s'])} s; "
+                    "the next reset started as a rollout ends, while the step trains (the default): rollout "
+                    f"{fmt(p['slow_reset_prefetched_rollout_s'])} s, step {fmt(p['slow_reset_prefetched_step_s'])} "
+                    f"s: **{fmt(p['reset_prefetch_speedup'])}x**."]
         out += [""]
     if r.get("P7"):
         rows = [[name, v["axis"], v["step_s"], v["ratio_to_base"]] for name, v in r["P7"].items()]

@@ -8,7 +8,7 @@
 Parts: main (config/frozenlake.yaml step time, working tree vs ``--ref`` in a git
 worktree), P1 rollout vs raw vLLM tokens/s, P2 GRPO step vs TRL GRPOTrainer (tiny and
 ~19M model; TRL in bench/.venv-trl), P3 weight-sync share, P4 env-actor overhead,
-P5 peak RSS of the process tree vs TRL, P6 slow env (turn-synchronous baseline),
+P5 peak RSS of the process tree vs TRL, P6 slow env (turn barrier, overlap, prefetched reset),
 P7 scaling (rows, turns, actor ranks, 19M model). Writes ``results.json``,
 ``report.md``, PNG charts and every run's log to the results folder and prints its
 path; ``docs/benchmarks.md`` and ``docs/bench/`` change only with ``--update-docs``.

@@ -41,6 +41,8 @@ the policy that sampled)."""
 GRPO_MATCHED = ["agent_proxy.max_turn=1", "ppo_mini_batch_size=32", "micro_batch_size_per_gpu=4",
                 "actor_rollout_ref.rollout.response_length=64", "actor_rollout_ref.actor.use_kl_loss=true",
                 "actor_rollout_ref.actor.kl_loss_coef=0.001"]
+SLOW_RESET_ENV = ["envs_file=bench/slow_envs.yaml", "es_manager.train.env_configs.tags=[SlowResetFrozenLake3x3]",
+                  "es_manager.val.env_configs.tags=[SlowResetFrozenLake3x3]"]
 SLOW_ENV = ["envs_file=bench/slow_envs.yaml", "es_manager.train.env_configs.tags=[SlowFrozenLake3x3]",
             "es_manager.val.env_configs.tags=[SlowFrozenLake3x3]"]
 
@@ -287,16 +289,21 @@ def p5_peak_rss(b: Bench) -> dict:
 def p6_slow_env(b: Bench) -> dict:
     """A 50-500 ms long-tailed env: the rollout with the turn barrier (rollout.mode=sync) and without it (async),
     and the same job without latency; then one-step off-policy overlap (trainer.max_off_policy_steps=1) on the
-    barrier-free slow-env job and on the main job: whole-step time with and without it."""
+    barrier-free slow-env job and on the main job: whole-step time with and without it. Last, an env whose reset
+    takes 50 ms per episode (``SlowResetFrozenLake3x3``): each rollout resetting when it starts
+    (``es_manager.prefetch_reset=false``) vs the reset prefetched while the step trains (the default)."""
     fast = b.current()
     specs = {"sync": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=sync"],
              "async": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async"],
              "async_overlap": [*SLOW_ENV, "actor_rollout_ref.rollout.mode=async", *OVERLAP],
-             "main_overlap": OVERLAP}
+             "main_overlap": OVERLAP,
+             "reset_at_start": [*SLOW_RESET_ENV, "es_manager.prefetch_reset=false"],
+             "reset_prefetched": SLOW_RESET_ENV}
     runs = {name: b.project(RunSpec(f"frozenlake_slow_env_{name}" if name != "main_overlap" else "frozenlake_overlap",
                                     steps=b.steps, code_dir=b.tree, overrides=[f"model_path={TINY}", *overrides]))
             for name, overrides in specs.items()}
     slow, free, both, main_overlap = runs["sync"], runs["async"], runs["async_overlap"], runs["main_overlap"]
+    at_start, prefetched = runs["reset_at_start"], runs["reset_prefetched"]
     return {"rollout_s": fast.phases["rollout"], "slow_rollout_s": slow.phases["rollout"],
             "rollout_slowdown": ratio(slow.phases["rollout"], fast.phases["rollout"]),
             "step_s": fast.phases["step"], "slow_step_s": slow.phases["step"],
@@ -309,7 +316,13 @@ def p6_slow_env(b: Bench) -> dict:
             "main_overlap_step_s": main_overlap.phases["step"],
             "main_overlap_speedup": ratio(fast.phases["step"], main_overlap.phases["step"]),
             "command": slow.command, "async_command": free.command, "overlap_command": both.command,
-            "main_overlap_command": main_overlap.command}
+            "main_overlap_command": main_overlap.command,
+            "slow_reset_at_start_rollout_s": at_start.phases["rollout"],
+            "slow_reset_at_start_step_s": at_start.phases["step"],
+            "slow_reset_prefetched_rollout_s": prefetched.phases["rollout"],
+            "slow_reset_prefetched_step_s": prefetched.phases["step"],
+            "reset_prefetch_speedup": ratio(at_start.phases["step"], prefetched.phases["step"]),
+            "slow_reset_command": prefetched.command}
 
 
 def p7_variants(with_20m: bool) -> dict[str, tuple[str, list[str]]]:

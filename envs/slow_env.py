@@ -1,4 +1,4 @@
-"""FrozenLake with a simulated slow backend: every ``step`` sleeps a long-tailed latency.
+"""FrozenLake with a simulated slow backend: every ``step`` sleeps a long-tailed latency (``reset`` a fixed one).
 
 A test environment for the rollout's turn barrier (issue 12, bench P6): web or
 tool environments (WebShop, search, code execution) answer in 50-500 ms with a
@@ -35,12 +35,17 @@ class SlowFrozenLakeConfig(FrozenLakeConfig):
     """Longest simulated step latency (the tail)."""
     tail_power: float = 3.0
     """Shape of the tail: 1 = log-uniform between min and max; larger = rarer slow steps."""
+    reset_latency_ms: float = 0.0
+    """Simulated time of every reset (an environment that starts a container or loads a page)."""
 
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 <= float(self.min_latency_ms) <= float(self.max_latency_ms):
             raise ValueError(f"need 0 <= min_latency_ms <= max_latency_ms, got {self.min_latency_ms!r} and "
                              f"{self.max_latency_ms!r}; e.g. min_latency_ms: 50, max_latency_ms: 500")
+        if float(self.reset_latency_ms) < 0.0:
+            raise ValueError(f"reset_latency_ms must be >= 0, got {self.reset_latency_ms!r}; "
+                             "e.g. reset_latency_ms: 500")
         if float(self.tail_power) <= 0.0:
             raise ValueError(f"tail_power must be > 0, got {self.tail_power!r}; e.g. tail_power: 3")
 
@@ -65,7 +70,8 @@ class SlowFrozenLakeEnv(FrozenLakeEnv):
         self.last_latency_ms = 0.0
 
     def reset(self, seed: int | None = None, **kwargs: Any) -> str:
-        """Reset the game and the latency draws (same seed, same delays)."""
+        """Sleep ``reset_latency_ms``, then reset the game and the latency draws (same seed, same delays)."""
+        time.sleep(float(self.config.reset_latency_ms) / 1000.0)
         self._latency_rng = random.Random(seed)
         return super().reset(seed=seed, **kwargs)
 

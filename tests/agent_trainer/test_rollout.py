@@ -6,6 +6,7 @@ model and real env actors.
 
 import dataclasses
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -116,3 +117,49 @@ def test_per_tag_budgets_and_the_greedy_baseline_split(ray_cluster, tiny_model_p
     replies = dict(baseline.last_generations)
     baseline.rollout(step=2, seeds=result.group_seeds)
     assert dict(baseline.last_generations) == replies  # greedy: the same replies whatever the step
+
+
+@pytest.mark.e2e
+def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path, tokenizer, caplog):
+    """es_manager.prefetch_reset: rollout k+1's reset starts when rollout k is done. The batches are the ones
+    a rollout that resets when it starts gives; a checkpoint counts only the resets used; an env actor that
+    restarts after its prefetched reset ends its episodes (it never reset them) instead of stepping them."""
+    import ray
+
+    from agent_trainer.es_manager import EnvStateManager
+    from agent_trainer.lifecycle import kill_actors
+    from agent_trainer.rollout import wait_until_ready
+    from workers.rollout import HFRolloutWorker
+
+    env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)  # as workers.build starts them
+    engine = ray_cluster.remote(HFRolloutWorker).options(num_cpus=0.5).remote(tiny_model_path, max_model_len=1536)
+    batches = {}
+    for prefetch in (False, True):
+        cfg = _config(f"model_path={tiny_model_path}", f"es_manager.prefetch_reset={str(prefetch).lower()}")
+        rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_worker_cls, load_env_tags(), split="train",
+                                       num_env_actors=2)
+        results = [rollout.rollout(step=1)]
+        assert rollout.num_resets == 1 and (rollout._pending_reset is not None) == prefetch
+        results.append(rollout.rollout(step=2))
+        batches[prefetch] = [r.batch for r in results]
+        assert [r.metrics["rollout/reset_prefetched"] for r in results] == [0.0, float(prefetch)]
+        if not prefetch:
+            kill_actors(rollout.env_actors)
+    for plain, prefetched in zip(batches[False], batches[True]):
+        assert sorted(plain.keys()) == sorted(prefetched.keys())
+        for key in plain.keys():
+            assert torch.equal(plain[key], prefetched[key]), key
+
+    # Env actor 0 dies after its prefetched reset finished; Ray restarts it with episodes never reset.
+    pending = rollout._pending_reset[1]
+    ray.wait(list(pending.refs.values()), num_returns=len(pending.refs), timeout=60)
+    ray.kill(rollout.env_actors[0], no_restart=False)
+    time.sleep(1.0)  # Ray notices the death ...
+    wait_until_ready(rollout.env_actors[:1], timeout_s=120)  # ... and has restarted it
+    third = rollout.rollout(step=3)
+    assert third.metrics["rollout/env_actor_failures"] == 1 and third.metrics["rollout/reset_prefetched"] == 1
+    assert "was never reset in this env actor" in caplog.text
+    fourth = rollout.rollout(step=4)  # its prefetched reset found the restarted actor
+    assert fourth.metrics["rollout/env_actor_failures"] == 0 and fourth.metrics["rollout/num_turns_mean"] > 1
+    assert rollout.num_resets == 4
+    kill_actors(rollout.env_actors)

@@ -93,6 +93,10 @@ def test_ratio_rows_and_block_from_results():
     text = report.render(r, asset_prefix="")
     assert "step 5.00 s (of which waiting for the prefetched rollout 0.20 s), **1.30x** the barrier-free" in text
     assert "step 3.30 s vs 3.00 s, **0.91x**" in text
+    r["P6"].update(slow_reset_at_start_rollout_s=1.8, slow_reset_at_start_step_s=3.4,
+                   slow_reset_prefetched_rollout_s=1.0, slow_reset_prefetched_step_s=2.7, reset_prefetch_speedup=1.26)
+    assert report.ratio_rows(r)[-1][:2] == ("P6 slow-reset step, prefetched reset speedup", 1.26)
+    assert "the step trains (the default): rollout 1.00 s, step 2.70 s: **1.26x**." in report.render(r, asset_prefix="")
 
 
 def test_opt_in_main_runs_and_p2_precisions_are_reported():
