@@ -10,7 +10,9 @@ samples from a seed that is a pure function of (trainer.seed, step, turn), the e
 are seeded by (es_manager.seed, reset count), FSDP2's gloo all-reduce sums in a fixed order,
 one torch thread per worker, and the checkpoint restores weights, Adam moments, the LR
 schedule, RNG states and env seed counters bit for bit (safetensors, JSON). Only wall-clock
-metrics (``timing_s/*`` and the ``*_per_s`` rates) may differ.
+metrics (``timing_s/*`` and the ``*_per_s`` rates) may differ, and ``rollout/reset_prefetched``:
+a resumed run's first step resets its envs itself, from the same seeds, where A's took the reset
+prefetched during step 1 (``es_manager.prefetch_reset``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 WALL_CLOCK_PREFIX, WALL_CLOCK_SUFFIX = "timing_s/", "_per_s"
-"""Metrics measured in wall-clock time (phase seconds, tokens/s, env steps/s): the only ones that may differ."""
+"""Metrics measured in wall-clock time (phase seconds, tokens/s, env steps/s): they may differ."""
+PREFETCHED = "rollout/reset_prefetched"
+"""How a step's reset ran, not what it computed: compared on its own."""
 
 
 def _command(model_path: str, run_dir: Path) -> list[str]:
@@ -76,7 +80,8 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [m["step"] for m in lines]
     assert steps == sorted(set(steps)), f"duplicate or unordered steps: {steps}"
-    exact = {k for m in lines for k in m if not (k.startswith(WALL_CLOCK_PREFIX) or k.endswith(WALL_CLOCK_SUFFIX))}
+    exact = {k for m in lines for k in m
+             if not (k.startswith(WALL_CLOCK_PREFIX) or k.endswith(WALL_CLOCK_SUFFIX) or k == PREFETCHED)}
     return {m["step"]: {k: v for k, v in m.items() if k in exact} for m in lines}
 
 
@@ -97,6 +102,9 @@ def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_pa
     assert not list(run_b.glob(".tmp_*"))
 
     a, b = _metrics(run_a), _metrics(run_b)
+    prefetched = {name: [json.loads(line)[PREFETCHED] for line in (run / "metrics.jsonl").read_text().splitlines()]
+                  for name, run in (("a", run_a), ("b", run_b))}
+    assert prefetched == {"a": [0.0, 1.0, 1.0], "b": [0.0, 0.0, 1.0]}  # B's step 2: the resumed run's first
     assert sorted(a) == sorted(b) == [1, 2, 3]
     for step in (2, 3):
         assert a[step] == b[step], {k: (a[step][k], b[step].get(k)) for k in a[step] if a[step][k] != b[step].get(k)}
