@@ -163,3 +163,35 @@ def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path,
     assert fourth.metrics["rollout/env_actor_failures"] == 0 and fourth.metrics["rollout/num_turns_mean"] > 1
     assert rollout.num_resets == 4
     kill_actors(rollout.env_actors)
+
+
+@pytest.mark.e2e
+def test_an_env_actor_killed_during_its_prefetched_reset_is_reset_again(ray_cluster, tiny_model_path, tokenizer):
+    """The actor dies while the step trains and its prefetched reset runs: the next rollout sees the failed
+    reset, waits for Ray's restart and resets it again; every episode plays."""
+    import ray
+
+    from agent_trainer.es_manager import EnvStateManager
+    from agent_trainer.lifecycle import kill_actors
+    from workers.rollout import HFRolloutWorker
+
+    tags = load_env_tags()
+    slow = dict(tags["FrozenLake3x3"].env_config, min_latency_ms=0.0, max_latency_ms=0.0, reset_latency_ms=500.0)
+    tags["SlowReset"] = dataclasses.replace(tags["FrozenLake3x3"], env_type="slow_frozen_lake", env_config=slow)
+    cfg = _config(f"model_path={tiny_model_path}", "es_manager.train.env_configs.tags=[SlowReset]",
+                  "es_manager.train.env_configs.n_groups=[3]")
+    env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)
+    engine = ray_cluster.remote(HFRolloutWorker).options(num_cpus=0.5).remote(tiny_model_path, max_model_len=1536)
+    rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_worker_cls, tags, split="train", num_env_actors=2)
+    try:
+        rollout.rollout(step=1)
+        pending = rollout._pending_reset[1]
+        time.sleep(0.3)  # actor 0 resets 4 episodes of 0.5 s: its prefetched reset is running
+        assert not ray.wait([pending.refs[0]], timeout=0)[0]
+        ray.kill(rollout.env_actors[0], no_restart=False)
+        second = rollout.rollout(step=2)
+        m = second.metrics
+        assert m["rollout/reset_prefetched"] == 1 and m["rollout/env_actor_failures"] == 1
+        assert m["rollout/reset_failures"] == 0 and len(second.batch) == 6
+    finally:
+        kill_actors(rollout.env_actors)
