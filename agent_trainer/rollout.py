@@ -169,13 +169,17 @@ class SyncMultiTurnRollout:
                               top_p=r.val_kwargs.top_p)
 
     def next_group_seeds(self) -> list[int]:
-        """The split's seeds for its next reset (``es_manager.group_seeds``)."""
+        """The split's seeds for its next reset (``es_manager.group_seeds``), counted as used."""
+        seeds = self.upcoming_group_seeds()
+        self.num_resets += 1
+        return seeds
+
+    def upcoming_group_seeds(self) -> list[int]:
+        """The seeds :meth:`next_group_seeds` returns next, without counting them (a prefetched reset's)."""
         if self.split == "remax_baseline":
             raise ValueError("the remax_baseline split replays the training groups' initial states; "
                              "call rollout(step, seeds=<the training rollout's group_seeds>)")
-        seeds = group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
-        self.num_resets += 1
-        return seeds
+        return group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
 
     @property
     def env_actors(self) -> list:
@@ -288,7 +292,7 @@ class SyncMultiTurnRollout:
     def _start_next_reset(self) -> None:
         """Start the reset of the split's next group seeds (:meth:`next_group_seeds` draws them when the next
         rollout takes the reset, so a checkpoint saved meanwhile counts only the resets used)."""
-        seeds = group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
+        seeds = self.upcoming_group_seeds()
         seed_of_group = dict(enumerate(seeds))
         self._pending_reset = (seeds, self.env_pool.submit(
             "reset", {i: seed_of_group for i in range(len(self.env_actors))}, self.cfg.es_manager.env_reset_timeout_s))
