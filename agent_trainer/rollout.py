@@ -49,7 +49,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,7 +256,6 @@ class SyncMultiTurnRollout:
         deadline was replaced and its episodes sit this rollout out. Episodes whose reset
         raised or whose actor was lost are dropped (:meth:`_check_reset_failures`).
         """
-        seed_of_group = dict(enumerate(seeds))
         timeout = self.cfg.es_manager.env_reset_timeout_s
         pending, self._pending_reset = self._pending_reset, None
         self.reset_was_prefetched = pending is not None and pending[0] == list(seeds)
@@ -265,7 +264,7 @@ class SyncMultiTurnRollout:
         else:
             if pending is not None:  # other seeds asked for: the prefetched reset ends before this one starts
                 self.env_pool.collect(pending[1])
-            call = self.env_pool.call("reset", {i: seed_of_group for i in range(len(self.env_actors))}, timeout)
+            call = self.env_pool.collect(self._submit_reset(seeds, range(len(self.env_actors))))
         outputs, lost = list(call.results), dict(call.errors)
         self.faults.actor_failures += len(call.failed)
         self.faults.timeouts += len(call.timed_out)
@@ -275,7 +274,7 @@ class SyncMultiTurnRollout:
                 wait_until_ready([self.env_actors[i] for i in call.failed], timeout_s=timeout)
             except (ActorUnavailableError, RayActorError):
                 pass  # still down: the retry below reports it and its episodes are dropped
-            retry = self.env_pool.call("reset", {i: seed_of_group for i in call.failed}, timeout)
+            retry = self.env_pool.collect(self._submit_reset(seeds, call.failed))
             outputs += retry.results
             lost = {i: text for i, text in lost.items() if i in timed_out} | retry.errors
             timed_out |= set(retry.timed_out)
@@ -293,9 +292,13 @@ class SyncMultiTurnRollout:
         """Start the reset of the split's next group seeds (:meth:`next_group_seeds` draws them when the next
         rollout takes the reset, so a checkpoint saved meanwhile counts only the resets used)."""
         seeds = self.upcoming_group_seeds()
-        seed_of_group = dict(enumerate(seeds))
-        self._pending_reset = (seeds, self.env_pool.submit(
-            "reset", {i: seed_of_group for i in range(len(self.env_actors))}, self.cfg.es_manager.env_reset_timeout_s))
+        self._pending_reset = (seeds, self._submit_reset(seeds, range(len(self.env_actors))))
+
+    def _submit_reset(self, seeds: list[int], actors: Iterable[int]) -> PendingCall:
+        """Start the reset of ``actors``' episodes, each from its group's seed; the deadline
+        (``es_manager.env_reset_timeout_s``) counts from now."""
+        seed_of_group, timeout = dict(enumerate(seeds)), self.cfg.es_manager.env_reset_timeout_s
+        return self.env_pool.submit("reset", {i: seed_of_group for i in actors}, timeout)
 
     def _check_reset_failures(self, errors: dict[int, str]) -> None:
         """Log failed resets once per (tag, error type); stop when too many of the split failed."""
