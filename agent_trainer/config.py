@@ -45,7 +45,12 @@ class ModelConfig:
     path: str = "${model_path}"
     """Hugging Face folder or hub id (any causal LM; the tiny model is just a folder)."""
     dtype: str = "float32"
-    """Parameter dtype for training and rollout: float32 | bfloat16 (bfloat16 needs a GPU or a recent CPU)."""
+    """The model's parameter dtype: float32 | bfloat16. For a trained model (actor, critic) these are the master
+    weights the optimizer updates, and its AdamW states: keep float32 and compute in bfloat16 with
+    fsdp.mixed_precision=bf16 (a bfloat16 master with an optimizer is refused unless allow_low_precision_master:
+    a 1e-6 step rounds away against bfloat16's 8 mantissa bits; float16 is refused for training, there is no
+    loss scaler). The engines' dtype is actor_rollout_ref.rollout.dtype and the reference's
+    actor_rollout_ref.ref.dtype, each defaulting to this one."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (long multi-turn sequences on GPU)."""
 
@@ -75,12 +80,24 @@ class FSDPConfig:
     num_threads: int = 1
     """torch intra-op threads per rank on CPU (several workers on 2 cores oversubscribe otherwise)."""
     mixed_precision: str = "none"
-    """none | bf16: every forward and backward of the role under torch.autocast to bfloat16 (HF Trainer's and TRL's
-    bf16=True; verl's fsdp mixed_precision with param_dtype bf16): matrix products in bfloat16; master weights,
-    gradients, their reduction, optimizer states and the losses in float32. Pays only on bfloat16 hardware (GPUs from
-    Ampere on; CPUs with AVX512-BF16 or AMX): docs/benchmarks.md measures it. The trainer's log-probs then differ from a
-    float32 engine's by about 3e-3 per token on the tiny model, against 1e-7 in float32
-    (actor/rollout_vs_actor_logprob_diff)."""
+    """none | bf16: FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on every sharded unit
+    (verl's fsdp mixed_precision): parameters are all-gathered and the forward and backward run in bfloat16; the
+    gradients are reduce-scattered in float32 into the float32 master shards, which the optimizer updates with
+    float32 states; log-probs, entropies and losses are computed in float32. A worker without a process group (a
+    unit test, a one-rank worker built without torch.distributed) falls back to torch.autocast to bfloat16 (HF
+    Trainer's bf16=True). Pays only on bfloat16 hardware (GPUs from Ampere on; CPUs with AVX512-BF16 or AMX):
+    docs/benchmarks.md measures it. The trainer's log-probs then differ from a float32 engine's by about 3e-3 per
+    token on the tiny model, against 1e-7 in float32 (actor/rollout_vs_actor_logprob_diff)."""
+    param_offload: bool = False
+    """GPU only (refused on cpu). actor / critic: move this rank's parameter shards to host memory while the engines
+    generate and back before the next forward (verl's param_offload; FSDPWorker.offload_to_cpu / reload_to_device,
+    called by the trainer around the rollout), freeing their GPU memory for colocated engines. ref: keep the frozen
+    reference's shards in pinned host memory for good (FSDP2's CPUOffloadPolicy: each unit is copied to the GPU for
+    its forward), a colocated reference too."""
+    optimizer_offload: bool = False
+    """GPU only (refused on cpu; not for the reference, which has no optimizer). Move this rank's optimizer states
+    (AdamW's two float32 moments: twice the parameters' memory) to host memory while the engines generate and back
+    before the next update (verl's optimizer_offload)."""
 
 
 @dataclass
@@ -132,6 +149,10 @@ class ActorConfig:
     actor_rollout_ref.rollout.max_model_len, so every row fits."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     fsdp: FSDPConfig = field(default_factory=lambda: FSDPConfig(world_size=2))
+    allow_low_precision_master: bool = False
+    """Train with actor_rollout_ref.model.dtype=bfloat16 master weights and AdamW states (refused otherwise: updates
+    smaller than 2^-8 of a weight round away, so small learning rates silently stop learning). Only for memory
+    experiments; fp32 master weights with fsdp.mixed_precision=bf16 cost 4 extra bytes per parameter per shard."""
 
     def clip_ratios(self) -> tuple[float, float]:
         """(low, high) clip ranges of the policy loss: each side as set, else clip_ratio, else the loss's default."""
@@ -163,7 +184,12 @@ class RefConfig:
     shard of the frozen copy too and computes ``ref_log_prob`` data-parallel over the actor's ranks, with no
     process of its own. False: a separate group of ``ref.fsdp.world_size`` ranks (its own CPUs or GPUs)."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    """The separate group's sharding (only with colocate=false: colocated, the reference uses the actor's)."""
+    """The separate group's sharding (only with colocate=false: colocated, the reference uses the actor's, except
+    fsdp.param_offload, which is the reference's own either way)."""
+    dtype: str | None = None
+    """The frozen reference's parameter dtype: float32 | bfloat16 | float16 | null (= actor_rollout_ref.model.dtype).
+    It only runs forwards, so bfloat16 halves its memory at the cost of bfloat16 rounding in ref_log_prob (the KL
+    term's reference side); with fsdp.mixed_precision=bf16 it computes in bfloat16 anyway."""
 
 
 @dataclass
@@ -206,10 +232,29 @@ class RolloutConfig:
     """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), allocated at start: it should hold the tokens of the
     largest rollout batch (2 x layers x KV heads x head dim x dtype bytes per token; the tiny model: 1 KiB);
     a smaller cache makes the engine queue sequences, a larger one only costs memory."""
+    dtype: str | None = None
+    """The engine's weights and activations dtype: float32 | bfloat16 | float16; None = actor_rollout_ref.model.dtype.
+    The weight sync casts the actor's weights to it."""
+    weight_sync: str = "auto"
+    """How the actor's weights reach the engines after each update: auto | object_store | collective | cuda_ipc.
+    auto: collective (an NCCL group of the actor's rank 0 and every engine worker) to separate GPU engines, cuda_ipc
+    (CUDA IPC handles, no copy) to engines colocated on the actor's GPUs (hybrid_engine), object_store (each bucket
+    put once into Ray's object store) on CPU. collective runs over gloo on CPU. docs/architecture.md, Weight sync."""
+    update_weights_bucket_megabytes: float = 256
+    """verl's name: the weight sync sends the weights in buckets of at most this many MiB (one tensor larger than
+    that goes alone), cast to the engine's dtype; the sync's transient memory is one FSDP unit plus one bucket."""
     gpu_memory_utilization: float = 0.5
-    """vLLM GPU memory share (GPU only)."""
+    """vLLM's share of its GPU's memory (GPU only): weights, activations and KV cache. With
+    actor_rollout_ref.hybrid_engine the rest is the FSDP rank's, while the engine is awake."""
     tensor_model_parallel_size: int = 1
-    """vLLM tensor parallelism (GPU only)."""
+    """vLLM tensor parallelism (GPU only; refused with trainer.device=cpu): each engine's Ray actor holds this many
+    GPUs in one placement-group bundle and runs vLLM's own worker processes on them
+    (distributed_executor_backend=mp). 1 with actor_rollout_ref.hybrid_engine."""
+    enable_sleep_mode: bool | None = None
+    """vLLM sleep mode (GPU only; refused on a CPU run, where vLLM has none): after each rollout the engines
+    sleep (weights to CPU RAM, KV cache freed); for the weight sync they wake their weights, then, after it,
+    their KV cache. None = on exactly when actor_rollout_ref.hybrid_engine is on and the run is on GPUs.
+    Not with trainer.max_off_policy_steps=1 (the next rollout runs while the step trains)."""
     num_cpus_per_worker: float = 0.5
     """Ray CPU accounting per engine."""
     num_threads: int = 0
@@ -235,6 +280,13 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hybrid_engine: bool = False
+    """Colocate the rollout engines with the actor's FSDP ranks (verl's key): engine i runs in actor rank i's
+    placement-group bundle and shares its GPU (half of the bundle's GPU each in Ray's accounting; the memory split is
+    rollout.gpu_memory_utilization) and its CPUs (the bundle holds the rank's and the engine's). Needs
+    rollout.num_workers <= actor.fsdp.world_size and tensor_model_parallel_size 1. On GPUs sleep mode is then on by
+    default (rollout.enable_sleep_mode), so one GPU holds training and generation in turn. false: engines get
+    placement groups of their own (their own GPUs), the layout for large clusters."""
 
 
 @dataclass
@@ -264,6 +316,9 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int | None = None
     """With use_dynamic_bsz: the same for compute_values; null = ppo_max_token_len_per_gpu."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4))
+    allow_low_precision_master: bool = False
+    """Train the critic with critic.model.dtype=bfloat16 master weights and AdamW states (refused otherwise, as for
+    actor_rollout_ref.actor.allow_low_precision_master: the critic has its own dtype, so its own key)."""
     colocate: bool = True
     """Host the critic in the actor's processes (verl's fused worker): each actor rank also holds its shard of
     the value model and its optimizer, and computes values and the critic update data-parallel over the actor's
@@ -437,13 +492,22 @@ class TrainerConfig:
     """Keep at most this many checkpoints' actor states (oldest pruned first; None keeps all)."""
     max_critic_ckpt_to_keep: int | None = None
     """Keep at most this many checkpoints' critic states (oldest pruned first; None keeps all)."""
+    save_hf_model: bool = True
+    """Also write each checkpoint's actor (and critic) as a Hugging Face folder (``global_step_N/actor`` then
+    loads with ``from_pretrained``, as ``model_path`` and in ``vllm serve``). The sharded state a resume reads
+    (each rank's own shards, ``actor/shards/``) is written either way; the HF weights are assembled from it
+    by actor rank 0, one tensor at a time, and cost a second copy of the weights on disk and the time to write
+    it. Turn it off for large models (7B: 30 GB per checkpoint in float32) and export the checkpoint you want
+    with ``python -m agent_trainer.export <global_step_N> --out DIR``. See docs/checkpointing.md."""
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     """Run directory: metrics.jsonl, tensorboard events, checkpoints."""
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     """console | jsonl | tensorboard | wandb (``pip install -e '.[wandb]'``; WANDB_MODE=offline works without
     network; a resumed run continues the same wandb run). See docs/operations.md."""
     device: str = "auto"
-    """auto | cpu | cuda. auto picks cuda when available."""
+    """auto | cpu | cuda, for every worker. auto picks cuda when the Ray cluster has GPUs (decided after ray.init,
+    from the cluster's resources: the driver, e.g. a `ray job submit` entrypoint on a GPU-less head node, needs
+    none); cuda on a cluster without GPUs is refused once joined."""
     seed: int = 0
     """Seeds everything random: python/numpy/torch on the driver and every worker rank, the rollout
     engine's sampling (reseeded from (seed, step, turn) every turn, so a resumed run samples what an
@@ -484,6 +548,12 @@ class TrainerConfig:
     save_on_signal: bool = True
     """On SIGINT/SIGTERM save a checkpoint at the next step boundary before shutting down (exit 130/143);
     false shuts down without saving. A second signal exits at once."""
+    gpu_memory_gib: float | None = None
+    """Memory of one GPU in GiB (e.g. 80 for an H100 80GB). Set, the run's memory plan (``python -m
+    agent_trainer.plan``: parameters, gradients, optimizer states, reference, critic, engine share and
+    activations per GPU and phase) is computed before ``ray.init`` from the model's config.json, and a run
+    whose peak exceeds it is refused naming the setting to turn (gradient checkpointing, offload, micro-batch,
+    more GPUs). null: no check. docs/cluster.md."""
 
 
 @dataclass

@@ -36,7 +36,7 @@ RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
 ROLLOUT_MODES = ("sync", "async")
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 MIXED_PRECISIONS = ("none", "bf16")
-"""*.fsdp.mixed_precision: float32 throughout, or torch.autocast to bfloat16 (FSDPWorker.precision)."""
+"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (workers.fsdp_base)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ _OPTIM = [("optim.lr", above(0), "1e-5"), ("optim.weight_decay", at_least(0), "0
 _FSDP = [("fsdp.world_size", at_least(1), "1"), ("fsdp.num_cpus_per_rank", at_least(0), "0.25"),
          ("fsdp.num_threads", at_least(1), "1")]
 _ROLLOUT = "actor_rollout_ref.rollout"
+WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
+"""actor_rollout_ref.rollout.weight_sync (the same tuple as workers.weight_sync.TRANSPORTS; a test keeps them equal)."""
 
 RANGES: list[tuple[str, Rule, str]] = [
     # key, rule, an example of a value that works
@@ -116,6 +118,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     (f"{_ROLLOUT}.tensor_model_parallel_size", at_least(1), "1"),
     (f"{_ROLLOUT}.num_cpus_per_worker", at_least(0), "0.5"),
     (f"{_ROLLOUT}.num_threads", at_least(0, " (0 = auto)"), "0"),
+    (f"{_ROLLOUT}.update_weights_bucket_megabytes", above(0), "256"),
     (f"{_ROLLOUT}.val_kwargs.temperature", at_least(0, " (0 = greedy)"), "0.0"),
     (f"{_ROLLOUT}.val_kwargs.top_p", between(0, 1, True, False), "1.0"),
     ("critic.ppo_epochs", at_least(1), "1"),
@@ -172,11 +175,14 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         ("actor_rollout_ref.actor.recompute_old_log_prob", cfg.actor_rollout_ref.actor.recompute_old_log_prob,
          RECOMPUTE_OLD_LOG_PROB),
         ("actor_rollout_ref.model.dtype", cfg.actor_rollout_ref.model.dtype, DTYPES),
+        ("actor_rollout_ref.rollout.dtype", cfg.actor_rollout_ref.rollout.dtype, (None, *DTYPES)),
         ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ("vllm", "hf")),
+        ("actor_rollout_ref.rollout.weight_sync", cfg.actor_rollout_ref.rollout.weight_sync, WEIGHT_SYNC_TRANSPORTS),
         ("actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES),
         ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
+        ("actor_rollout_ref.ref.dtype", cfg.actor_rollout_ref.ref.dtype, (None, *DTYPES)),
         *((f"{section}.fsdp.mixed_precision", role.fsdp.mixed_precision, MIXED_PRECISIONS) for section, role in (
             ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),
             ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref), ("critic", cfg.critic))),
@@ -210,6 +216,8 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
                              f"most); set {key}=float32 (or bfloat16 / float16 on GPUs)")
         core_algos.check_choice(key, value, allowed)
     _check_optimizers(cfg)
+    _check_precision(cfg)
+    check_offload(cfg, cfg.trainer.device)
     _check_trainer(cfg)
     _check_rollout(cfg)
     _check_estimator(cfg)
@@ -247,6 +255,49 @@ def _check_optimizers(cfg: AgentTrainerConfig) -> None:
                f"{key}.betas = {betas} must be two numbers in [0, 1); e.g. {key}.betas=[0.9,0.999]")
 
 
+def _check_precision(cfg: AgentTrainerConfig) -> None:
+    """A trained model's master weights (``*.model.dtype``, which AdamW updates in place, its states in the same
+    dtype) must be float32 unless low precision is asked for: a bfloat16 weight keeps 8 mantissa bits, so an
+    update below 2^-8 of it (lr 1e-6 on weights near 0.01-1) rounds away and the run silently stops learning;
+    float16 has no loss scaler here and is refused outright. Compute in bfloat16 with fsdp.mixed_precision=bf16."""
+    arr = cfg.actor_rollout_ref
+    actor = "actor_rollout_ref.actor"
+    trained = [("actor_rollout_ref", arr.model.dtype, arr.actor.allow_low_precision_master, actor,
+                f"{actor}.fsdp.mixed_precision=bf16 (and actor_rollout_ref.rollout.dtype=bfloat16 for the engines)")]
+    if cfg.critic_enabled:  # a colocated critic runs under the actor's fsdp keys
+        trained.append(("critic", cfg.critic.model.dtype, cfg.critic.allow_low_precision_master, "critic",
+                        f"{actor if cfg.critic.colocate else 'critic'}.fsdp.mixed_precision=bf16"))
+    for section, dtype, allowed, role, compute in trained:
+        _check(dtype != "float16",
+               f"{section}.model.dtype = 'float16' trains float16 weights without a loss scaler (gradients underflow); "
+               f"set {section}.model.dtype=float32 and compute in bfloat16 with {compute}")
+        _check(dtype != "bfloat16" or allowed,
+               f"{section}.model.dtype = 'bfloat16' makes the master weights and AdamW states bfloat16, where small "
+               f"updates round away; set {section}.model.dtype=float32 and compute in bfloat16 with "
+               f"{compute}, or {role}.allow_low_precision_master=true")
+
+
+def check_offload(cfg: AgentTrainerConfig, device: str) -> None:
+    """*.fsdp.param_offload / optimizer_offload move GPU state to host memory: refused where the run is on CPU
+    (``device``: trainer.device here; the resolved device once the cluster is known, ``auto`` skips), and the
+    reference's optimizer_offload always (it has no optimizer)."""
+    arr = cfg.actor_rollout_ref
+    ref_fsdp = arr.ref.fsdp
+    _check(not ref_fsdp.optimizer_offload,
+           "actor_rollout_ref.ref.fsdp.optimizer_offload = True has nothing to move: the reference has no optimizer; "
+           "drop it (actor_rollout_ref.ref.fsdp.param_offload keeps its weights in host memory)")
+    if device != "cpu":
+        return
+    roles = [("actor_rollout_ref.actor", arr.actor.fsdp), ("actor_rollout_ref.ref", ref_fsdp)]
+    if cfg.critic_enabled and not cfg.critic.colocate:
+        roles.append(("critic", cfg.critic.fsdp))
+    for section, fsdp in roles:
+        for key in ("param_offload", "optimizer_offload"):
+            _check(not getattr(fsdp, key),
+                   f"{section}.fsdp.{key} = True moves GPU memory to the host, but trainer.device = 'cpu' (nothing "
+                   f"to offload); set {section}.fsdp.{key}=false, or train on GPUs")
+
+
 def _check_trainer(cfg: AgentTrainerConfig) -> None:
     t = cfg.trainer
     for key in ("project_name", "experiment_name", "default_local_dir"):
@@ -266,11 +317,8 @@ def _check_trainer(cfg: AgentTrainerConfig) -> None:
     _check(t.resume_from_path is None or t.resume_mode == "resume_path",
            f"trainer.resume_from_path = {t.resume_from_path!r} is only read with trainer.resume_mode=resume_path "
            f"(got {t.resume_mode!r}); add trainer.resume_mode=resume_path or drop resume_from_path")
-    if t.device == "cuda":
-        import torch
-
-        _check(torch.cuda.is_available(), "trainer.device = 'cuda' but torch sees no CUDA device; "
-                                          "use trainer.device=auto (or cpu)")
+    # trainer.device=cuda is checked against the Ray cluster once joined (workers.build.check_device): the
+    # driver, e.g. a `ray job submit` entrypoint on a head node without GPUs, need not see one.
 
 
 def check_eval(cfg: AgentTrainerConfig) -> None:
@@ -291,8 +339,11 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
         _check(r.name == "vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
                                  f"{r.tensor_model_parallel_size} needs rollout.name=vllm (got {r.name!r}); "
                                  "set it to 1")
-        _check(_cuda_run(cfg), f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size}"
-                               " splits the engine over GPUs, and this run has none; set it to 1")
+        # trainer.device=auto: checked against the cluster's GPUs once joined (workers.build.check_device).
+        _check(cfg.trainer.device != "cpu", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
+                                            f"{r.tensor_model_parallel_size} splits the engine over GPUs, and "
+                                            "trainer.device = 'cpu'; set it to 1 (or trainer.device=cuda)")
+    _check_hybrid_engine(cfg)
     _check(r.mode != "async" or r.name == "vllm",
            f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
            "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
@@ -304,12 +355,39 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
                f"set agent_proxy.num_env_actors <= {groups}")
 
 
-def _cuda_run(cfg: AgentTrainerConfig) -> bool:
-    if cfg.trainer.device == "cpu":
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:
+    """actor_rollout_ref.hybrid_engine and rollout.enable_sleep_mode (the device itself: workers.build.check_device)."""
+    arr = cfg.actor_rollout_ref
+    r, world = arr.rollout, arr.actor.fsdp.world_size
+    if arr.hybrid_engine:
+        _check(r.tensor_model_parallel_size == 1,
+               f"actor_rollout_ref.hybrid_engine = true places one engine in each actor rank's bundle (one GPU), but "
+               f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size}; set it to 1 "
+               "or actor_rollout_ref.hybrid_engine=false")
+        _check(r.num_workers <= world,
+               f"actor_rollout_ref.hybrid_engine = true places engine i in actor rank i's bundle, but "
+               f"actor_rollout_ref.rollout.num_workers = {r.num_workers} is more than actor_rollout_ref.actor.fsdp."
+               f"world_size = {world}; set rollout.num_workers <= {world}")
+    if r.weight_sync == "cuda_ipc":
+        _check(cfg.trainer.device != "cpu" and arr.hybrid_engine and r.num_workers == 1,
+               f"actor_rollout_ref.rollout.weight_sync = 'cuda_ipc' reaches the one engine on the actor's rank-0 GPU "
+               f"(trainer.device cuda, actor_rollout_ref.hybrid_engine=true, rollout.num_workers=1; got device "
+               f"{cfg.trainer.device!r}, hybrid_engine={arr.hybrid_engine}, num_workers={r.num_workers}); use "
+               "actor_rollout_ref.rollout.weight_sync=auto or collective")
+    if r.enable_sleep_mode:
+        _check(cfg.trainer.device != "cpu",
+               "actor_rollout_ref.rollout.enable_sleep_mode = true needs GPU engines (vLLM has no sleep mode on CPU), "
+               "and trainer.device = 'cpu'; set actor_rollout_ref.rollout.enable_sleep_mode=false (or null)")
+        _check(cfg.trainer.max_off_policy_steps == 0,
+               "actor_rollout_ref.rollout.enable_sleep_mode = true puts the engines to sleep while the step trains, "
+               f"but trainer.max_off_policy_steps = {cfg.trainer.max_off_policy_steps} generates the next rollout "
+               "then; set trainer.max_off_policy_steps=0 or actor_rollout_ref.rollout.enable_sleep_mode=false")
+    elif r.enable_sleep_mode is None and arr.hybrid_engine and cfg.trainer.device == "cuda":  # auto: once joined
+        _check(cfg.trainer.max_off_policy_steps == 0,
+               "actor_rollout_ref.hybrid_engine = true on GPUs turns sleep mode on (rollout.enable_sleep_mode=null), "
+               f"which trainer.max_off_policy_steps = {cfg.trainer.max_off_policy_steps} cannot overlap with; set "
+               "trainer.max_off_policy_steps=0, or actor_rollout_ref.rollout.enable_sleep_mode=false to keep both "
+               "awake")
 
 
 def _check_estimator(cfg: AgentTrainerConfig) -> None:
@@ -456,6 +534,8 @@ def _check_colocated(cfg: AgentTrainerConfig) -> None:
         if not (enabled and role.colocate):
             continue
         for key, default in vars(FSDPConfig()).items():
+            if section == "actor_rollout_ref.ref" and key == "param_offload":
+                continue  # the reference's own host-memory shards, colocated or not
             value = getattr(role.fsdp, key)
             _check(value == default,
                    f"{section}.fsdp.{key} = {value} has no effect: {section}.colocate=true hosts it in the actor's "

@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import compat, config_errors, run_logs
+from agent_trainer import compat, config_errors, memory_plan, run_logs
 from agent_trainer.config import AgentTrainerConfig, config_schema, load_config
 from agent_trainer.datasets import check_datasets, dataset_env_tags
 
@@ -189,6 +189,7 @@ def prepare(raw_cfg: DictConfig | dict, overrides: Sequence[str] = ()) -> tuple[
     env_tags = load_envs_file(cfg.envs_file)
     env_tags.update(dataset_env_tags(cfg))  # data.train_files / val_files as prompt_dataset tags
     check_inputs(cfg, env_tags)
+    memory_plan.check_config(cfg)  # trainer.gpu_memory_gib: the per-GPU memory plan (docs/cluster.md)
     if cfg.data.train_files:
         from transformers import AutoTokenizer
 

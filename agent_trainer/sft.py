@@ -346,13 +346,11 @@ class SFTTrainer:
             metrics.update(self.val_rollout.rollout(self.global_step).metrics)
         return metrics
 
-    def sync_weights(self) -> None:
-        """Ship the actor's full weights to every engine (as ``AgentTrainer.sync_weights``)."""
-        import ray
+    def sync_weights(self) -> float:
+        """Ship the actor's weights to every engine (``workers.weight_sync.sync_weights``, as RL does)."""
+        from workers.weight_sync import sync_plan, sync_weights
 
-        refs = self.actor_wg.execute_all_async("full_state_dict")
-        ray.get(refs[1:])
-        ray.get([e.update_weights.remote(refs[0]) for e in self.engines])
+        return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))
 
     def save_checkpoint(self, metrics: dict[str, float]) -> Path:
         """``global_step_N/actor``: the worker's HF folder plus the tokenizer; ``<run dir>/final`` links it."""

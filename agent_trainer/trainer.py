@@ -19,16 +19,16 @@ from pathlib import Path
 
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import RayActorError
 from tqdm import tqdm
 
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
+from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.overlap import RolloutPrefetch
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.rollout import (RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits,
-                                   wait_until_ready)
+from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
 
@@ -68,22 +68,27 @@ class AgentTrainer:
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
         self.prefetch: RolloutPrefetch[RolloutResult] = RolloutPrefetch()
         """trainer.max_off_policy_steps 1: the next step's experience, generated while this step trains."""
+        self.memory = ColocatedMemory([], None, sleep=False, offload=False)
+        """Engine sleep/wake and actor offload around the rollout (actor_rollout_ref.hybrid_engine on GPUs);
+        inactive until the workers start, and on CPU."""
 
     # -- set-up --------------------------------------------------------------------------
     def init_workers(self) -> None:
         """Start every worker group and load the models (collectively where sharded)."""
-        from workers.build import build_workers  # heavy imports (FSDP, vLLM) stay out of agent_trainer
+        from workers.build import actor_offloads, build_workers  # heavy imports (FSDP, vLLM) stay out of agent_trainer
 
         w = build_workers(self.cfg)
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
         self.engine_group = w.engine_group
+        self.memory = ColocatedMemory(w.engines, w.actor, sleep=w.sleep_mode,
+                                      offload=w.device == "cuda" and actor_offloads(self.cfg))
         self.rm_wg = w.reward_model
         """reward_model.enable: the RewardModelWorker group scoring every training episode (docs/rewards.md)."""
         self.rm_tokenizer = load_tokenizer(self.cfg.reward_model.model.path) if self.rm_wg is not None else None
         rollouts = {
             split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
                                         split=split, num_env_actors=self.cfg.agent_proxy.num_env_actors,
-                                        on_engine_restart=self.sync_weights, agent_cls=self.agent_cls)
+                                        on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls)
             for split in trainer_splits(self.cfg)
         }
         self.rollouts = rollouts
@@ -95,7 +100,7 @@ class AgentTrainer:
         if self.resume_from is not None:
             self.load_checkpoint(self.resume_from)
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
-        self.sync_weights()
+        self.memory.to_rollout(self.sync_weights)
 
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
@@ -180,7 +185,7 @@ class AgentTrainer:
                     metrics.update(self.validate())
             saved = cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last)
             if saved:
-                with timer("save", metrics):
+                with timer("save", metrics), self.memory.training():
                     self.save_checkpoint(metrics)
             self.tracking.log(metrics, step=step)
             history.append(metrics)
@@ -192,7 +197,8 @@ class AgentTrainer:
     def stop_after_step(self, signum: int, saved: bool) -> None:
         """A signal arrived during the step that just ended: save (unless this step was saved), then stop."""
         if self.cfg.trainer.save_on_signal and not saved:
-            path = self.save_checkpoint()
+            with self.memory.training():
+                path = self.save_checkpoint()
             logger.warning("saved %s before stopping; the same command continues from it", path)
         self.tracking.close()
         raise lifecycle.Interrupted(signum)
@@ -207,6 +213,9 @@ class AgentTrainer:
         with timer("step", metrics):
             result = self.prefetch.take(self.global_step) or self.collect(self.global_step)
             metrics.update(result.metrics)
+            if self.memory.active:
+                with timer("engine_sleep", metrics):  # the GPU goes back to the trainer (agent_trainer.colocation)
+                    self.memory.to_training()
             self.start_prefetch()
             with timer("shape", metrics):
                 batch = self.shape(result.batch, metrics)
@@ -230,8 +239,8 @@ class AgentTrainer:
             if self.prefetch.pending is not None:
                 with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
                     self.prefetch.wait()
-            with timer("sync", metrics):
-                self.sync_weights()
+            with timer("sync", metrics):  # with colocated engines: wake weights, sync, offload actor, wake KV cache
+                self.memory.to_rollout(self.sync_weights)
         metrics.update(batch_metrics(batch, metrics["timing_s/step"]))
         self.tracking.record_step(self.global_step, result, batch, metrics)  # rates, trajectories
         return metrics
@@ -368,27 +377,22 @@ class AgentTrainer:
                 "every reward was finite after the rollout, so look at the critic's values, the KL-in-reward term "
                 "and the estimator's inputs")
 
-    def sync_weights(self) -> float:
-        """Ship the actor's full weights to every engine; returns the reload seconds of engine 0.
+    def resync_restarted_engine(self) -> float:
+        """The rollout's ``on_engine_restart``: a restarted engine takes the actor's weights (the actor's state
+        comes back to its device for the gather when it was offloaded)."""
+        return self.memory.resync(self.sync_weights)
 
-        Every actor rank takes part in the all-gather; rank 0's state dict
-        travels through the object store straight to the engines.
-        An engine that dies while loading (or is found dead) is restarted by Ray from the
-        checkpoint on disk: the sync waits for it and sends the weights once more; a second
-        failure raises with Ray's error.
+    def sync_weights(self) -> float:
+        """Ship the actor's weights to every engine, bucket by bucket; returns engine 0's reload seconds.
+
+        ``workers.weight_sync.sync_weights`` (shared with SFT): every actor rank takes part in the per-unit
+        all-gathers, rank 0 sends (object store, collective group or CUDA IPC: ``rollout.weight_sync``). An
+        engine that dies while loading (or is found dead) is restarted by Ray from the checkpoint on disk: the
+        sync waits for it and sends the weights once more; a second failure raises with Ray's error.
         """
-        refs = self.actor_wg.execute_all_async("full_state_dict")
-        ray.get(refs[1:])
-        try:
-            return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
-        except (RayActorError, ActorUnavailableError) as err:
-            logger.error("rollout engine failed during weight sync (%s); waiting for its restart to resend", err)
-            wait_until_ready(self.engines)
-        try:
-            return ray.get([e.update_weights.remote(refs[0]) for e in self.engines])[0]
-        except (RayActorError, ActorUnavailableError) as err:
-            raise RuntimeError(f"a rollout engine failed twice while loading the actor's weights ({err}); see its "
-                               "log above (Ray restarts an engine at most twice)") from err
+        from workers.weight_sync import sync_plan, sync_weights
+
+        return sync_weights(self.actor_wg, self.engines, sync_plan(self.cfg))
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on the held-out validation seeds, scored by the reward model when it is on."""
@@ -400,18 +404,20 @@ class AgentTrainer:
     def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
         """Save everything a resume needs into ``global_step_N/``, atomically; return that folder.
 
-        Actor and critic ranks write their parts concurrently into a temporary folder; the
-        driver adds the tokenizer (the actor folder is an HF model), the resolved config and
-        ``trainer_state.json``, then renames the folder into place and updates
-        ``latest_checkpointed_iteration.txt`` (``agent_trainer.checkpoint``). ``metrics``
-        (this step's) are kept so a resume can re-log them if the run died before logging.
+        Actor and critic ranks write their shards concurrently into a temporary folder (and,
+        with ``trainer.save_hf_model``, rank 0 of each the HF weights); the driver adds the
+        tokenizer, the resolved config and ``trainer_state.json``, then renames the folder into
+        place and updates ``latest_checkpointed_iteration.txt`` (``agent_trainer.checkpoint``).
+        ``metrics`` (this step's) are kept so a resume can re-log them if the run died before logging.
         """
         from omegaconf import OmegaConf
 
         tmp = checkpoint.begin_save(self.run_dir, self.global_step)
         groups = {"actor": self.actor_wg, "critic": self.critic_wg}
+        hf_model = self.cfg.trainer.save_hf_model
         ray.get([ref for part in self.checkpoint_parts
-                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part), role=part)])
+                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part), role=part,
+                                                           hf_model=hf_model)])
         self.tokenizer.save_pretrained(str(tmp / "actor"))
         OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "config.yaml")
         checkpoint.TrainerState(

@@ -15,7 +15,7 @@ import dataclasses
 from collections import defaultdict
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
@@ -26,12 +26,28 @@ from workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, TargetLogits, 
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
-    """Load any Hugging Face causal LM from ``model.path`` (the tiny model is just a folder)."""
+    """Load any Hugging Face causal LM from ``model.path`` (the tiny model is just a folder), unsharded."""
     lm = AutoModelForCausalLM.from_pretrained(model.path, dtype=DTYPES[model.dtype])
-    if model.enable_gradient_checkpointing:
-        lm.gradient_checkpointing_enable()
-    lm.config.use_cache = False
+    _prepare_causal_lm(model)(lm)
     return lm
+
+
+def _prepare_causal_lm(model: ModelConfig):
+    """What every causal LM of a role gets before sharding: gradient checkpointing as configured, no KV cache."""
+    def prepare(lm: torch.nn.Module) -> None:
+        if model.enable_gradient_checkpointing:
+            lm.gradient_checkpointing_enable()
+        lm.config.use_cache = False
+    return prepare
+
+
+def sharded_causal_lm(worker: FSDPWorker, model: ModelConfig, dtype: str | None = None, *,
+                      cpu_offload: bool = False) -> torch.nn.Module:
+    """``model.path``'s causal LM sharded on ``worker``'s ranks (:meth:`FSDPWorker.load_pretrained`: meta-device
+    build, rank 0 reads, broadcast into the shards), in ``dtype`` (None: ``model.dtype``)."""
+    config = AutoConfig.from_pretrained(model.path)
+    return worker.load_pretrained(AutoModelForCausalLM, model.path, config, dtype=dtype or model.dtype,
+                                  prepare=_prepare_causal_lm(model), cpu_offload=cpu_offload)
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:
@@ -49,12 +65,16 @@ class ReferenceWorker(FSDPWorker):
                  seed: int = 0):
         super().__init__(rank=rank, world_size=world_size, fsdp=ref.fsdp, device=device, seed=seed)
         self.model_config = model
+        self.ref_config = ref
         self.ref_model: torch.nn.Module | None = None
         self.ref_batching = ref_batching(ref)
 
     def init_model(self) -> None:
-        """Load and shard the model (every rank, concurrently)."""
-        self.model = self.ref_model = frozen(self.shard_model(load_causal_lm(self.model_config)))
+        """Load and shard the model (every rank, concurrently) in ``ref.dtype``, its shards in host memory with
+        ``ref.fsdp.param_offload`` (FSDP2's ``CPUOffloadPolicy``; GPU only)."""
+        self.model = self.ref_model = frozen(sharded_causal_lm(
+            self, self.model_config, self.ref_config.dtype,
+            cpu_offload=self.ref_config.fsdp.param_offload))
 
     def _log_probs(self, batch: TensorBatch, model: torch.nn.Module, batching: MicroBatching) -> torch.Tensor:
         """Log-probs [B, T] of ``batch``'s generated tokens (``response_mask``; 0 elsewhere) under ``model``
@@ -100,6 +120,10 @@ class ActorWorker(ReferenceWorker):
                                       actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
         self.policy_loss_fn = core_algos.get_policy_loss_fn(actor.policy_loss_mode)
         self.ref_model = None
+        self.ref_config = ref
+        if ref is not None and ref.fsdp.param_offload and self.device.type == "cpu":
+            raise ValueError(f"actor_rollout_ref.ref.fsdp.param_offload = True keeps the reference in host memory "
+                             f"for a GPU, but this worker runs on {self.device}; set it to false or run on GPUs")
         self.ref_batching = ref_batching(ref) if ref is not None else None
         self.hosts_ref = ref is not None
         self.critic = None if critic is None else CriticWorker(
@@ -108,11 +132,13 @@ class ActorWorker(ReferenceWorker):
         """The colocated critic (composition: the critic's own worker class, in this process), else None."""
 
     def init_model(self) -> None:
-        """Load, shard, and build the optimizer (every rank, concurrently); the frozen reference too when hosted."""
-        self.model = self.shard_model(load_causal_lm(self.model_config))
+        """Load, shard, and build the optimizer (every rank, concurrently); the frozen reference too when hosted
+        (in ``ref.dtype``, its shards in host memory with ``ref.fsdp.param_offload``)."""
+        self.model = sharded_causal_lm(self, self.model_config)
         self.build_optimizer(self.config.optim)
         if self.hosts_ref:  # its own copy from model_path: the policy's weights move, the reference's never do
-            self.ref_model = frozen(self.shard_model(load_causal_lm(self.model_config)))
+            self.ref_model = frozen(sharded_causal_lm(self, self.model_config, self.ref_config.dtype,
+                                                      cpu_offload=self.ref_config.fsdp.param_offload))
         if self.critic is not None:
             self.critic.init_model()
 
@@ -124,11 +150,12 @@ class ActorWorker(ReferenceWorker):
         """The colocated critic's update (``CriticWorker.update_critic``)."""
         return self._hosted_critic().update_critic(batch)
 
-    def save_checkpoint(self, path: str, role: str = "actor") -> None:
-        """The policy's state (``FSDPWorker.save_checkpoint``), or the colocated critic's with role ``critic``."""
+    def save_checkpoint(self, path: str, role: str = "actor", **options) -> None:
+        """The policy's state (``FSDPWorker.save_checkpoint``, ``options`` passed on), or the colocated critic's with
+        role ``critic``."""
         if role == "critic":
-            return self._hosted_critic().save_checkpoint(path)
-        return super().save_checkpoint(path)
+            return self._hosted_critic().save_checkpoint(path, **options)
+        return super().save_checkpoint(path, **options)
 
     def load_checkpoint(self, path: str, role: str = "actor") -> None:
         """Restore what :meth:`save_checkpoint` wrote for ``role``."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config_checks import check_offload
 from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.rollout import split_config, trainer_splits
 from workers.actor import ActorWorker, ReferenceWorker
@@ -32,33 +34,85 @@ class Workers:
     """The ``ray.remote`` env-state manager class (the rollout starts and names its own env actors)."""
     reward_model: WorkerGroup | None = None
     """The reward-model group (``reward_model.enable``), else None."""
+    device: str = "cpu"
+    """``trainer.device`` resolved against the cluster: cpu | cuda."""
+    sleep_mode: bool = False
+    """The engines were created with vLLM's sleep mode (:func:`sleep_mode_on`): the fit loop puts them to sleep."""
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` becomes ``cuda`` when the Ray cluster has GPUs, else ``cpu``."""
+def resolve_device(device: str, cluster: dict[str, float] | None = None) -> str:
+    """``auto`` becomes ``cuda`` when the Ray cluster has GPUs, else ``cpu`` (``cluster``: its resources, default
+    ``ray.cluster_resources()``). The decision is the cluster's, never the driver's own CUDA visibility."""
     if device == "auto":
-        return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+        cluster = ray.cluster_resources() if cluster is None else cluster
+        return "cuda" if cluster.get("GPU", 0) > 0 else "cpu"
     return device
+
+
+def sleep_mode_on(cfg: AgentTrainerConfig, device: str) -> bool:
+    """``actor_rollout_ref.rollout.enable_sleep_mode`` resolved: as set, else on for a colocated GPU run."""
+    arr = cfg.actor_rollout_ref
+    if arr.rollout.enable_sleep_mode is not None:
+        return bool(arr.rollout.enable_sleep_mode)
+    return arr.hybrid_engine and device == "cuda"
+
+
+HYBRID_ENGINE_GPU_SHARE = 0.5
+"""Ray's accounting of a colocated bundle's GPU: half for the FSDP rank, half for the engine (the real memory split is
+``rollout.gpu_memory_utilization`` and sleep mode; Ray only needs both processes to fit the one bundle)."""
+
+
+def check_device(cfg: AgentTrainerConfig, device: str, cluster: dict[str, float]) -> None:
+    """The rules that need the resolved device (``trainer.device`` against the cluster's resources), each one line.
+
+    Runs once Ray is joined: a cuda run on a cluster without GPUs, tensor parallelism or sleep mode on CPU engines.
+    """
+    r = cfg.actor_rollout_ref.rollout
+    if device == "cuda" and cluster.get("GPU", 0) <= 0:
+        raise PlacementError(f"trainer.device = 'cuda' but the Ray cluster has no GPUs ({cluster.get('CPU', 0):g} "
+                             "CPU, 0 GPU); join a cluster with GPU nodes (RAY_ADDRESS) or set trainer.device=auto")
+    if device == "cpu" and r.tensor_model_parallel_size > 1:
+        raise PlacementError(f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size} "
+                             "splits the engine over GPUs, and the Ray cluster has none (trainer.device resolved to "
+                             "cpu); set it to 1")
+    if device == "cpu" and r.enable_sleep_mode:
+        raise PlacementError("actor_rollout_ref.rollout.enable_sleep_mode = true needs GPU engines, and the Ray "
+                             "cluster has no GPUs (trainer.device resolved to cpu); set it to false (or null)")
+    try:  # *.fsdp.param_offload / optimizer_offload on a run that resolved to CPU
+        check_offload(cfg, device)
+    except ValueError as err:
+        raise PlacementError(str(err)) from None
+    if sleep_mode_on(cfg, device) and cfg.trainer.max_off_policy_steps:
+        raise PlacementError("actor_rollout_ref.rollout.enable_sleep_mode (on with hybrid_engine on GPUs) puts the "
+                             "engines to sleep while the step trains, but trainer.max_off_policy_steps = "
+                             f"{cfg.trainer.max_off_policy_steps} generates the next rollout then; set "
+                             "trainer.max_off_policy_steps=0 or actor_rollout_ref.rollout.enable_sleep_mode=false")
 
 
 def build_workers(cfg: AgentTrainerConfig) -> Workers:
     """Start the actor, critic, reference and rollout groups and load their models.
 
-    On GPU every FSDP rank takes one GPU and every engine
-    ``tensor_model_parallel_size`` GPUs (engines are not colocated with the FSDP ranks yet; the
-    reference and the critic are, by default: ``actor_rollout_ref.ref.colocate``, ``critic.colocate``).
+    On GPU every FSDP rank takes one GPU and every engine ``tensor_model_parallel_size`` GPUs, or, with
+    ``actor_rollout_ref.hybrid_engine``, engine i shares actor rank i's GPU (and bundle). The reference and the
+    critic are colocated with the actor by default (``actor_rollout_ref.ref.colocate``, ``critic.colocate``).
     """
-    device = resolve_device(cfg.trainer.device)
-    check_placement(resource_demands(cfg, device), ray.cluster_resources())
+    cluster = ray.cluster_resources()
+    device = resolve_device(cfg.trainer.device, cluster)
+    check_device(cfg, device, cluster)
+    check_placement(resource_demands(cfg, device), cluster)
     gpus = 1.0 if device == "cuda" else 0.0
     arr = cfg.actor_rollout_ref
     timeouts = {"placement_timeout_s": cfg.trainer.placement_timeout_s,
                 "collective_timeout_s": cfg.trainer.collective_timeout_s}
     colocate_ref = cfg.ref_enabled and arr.ref.colocate
     colocate_critic = cfg.critic_enabled and cfg.critic.colocate
+    hybrid = arr.hybrid_engine
+    # Colocated: each actor bundle also holds one engine's CPUs and its share of the GPU.
+    actor_gpus = gpus * (1 - HYBRID_ENGINE_GPU_SHARE) if hybrid else gpus
+    guest = ({"CPU": arr.rollout.num_cpus_per_worker, "GPU": gpus - actor_gpus} if hybrid else None)
     actor = WorkerGroup(
         ActorWorker, name="actor", world_size=arr.actor.fsdp.world_size, num_cpus_per_rank=arr.actor.fsdp.num_cpus_per_rank,
-        num_gpus_per_rank=gpus, distributed=True, **timeouts,
+        num_gpus_per_rank=actor_gpus, bundle_extra=guest, distributed=True, **timeouts,
         init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed,
                      "ref": arr.ref if colocate_ref else None, "critic": cfg.critic if colocate_critic else None},
     )
@@ -86,7 +140,7 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
             num_gpus_per_rank=gpus, distributed=True, **timeouts,
             init_kwargs={"reward_model": rm, "device": device, "seed": cfg.trainer.seed},
         )
-    engines = build_engines(cfg, device)
+    engines = build_engines(cfg, device, host=actor if hybrid else None)
     # Load every model at once: the groups' collectives are independent of each other.
     groups = [g for g in (actor, critic if critic is not actor else None, ref if ref is not actor else None,
                           reward_model) if g is not None]
@@ -96,31 +150,64 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     # names each one (``env_train_0``, ``env_val_0``, ...) with ``.options(name=...)``.
     env_worker_cls = ray.remote(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
-                   env_worker_cls=env_worker_cls, reward_model=reward_model)
+                   env_worker_cls=env_worker_cls, reward_model=reward_model, device=device,
+                   sleep_mode=device == "cuda" and sleep_mode_on(cfg, device))
 
 
-def build_engines(cfg: AgentTrainerConfig, device: str) -> WorkerGroup:
-    """The rollout engines: vLLM (CPU build here, CUDA vLLM on GPUs) or HF generate."""
+def build_engines(cfg: AgentTrainerConfig, device: str, host: WorkerGroup | None = None) -> WorkerGroup:
+    """The rollout engines: vLLM (CPU build here, CUDA vLLM on GPUs) or HF generate, on ``device`` (resolved).
+
+    ``host``: the actor group whose bundles the engines share (``actor_rollout_ref.hybrid_engine``; engine i in
+    rank i's bundle, with half its GPU), else the engines get a placement group of their own, one bundle of
+    ``tensor_model_parallel_size`` GPUs per engine (vLLM's ``mp`` executor runs the TP workers inside it).
+    """
     from workers.rollout import HFRolloutWorker, VLLMRolloutWorker
 
     r = cfg.actor_rollout_ref.rollout
     worker_cls = VLLMRolloutWorker if r.name == "vllm" else HFRolloutWorker
     kwargs: dict[str, Any] = {
         "model_path": cfg.actor_rollout_ref.model.path,
-        "dtype": cfg.actor_rollout_ref.model.dtype,
+        "device": device,
+        "dtype": r.dtype or cfg.actor_rollout_ref.model.dtype,
         "max_model_len": r.max_model_len,
         "seed": cfg.trainer.seed,
+        "enable_sleep_mode": device == "cuda" and sleep_mode_on(cfg, device),
     }
     if r.name == "vllm":
         kwargs.update(kv_cache_space_gib=r.kv_cache_space_gib, tensor_parallel_size=r.tensor_model_parallel_size,
                       gpu_memory_utilization=r.gpu_memory_utilization)
     return WorkerGroup(
         worker_cls, name="rollout", world_size=r.num_workers, num_cpus_per_rank=r.num_cpus_per_worker,
-        num_gpus_per_rank=float(r.tensor_model_parallel_size) if device == "cuda" else 0.0,
+        num_gpus_per_rank=engine_gpus(cfg, device, colocated=host is not None), host=host,
         # A crashed engine is restarted by Ray; the rollout re-syncs its weights and retries the turn.
         pass_rank=False, init_kwargs=kwargs, max_restarts=2, placement_timeout_s=cfg.trainer.placement_timeout_s,
-        env_vars={"OMP_NUM_THREADS": str(engine_threads(cfg))},
+        env_vars=engine_env_vars(cfg, device),
     )
+
+
+def actor_offloads(cfg: AgentTrainerConfig) -> bool:
+    """The actor gives its GPU memory to the engines during rollouts (``actor.fsdp.param_offload`` /
+    ``optimizer_offload``)."""
+    fsdp = cfg.actor_rollout_ref.actor.fsdp
+    return bool(getattr(fsdp, "param_offload", False) or getattr(fsdp, "optimizer_offload", False))
+
+
+def engine_gpus(cfg: AgentTrainerConfig, device: str, colocated: bool) -> float:
+    """Ray's GPUs for one engine actor: its share of the actor rank's GPU when colocated, else its TP GPUs."""
+    if device != "cuda":
+        return 0.0
+    return HYBRID_ENGINE_GPU_SHARE if colocated else float(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
+
+
+def engine_env_vars(cfg: AgentTrainerConfig, device: str) -> dict[str, str]:
+    """The engine processes' environment: their threads, and on CPU ``workers.rollout.CPU_ENGINE_ENV`` (in-process
+    vLLM, no thread pinning), where a value set in the driver's environment wins. GPU engines keep vLLM's defaults."""
+    from workers.rollout import CPU_ENGINE_ENV
+
+    env = {"OMP_NUM_THREADS": str(engine_threads(cfg))}
+    if device == "cpu":
+        env.update({key: os.environ.get(key, value) for key, value in CPU_ENGINE_ENV.items()})
+    return env
 
 
 AUTO_ENGINE_THREADS_MIN_PARAMETERS = 4_000_000
@@ -164,15 +251,19 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
     """
     gpus = 1.0 if device == "cuda" else 0.0
     arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
-    demands = [Demand("actor", arr.actor.fsdp.world_size, arr.actor.fsdp.num_cpus_per_rank, gpus)]
+    if arr.hybrid_engine:  # every actor bundle also reserves one engine's CPUs (and shares its GPU with it)
+        demands = [Demand("actor+rollout", arr.actor.fsdp.world_size,
+                          arr.actor.fsdp.num_cpus_per_rank + r.num_cpus_per_worker, gpus)]
+    else:
+        demands = [Demand("actor", arr.actor.fsdp.world_size, arr.actor.fsdp.num_cpus_per_rank, gpus)]
     if cfg.critic_enabled and not cfg.critic.colocate:
         demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
     if cfg.ref_enabled and not arr.ref.colocate:
         demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))
     if cfg.reward_model.enable:
         demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
-    demands.append(Demand("rollout", r.num_workers, r.num_cpus_per_worker,
-                          float(r.tensor_model_parallel_size) if device == "cuda" else 0.0))
+    if not arr.hybrid_engine:
+        demands.append(Demand("rollout", r.num_workers, r.num_cpus_per_worker, engine_gpus(cfg, device, False)))
     for split in trainer_splits(cfg):
         actors = min(max(1, cfg.agent_proxy.num_env_actors), split_config(cfg, split).env_groups)
         demands.append(Demand(f"env_{split}", actors, cfg.agent_proxy.num_cpus_per_env_actor))

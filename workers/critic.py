@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from agent_trainer import core_algos
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import CriticConfig
-from workers.fsdp_base import DTYPES, FSDPWorker, MicroBatching, run_model, scalar
+from workers.fsdp_base import FSDPWorker, MicroBatching, run_model, scalar
 
 
 def token_values(scores: torch.Tensor) -> torch.Tensor:
@@ -39,24 +39,28 @@ class CriticWorker(FSDPWorker):
         self.forward_batching = MicroBatching(critic.ppo_micro_batch_size_per_gpu, forward_budget)
 
     def init_model(self) -> None:
-        """Load the backbone with a fresh value head, shard it, build the optimizer."""
+        """Load the backbone with a fresh value head, shard it, build the optimizer (every rank, concurrently;
+        with a process group the model is built on the meta device and rank 0 reads the weights:
+        :meth:`FSDPWorker.load_pretrained`)."""
         # No dropout before the value head (transformers defaults it to 0.1): values must be a
         # deterministic function of the state, as in verl's critic.
         config = AutoConfig.from_pretrained(self.config.model.path, num_labels=1)
         config.classifier_dropout = 0.0  # an attribute, not a from_pretrained kwarg: kwargs ignore unknown keys
-        model = AutoModelForTokenClassification.from_pretrained(
-            self.config.model.path, config=config, dtype=DTYPES[self.config.model.dtype]
-        )
-        # A zero head starts every value at 0: no random initial baseline noise.
-        head = getattr(model, "score", None)
+
+        def prepare(model: torch.nn.Module) -> None:
+            model.config.use_cache = False
+            if self.config.model.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable()
+
+        self.model = self.load_pretrained(AutoModelForTokenClassification, self.config.model.path, config,
+                                          dtype=self.config.model.dtype, prepare=prepare, fresh_prefixes=("score.",))
+        # A zero head starts every value at 0: no random initial baseline noise (a sharded head's shards too).
+        head = getattr(self.model, "score", None)
         if isinstance(head, torch.nn.Linear):
-            torch.nn.init.zeros_(head.weight)
-            if head.bias is not None:
-                torch.nn.init.zeros_(head.bias)
-        model.config.use_cache = False
-        if self.config.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.model = self.shard_model(model)
+            with torch.no_grad():
+                head.weight.zero_()
+                if head.bias is not None:
+                    head.bias.zero_()
         self.build_optimizer(self.config.optim)
 
     def _values(self, micro: TensorBatch) -> torch.Tensor:

@@ -5,36 +5,46 @@ Each worker is a plain class (testable without Ray) holding one rank of a
 ``fully_shard``: every decoder layer, then the root, so parameters are
 sharded across ranks and all-gathered layer by layer in forward/backward.
 gloo on CPU, NCCL on GPU; the code path is the same.
+
+Precision and loading (docs/architecture.md, "Precision and loading"): with a process group the model is
+built on the meta device, sharded, materialised empty on the rank's device, and filled from the checkpoint
+that rank 0 alone reads (:meth:`FSDPWorker.load_pretrained`); ``fsdp.mixed_precision: bf16`` is FSDP2's
+``MixedPrecisionPolicy`` (bfloat16 compute and all-gathers, float32 gradient reduction, float32 master
+weights and optimizer). Without a process group (unit tests, one rank) the model is ``from_pretrained``
+as before and bf16 falls back to ``torch.autocast``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import socket
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
 from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig, OptimConfig
+from workers import sharded_checkpoint
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,11 +56,89 @@ def scalar(value) -> float:
     return float(value.detach()) if torch.is_tensor(value) else float(value)
 
 
-def pick_device(device: str) -> torch.device:
-    """``auto`` is CUDA when a GPU is visible to this process, else CPU."""
+def pick_device(device: str, gpu_ids: Sequence | None = None, visible_devices: str | None = "") -> torch.device:
+    """The torch device of this rank for ``device`` (auto | cpu | cuda), always with an index for CUDA.
+
+    ``auto`` is CUDA when a GPU is visible to this process, else CPU (unit tests; the driver resolves
+    ``trainer.device`` from the cluster's resources and hands workers an explicit ``cpu`` or ``cuda``,
+    which is followed as given). For CUDA the index is :func:`cuda_index` of the GPUs Ray assigned this
+    actor (``gpu_ids``; read from ``ray.get_gpu_ids()`` when None) within ``CUDA_VISIBLE_DEVICES``
+    (``visible_devices``; read from the environment when left at ""): ``torch.cuda.set_device`` refuses
+    a CUDA device without an index.
+    """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
+    chosen = torch.device(device)
+    if chosen.type != "cuda" or chosen.index is not None:
+        return chosen
+    if gpu_ids is None:
+        gpu_ids = ray_gpu_ids()
+    if visible_devices == "":
+        visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return torch.device("cuda", cuda_index(gpu_ids, visible_devices))
+
+
+def ray_gpu_ids() -> list:
+    """The GPU ids Ray assigned this process (``ray.get_gpu_ids()``); [] outside a Ray worker."""
+    ray = sys.modules.get("ray")  # a process that never imported Ray is not a Ray worker
+    if ray is None or not ray.is_initialized():
+        return []
+    return list(ray.get_gpu_ids())
+
+
+def cuda_index(gpu_ids: Sequence, visible_devices: str | None) -> int:
+    """The CUDA device index, inside this process, of the first GPU in ``gpu_ids`` (Ray's ids: physical
+    GPU ids, or the entries of the node's ``CUDA_VISIBLE_DEVICES``).
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` to exactly the GPUs it gave the actor, so that GPU is the id's
+    position in it: 0 for a one-GPU rank. With ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` every
+    GPU stays visible and the position (or the id itself, when nothing restricts visibility) is read
+    the same way. No ids (outside Ray: a test, torchrun with its own visibility): device 0.
+    """
+    if not gpu_ids:
+        return 0
+    first = str(gpu_ids[0]).strip()
+    visible = [d.strip() for d in (visible_devices or "").split(",") if d.strip()]
+    if not visible:
+        return int(first)
+    if first not in visible:
+        raise RuntimeError(f"Ray assigned GPU {first!r} to this rank but CUDA_VISIBLE_DEVICES={visible_devices!r} "
+                           "does not list it; leave CUDA_VISIBLE_DEVICES to Ray")
+    return visible.index(first)
+
+
+def mixed_precision_policy(mode: str) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for ``fsdp.mixed_precision``: ``bf16`` all-gathers and computes in bfloat16 and
+    reduce-scatters gradients in float32 (the sharded master weights, their gradients and the optimizer
+    stay in the parameters' own dtype, float32 by default); ``none``: no policy."""
+    if mode == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return None
+
+
+WEIGHT_FILES_READ = 0
+"""How many weight files this process has opened in :func:`read_weight_file` (tests check that only rank 0 reads)."""
+
+
+def weight_files(path: str) -> list[Path]:
+    """The ``*.safetensors`` files of a Hugging Face folder (or hub id, downloaded here: call on rank 0 only)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(path, allow_patterns=["*.safetensors", "*.json"]))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {folder} (model path {path!r}); the sharded loader "
+                                "reads safetensors only: re-save the model with save_pretrained()")
+    return files
+
+
+def read_weight_file(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of one safetensors file, on CPU in its stored dtype (counted in :data:`WEIGHT_FILES_READ`)."""
+    global WEIGHT_FILES_READ
+    WEIGHT_FILES_READ += 1
+    return load_file(str(file))
 
 
 @dataclass
@@ -90,6 +178,13 @@ class FSDPWorker:
         self.device = pick_device(device)
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, fsdp.num_threads))
+            for key in ("param_offload", "optimizer_offload"):
+                if getattr(fsdp, key, False):
+                    raise ValueError(f"fsdp.{key} = True moves state from the GPU to host memory, but this worker "
+                                     f"runs on {self.device}; set fsdp.{key}=false or run on GPUs")
+        else:  # float32 matmuls (master weights without a policy, the float32 heads) in TF32 on Ampere and later
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         checkpoint.seed_everything(seed + rank)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -120,7 +215,7 @@ class FSDPWorker:
         a rank whose peer died fails its call after that long instead of blocking forever.
         """
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(self.device)  # pick_device always gives CUDA an index
         timeout = timedelta(seconds=timeout_s)
         listener = getattr(self, "_rendezvous_listener", None)  # set on rank 0 by rendezvous_address
         store = dist.TCPStore(master_addr, master_port, self.world_size, is_master=listener is not None,
@@ -128,14 +223,88 @@ class FSDPWorker:
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout)
 
     # -- model ---------------------------------------------------------------------------
-    def shard_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Apply FSDP2: each decoder layer is its own unit, then the root module."""
-        model.to(self.device)
+    def shard_model(self, model: torch.nn.Module, cpu_offload: bool = False) -> torch.nn.Module:
+        """Apply FSDP2: each decoder layer is its own unit, then the root module, each under this role's
+        :func:`mixed_precision_policy` and, with ``cpu_offload``, FSDP2's ``CPUOffloadPolicy`` (sharded
+        parameters live in pinned host memory and are copied to the GPU unit by unit; GPU only).
+
+        A model on the meta device (:meth:`load_pretrained`) stays there: the caller materialises it.
+        Without a process group the model just moves to the device (bf16 then runs under autocast:
+        :meth:`precision`)."""
+        on_meta = any(p.is_meta for p in model.parameters())
+        if not on_meta:
+            model.to(self.device)
         if dist.is_initialized():
+            kwargs = {}
+            policy = mixed_precision_policy(self.fsdp_config.mixed_precision)
+            if policy is not None:
+                kwargs["mp_policy"] = policy
+            if cpu_offload:
+                kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
             for layer in _decoder_layers(model):
-                fully_shard(layer)
-            fully_shard(model)
+                fully_shard(layer, **kwargs)
+            fully_shard(model, **kwargs)
         return model
+
+    def load_pretrained(self, auto_class, path: str, config, *, dtype: str,
+                        prepare: Callable[[torch.nn.Module], None] | None = None, fresh_prefixes: tuple[str, ...] = (),
+                        cpu_offload: bool = False) -> torch.nn.Module:
+        """The sharded model of ``auto_class`` (an ``AutoModelFor...``) with ``config``, weights from ``path``.
+
+        With a process group (every rank calls, concurrently): the model is built from its config on the
+        meta device (no memory), ``prepare(model)`` runs (gradient checkpointing, ``use_cache``), it is
+        sharded (:meth:`shard_model`), materialised empty on this rank's device (host memory with
+        ``cpu_offload``) holding only its shards, its non-persistent buffers (rotary ``inv_freq``) are
+        recomputed (:func:`restore_non_persistent_buffers`), and rank 0 alone reads the safetensors, one
+        file at a time, and broadcasts each tensor into every rank's shards
+        (``set_model_state_dict(..., broadcast_from_rank0=True)``; :meth:`_load_from_rank0`). So no rank
+        holds the full model in float32, and the host holds one file at a time on rank 0 only. Weights whose
+        names start with ``fresh_prefixes`` (the critic's new value head) may be missing from the files;
+        the caller initialises them.
+
+        The files' tensor names must be the model's state-dict names (as saved by ``save_pretrained``: true of the
+        Qwen2 / Llama families; transformers' renames of legacy checkpoint keys are not applied here): a weight the
+        files lack fails on every rank, naming it.
+
+        Without a process group: ``from_pretrained`` then ``prepare`` and a move to the device, as before.
+        """
+        torch_dtype = DTYPES[dtype]
+        if not dist.is_initialized():
+            model = auto_class.from_pretrained(path, config=config, dtype=torch_dtype)
+            if prepare is not None:
+                prepare(model)
+            return self.shard_model(model)
+        with torch.device("meta"):
+            model = auto_class.from_config(config, dtype=torch_dtype)
+        if prepare is not None:
+            prepare(model)
+        self.shard_model(model, cpu_offload=cpu_offload)
+        model.to_empty(device="cpu" if cpu_offload else self.device)
+        restore_non_persistent_buffers(model, self.device)
+        self._load_from_rank0(model, path, fresh_prefixes)
+        return model
+
+    def _load_from_rank0(self, model: torch.nn.Module, path: str, fresh_prefixes: tuple[str, ...]) -> None:
+        """Fill every rank's shards of ``model`` from ``path``'s safetensors, which rank 0 alone reads (one file at
+        a time, each broadcast tensor by tensor into the shards); a weight missing from the files fails on every
+        rank with one message. Collective."""
+        expected = set(get_model_state_dict(model, options=StateDictOptions(full_state_dict=False)))
+        files = weight_files(path) if self.rank == 0 else None
+        box = [None if files is None else [str(f) for f in files]]
+        dist.broadcast_object_list(box, src=0)
+        loaded: set[str] = set()
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        for file in box[0]:
+            weights = read_weight_file(Path(file)) if self.rank == 0 else {}
+            loaded.update(weights)
+            set_model_state_dict(model, weights, options=options)
+            del weights
+        missing = sorted(name for name in expected - loaded - tied_weight_names(model)
+                         if not name.startswith(fresh_prefixes))
+        problem = [f"model path {path!r} lacks weights {missing[:8]} for {type(model).__name__}" if missing else None]
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0]:
+            raise ValueError(problem[0])
 
     def build_optimizer(self, optim: OptimConfig) -> None:
         """AdamW with a linear warm-up schedule."""
@@ -171,47 +340,71 @@ class FSDPWorker:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         return gather_full_weights(self.model, keep=self.rank == 0)
 
+    def push_weights(self, plan, engines: list) -> dict:
+        """This rank's part of a weight sync (every rank calls it concurrently; rank 0 sends the buckets).
+
+        ``workers.weight_sync.push_weights``: FSDP units are all-gathered one at a time, rank 0 packs buckets
+        in the engines' dtype and sends each before the next; returns rank 0's stats (``{}`` elsewhere).
+        """
+        from workers.weight_sync import push_weights
+
+        assert self.model is not None
+        state = self.__dict__.setdefault("_weight_sync_state", {})  # rank 0's weight-transfer group, kept
+        return push_weights(self.model, self.rank, plan, engines, state)
+
     # -- checkpoints ---------------------------------------------------------------------
-    def save_checkpoint(self, path: str, role: str | None = None) -> None:
-        """Write this role's full state under ``path`` (every rank calls, concurrently).
+    def save_checkpoint(self, path: str, role: str | None = None, hf_model: bool = True) -> None:
+        """Write this role's state under ``path`` (every rank calls, concurrently).
 
         ``role`` names the model for a process that hosts several (``ActorWorker`` with a colocated
         critic); a worker of one role has nothing to choose.
 
-        Rank 0 writes the weights as a Hugging Face folder (safetensors; loadable by
-        ``from_pretrained`` and vLLM), the optimizer's full state (tensors in
-        ``optim/optimizer.safetensors``, the rest in ``optim/optimizer.json``) and the
-        LR scheduler (``optim/lr_scheduler.json``); every rank writes its RNG state
-        (``rng/rank_<r>.json``). Nothing is pickled.
+        Every rank writes its own shards of the parameters and of the optimizer state
+        (``shards/model-rank<r>-of-<w>.safetensors``, ``shards/optim-rank...``; rank 0 the JSON
+        ``shards/index.json``, ``workers/sharded_checkpoint.py``) and its RNG state
+        (``rng/rank_<r>.json``); rank 0 the model's ``config.json`` and the LR scheduler
+        (``optim/lr_scheduler.json``). Nothing is gathered and nothing is pickled. With
+        ``hf_model`` (``trainer.save_hf_model``) rank 0 then also assembles the Hugging Face
+        weights (``model.safetensors``; loadable by ``from_pretrained`` and vLLM) from the shard
+        files, one tensor at a time, after a barrier.
         """
-        assert self.model is not None and self.hf_auto_class is not None  # internal: after init_model
+        assert self.model is not None  # internal: after init_model
         out = Path(path)
-        state = self.full_state_dict()
-        optim = self.full_optimizer_state_dict() if self.optimizer is not None else None
+        sharded_checkpoint.save(self.model, self.optimizer, out, rank=self.rank, world_size=self.world_size)
         checkpoint.write_json(out / "rng" / f"rank_{self.rank}.json", checkpoint.rng_state())
-        if self.rank != 0:
-            return
-        with torch.random.fork_rng(devices=[]):  # building the HF shell draws random init: keep the run's RNG
-            model = self.hf_auto_class.from_config(self.model.config)
-        model.load_state_dict(state, strict=False)
-        model.save_pretrained(str(out))
-        if optim is not None:
-            tensors, meta = checkpoint.flatten_optimizer_state(optim)
-            (out / "optim").mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(out / "optim" / "optimizer.safetensors"))
-            checkpoint.write_json(out / "optim" / "optimizer.json", meta)
-            checkpoint.write_json(out / "optim" / "lr_scheduler.json", self.lr_scheduler.state_dict())
+        if self.rank == 0:
+            sharded_checkpoint.write_hf_config(self.model, out)
+            if self.lr_scheduler is not None:
+                checkpoint.write_json(out / "optim" / "lr_scheduler.json", self.lr_scheduler.state_dict())
+        if hf_model:
+            if dist.is_initialized():
+                dist.barrier()  # every rank's shard files are on disk
+            if self.rank == 0:
+                sharded_checkpoint.write_hf_weights(out / sharded_checkpoint.SHARDS_DIR, out)
 
     def load_checkpoint(self, path: str, role: str | None = None) -> None:
         """Restore what :meth:`save_checkpoint` wrote (every rank calls, concurrently; ``role`` as there).
 
-        Each rank reads the full state dicts and keeps its shards
-        (``set_model_state_dict`` / ``set_optimizer_state_dict`` with
-        ``full_state_dict=True``), so the world size may differ from the saving run's.
-        On more than one node ``path`` must be on storage every node sees.
+        Each rank reads its rows of every tensor from the shard files (its own files at the saving
+        world size; at another, the files that hold its rows), so the world size may differ from
+        the saving run's and no rank reads the whole model. A checkpoint without shards (written
+        before they existed: an HF folder and ``optim/optimizer.safetensors``) is read whole by
+        every rank. On more than one node ``path`` must be on storage every node sees.
         """
         assert self.model is not None
         src = Path(path)
+        if sharded_checkpoint.has_shards(src):
+            sharded_checkpoint.load(self.model, self.optimizer, src, rank=self.rank, world_size=self.world_size)
+        else:
+            self._load_full_checkpoint(src)
+        if self.optimizer is not None:
+            self.lr_scheduler.load_state_dict(checkpoint.read_json(src / "optim" / "lr_scheduler.json"))
+        rng_file = src / "rng" / f"rank_{self.rank}.json"
+        if rng_file.exists():  # a run resumed on more ranks than it saved keeps its fresh seeds there
+            checkpoint.set_rng_state(checkpoint.read_json(rng_file))
+
+    def _load_full_checkpoint(self, src: Path) -> None:
+        """The unsharded layout: every rank reads the full HF weights and optimizer state and keeps its shards."""
         weights = checkpoint.read_hf_weights(src)
         expected = set(get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=False)))
         missing = expected - set(weights) - self._tied_weight_names()
@@ -223,17 +416,6 @@ class FSDPWorker:
             tensors = load_file(str(src / "optim" / "optimizer.safetensors"))
             set_optimizer_state_dict(self.model, self.optimizer, checkpoint.unflatten_optimizer_state(tensors, meta),
                                      options=StateDictOptions(full_state_dict=True))
-            self.lr_scheduler.load_state_dict(checkpoint.read_json(src / "optim" / "lr_scheduler.json"))
-        rng_file = src / "rng" / f"rank_{self.rank}.json"
-        if rng_file.exists():  # a run resumed on more ranks than it saved keeps its fresh seeds there
-            checkpoint.set_rng_state(checkpoint.read_json(rng_file))
-
-    def full_optimizer_state_dict(self) -> dict:
-        """The optimizer's unsharded state on CPU, keyed by parameter name (collective, like the weights)."""
-        if not dist.is_initialized():
-            return get_optimizer_state_dict(self.model, self.optimizer)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def _tied_weight_names(self) -> set[str]:
         """``lm_head.weight`` when it is tied to the embeddings (HF folders store it once)."""
@@ -325,11 +507,46 @@ class FSDPWorker:
         return {k: sum(v) / len(v) for k, v in metrics.items()}
 
     def precision(self) -> contextlib.AbstractContextManager:
-        """The context every forward of this role runs in: ``torch.autocast`` to bfloat16 with
-        ``fsdp.mixed_precision: bf16`` (backward follows the forward's dtypes), else nothing."""
-        if self.fsdp_config.mixed_precision == "bf16":
+        """The context every forward of this role runs in.
+
+        With a process group, ``fsdp.mixed_precision: bf16`` is FSDP2's ``MixedPrecisionPolicy``, set on every
+        unit by :meth:`shard_model`, so nothing is needed here. Without one (a worker built without
+        ``torch.distributed``: unit tests, the plain one-rank path) bf16 falls back to ``torch.autocast`` to
+        bfloat16 (backward follows the forward's dtypes; weights, gradients and the optimizer stay float32):
+        the same products in bfloat16, not the same kernels (autocast keeps norms and softmax in float32)."""
+        if self.fsdp_config.mixed_precision == "bf16" and not dist.is_initialized():
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    # -- offload around the rollout (actor.fsdp.param_offload / optimizer_offload) ------------------
+    def offload_to_cpu(self) -> None:
+        """Move this rank's parameter shards (``fsdp.param_offload``) and optimizer states (``fsdp.optimizer_offload``)
+        to host memory, for the engines' generation on the same GPU (verl's offload around the rollout), and
+        release the GPU's cached blocks. Local, no collective; a no-op for what is not configured. Each worker
+        hosted in this process (a colocated critic) follows its own flags. The trainer calls it after an update
+        and :meth:`reload_to_device` before the next forward; on CPU there is nothing to move (the config
+        checks refuse the keys there), so only a GPU exercises the copies."""
+        self._move_state(torch.device("cpu"))
+
+    def reload_to_device(self) -> None:
+        """Bring back what :meth:`offload_to_cpu` moved (every rank before its next forward or optimizer step)."""
+        self._move_state(self.device)
+
+    def _move_state(self, device: torch.device) -> None:
+        cfg = self.fsdp_config
+        if self.model is not None and cfg.param_offload:
+            self.model.to(device)  # FSDP2 re-registers its sharded parameters (FSDPModule._apply); same objects
+        if self.optimizer is not None and cfg.optimizer_offload:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    if torch.is_tensor(value) and key != "step":
+                        state[key] = value.to(device, non_blocking=True)
+        hosted = getattr(self, "critic", None)
+        if isinstance(hosted, FSDPWorker):
+            hosted._move_state(device if device.type == "cpu" else hosted.device)
+        if device.type == "cpu" and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def model_inputs(self, batch: TensorBatch) -> ModelInputs:
         """Move the forward inputs of ``batch`` to this rank's device (no mask for right-padded rows,
@@ -396,6 +613,40 @@ def gather_full_weights(model: torch.nn.Module, keep: bool) -> dict[str, torch.T
         return {}
     state = model.state_dict()  # names in checkpoint order; parameters as sharded DTensors, buffers whole
     return {name: full[name] if name in full else value.detach().to("cpu", copy=True) for name, value in state.items()}
+
+
+def tied_weight_names(model: torch.nn.Module) -> set[str]:
+    """``lm_head.weight`` when it is tied to the embeddings (HF folders store it once)."""
+    config = getattr(model, "config", None)
+    return {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+
+
+@torch.no_grad()
+def restore_non_persistent_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    """Recompute the buffers no checkpoint holds (``persistent=False``: Qwen2's rotary ``inv_freq``), which
+    ``to_empty`` left uninitialised, on ``device``.
+
+    They are set to NaN, then the model's own ``_init_weights`` (what ``from_pretrained`` runs for them:
+    the rotary module's ``rope_init_fn``) recomputes each owning module; a buffer still not finite after
+    that names its module, so an architecture whose buffers transformers cannot recompute fails here
+    rather than computing with garbage.
+    """
+    init = getattr(model, "_init_weights", None)
+    for module_name, module in model.named_modules():
+        names = [n for n in module._non_persistent_buffers_set if module._buffers.get(n) is not None]
+        if not names:
+            continue
+        for n in names:
+            module._buffers[n] = module._buffers[n].to(device)
+            if module._buffers[n].is_floating_point():
+                module._buffers[n].fill_(math.nan)
+        if init is not None:
+            init(module)
+        bad = [n for n in names if module._buffers[n].is_floating_point() and not module._buffers[n].isfinite().all()]
+        if bad:
+            raise RuntimeError(f"{type(module).__name__} ({module_name or 'root'}) buffers {bad} are not saved in "
+                               "checkpoints and transformers' _init_weights does not recompute them, so the model "
+                               "cannot be built on the meta device")
 
 
 def shared_prefix_length(input_ids: torch.Tensor, scored: torch.Tensor) -> int:

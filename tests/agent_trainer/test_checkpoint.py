@@ -125,3 +125,16 @@ def test_optimizer_state_round_trips_without_pickle(tmp_path):
     for name, entries in named["state"].items():
         for key, value in entries.items():
             assert torch.equal(back["state"][name][key], value)
+
+
+def test_export_refuses_a_folder_without_shards(tmp_path, capsys):
+    """``python -m agent_trainer.export`` names what it needs: a global_step_N folder or a part with shards/."""
+    from agent_trainer.export import main
+
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "neither a global_step_N checkpoint folder" in capsys.readouterr().err
+    (tmp_path / "actor").mkdir()
+    (tmp_path / "actor" / "model.safetensors").write_bytes(b"")  # an unsharded checkpoint: already an HF folder
+    assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "already is a Hugging Face model folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -9,7 +9,9 @@ Tolerance: exact equality. On CPU every phase is deterministic given its inputs:
 samples from a seed that is a pure function of (trainer.seed, step, turn), the environments
 are seeded by (es_manager.seed, reset count), FSDP2's gloo all-reduce sums in a fixed order,
 one torch thread per worker, and the checkpoint restores weights, Adam moments, the LR
-schedule, RNG states and env seed counters bit for bit (safetensors, JSON). Only wall-clock
+schedule, RNG states and env seed counters bit for bit (each rank's shards in safetensors, JSON). B runs
+with ``trainer.save_hf_model=false``: it resumes from the shards alone, and its final weights, exported
+with ``python -m agent_trainer.export``, are A's Hugging Face weights. Only wall-clock
 metrics (``timing_s/*`` and the ``*_per_s`` rates) may differ, and ``rollout/reset_prefetched``:
 a resumed run's first step resets its envs itself, from the same seeds, where A's took the reset
 prefetched during step 1 (``es_manager.prefetch_reset``).
@@ -36,7 +38,7 @@ PREFETCHED = "rollout/reset_prefetched"
 """How a step's reset ran, not what it computed: compared on its own."""
 
 
-def _command(model_path: str, run_dir: Path) -> list[str]:
+def _command(model_path: str, run_dir: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake",
             f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
             "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=0",
@@ -44,7 +46,7 @@ def _command(model_path: str, run_dir: Path) -> list[str]:
             "es_manager.train.env_groups=2", "es_manager.train.group_size=4",
             "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]", "es_manager.train.env_configs.n_groups=[1,1]",
             "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3"]
+            "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3", *overrides]
 
 
 def _start(cmd: list[str], log: Path, own_session: bool = False) -> subprocess.Popen:
@@ -90,10 +92,14 @@ def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_pa
     run_a, run_b = tmp_path / "a", tmp_path / "b"
     proc_a = _start(_command(tiny_model_path, run_a), tmp_path / "a.log")
     try:
-        _kill_during_save(_command(tiny_model_path, run_b), run_b, step=2)
+        command_b = _command(tiny_model_path, run_b, "trainer.save_hf_model=false")
+        _kill_during_save(command_b, run_b, step=2)
         assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
+        for part in ("actor", "critic"):  # B saves only the ranks' shards: a resume needs no HF weights
+            assert (run_b / "global_step_1" / part / "shards" / "index.json").is_file()
+            assert not list((run_b / "global_step_1" / part).glob("model*.safetensors"))
         resumed_log = tmp_path / "b.resumed.log"
-        resumed = _finish(_start(_command(tiny_model_path, run_b), resumed_log), resumed_log)
+        resumed = _finish(_start(command_b, resumed_log), resumed_log)
         _finish(proc_a, tmp_path / "a.log")
     finally:
         if proc_a.poll() is None:
@@ -108,10 +114,21 @@ def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_pa
     assert sorted(a) == sorted(b) == [1, 2, 3]
     for step in (2, 3):
         assert a[step] == b[step], {k: (a[step][k], b[step].get(k)) for k in a[step] if a[step][k] != b[step].get(k)}
-    for part in ("actor", "critic"):
+    for part in ("actor", "critic"):  # A's HF weights (trainer.save_hf_model) and B's exported from its shards
+        exported = tmp_path / f"b_{part}"
+        export = subprocess.run([sys.executable, "-m", "agent_trainer.export", str(run_b / "global_step_3"),
+                                 "--part", part, "--out", str(exported)], cwd=REPO, capture_output=True, text=True,
+                                timeout=300)
+        assert export.returncode == 0, export.stderr
         final_a = load_file(str(run_a / "global_step_3" / part / "model.safetensors"))
-        final_b = load_file(str(run_b / "global_step_3" / part / "model.safetensors"))
+        final_b = load_file(str(exported / "model.safetensors"))
         assert final_a.keys() == final_b.keys()
         assert all((final_a[k] == final_b[k]).all() for k in final_a), part
+        shards = sorted(p.name for p in (run_a / "global_step_3" / part / "shards").glob("*.safetensors"))
+        assert shards == [f"{kind}-rank0000{r}-of-00002.safetensors" for kind in ("model", "optim") for r in (0, 1)]
+        for name in shards:  # each rank's weights, Adam moments and steps
+            shard_a = load_file(str(run_a / "global_step_3" / part / "shards" / name))
+            shard_b = load_file(str(run_b / "global_step_3" / part / "shards" / name))
+            assert shard_a.keys() == shard_b.keys() and all((shard_a[k] == shard_b[k]).all() for k in shard_a), name
     state = json.loads((run_b / "global_step_3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and state["env_resets"]["train"] == 3

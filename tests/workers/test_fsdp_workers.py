@@ -481,8 +481,10 @@ def test_a_colocated_critic_is_the_separate_critic_and_checkpoints_apart(tiny_mo
 
 
 def test_bf16_mixed_precision_computes_in_bfloat16_and_keeps_float32_weights(tiny_model_path):
-    """fsdp.mixed_precision=bf16: the forward's products are bfloat16 (log-probs move by bf16 rounding, not more),
-    while weights, gradients and optimizer states stay float32; the critic colocated with it follows."""
+    """fsdp.mixed_precision=bf16 on a worker without a process group (the autocast fallback; with one it is FSDP2's
+    MixedPrecisionPolicy, tests/workers/test_gpu_path_precision.py): the forward's products are bfloat16 (log-probs
+    move by bf16 rounding, not more), while weights, gradients and optimizer states stay float32; the critic colocated
+    with it follows."""
     from agent_trainer.config import CriticConfig
 
     batch = _actor_batch(0)

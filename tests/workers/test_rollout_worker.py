@@ -143,17 +143,26 @@ def test_vllm_update_weights_is_real(vllm_worker, hf_model, chat_prompts):
                                           hf_token_logprobs(hf_model, seq))) < MAX_ABS_DIFF
 
 
-def test_update_weights_rejects_wrapped_names(vllm_worker, hf_worker, hf_model):
+def test_update_weights_rejects_wrapped_names(vllm_worker, hf_worker, hf_model, chat_prompts):
     wrapped = {f"_fsdp_wrapped_module.{k}": v for k, v in hf_model.state_dict().items()}
     for worker in (vllm_worker, hf_worker):
-        with pytest.raises(ValueError, match="unexpected"):
+        before = worker.generate(chat_prompts, max_tokens=6, temperature=0)
+        with pytest.raises(ValueError, match="unexpected|does not have"):  # HF engine | bucketed vLLM sync
             worker.update_weights(wrapped)
+        # the refused state dict left the engine as it was: it generates the same greedy tokens
+        after = worker.generate(chat_prompts, max_tokens=6, temperature=0)
+        assert [o.token_ids for o in after] == [o.token_ids for o in before]
 
 
-def test_sleep_and_wake_up_are_noops_on_cpu(vllm_worker, chat_prompts):
-    vllm_worker.sleep()
-    vllm_worker.wake_up()
-    assert len(vllm_worker.generate(chat_prompts[:1], max_tokens=2)[0].token_ids) == 2
+def test_sleep_and_wake_up_refuse_on_cpu_instead_of_doing_nothing(vllm_worker, hf_worker, tiny_model_path):
+    """vLLM has no CPU sleep mode: asking for it is refused at creation, and sleep/wake_up without it raise
+    (a silent no-op would hide a colocated layout that frees nothing)."""
+    for worker in (vllm_worker, hf_worker):
+        for call in (worker.sleep, worker.wake_up):
+            with pytest.raises(RuntimeError, match="enable_sleep_mode"):
+                call()
+    with pytest.raises(ValueError, match="enable_sleep_mode needs a GPU"):
+        HFRolloutWorker(tiny_model_path, device="cpu", enable_sleep_mode=True)
 
 
 # --------------------------------------------------------------------------- HF generate

@@ -115,3 +115,43 @@ def test_a_survivors_collective_error_is_reported_as_the_dead_peer(ray_cluster):
             group.get([group.workers[0].double.remote(None), group.workers[1].whoami.remote("")])
     finally:
         group.shutdown()
+
+
+class Placed:
+    """Reports the placement group Ray placed it in."""
+
+    def placement_group_id(self) -> str:
+        return ray.get_runtime_context().get_placement_group_id()
+
+
+def _free_per_bundle(pg) -> list[float]:
+    """CPUs still free in each bundle of ``pg`` (Ray's ``CPU_group_<i>_<pg id>`` resources)."""
+    free = ray.available_resources()
+    return [round(free.get(f"CPU_group_{i}_{pg.id.hex()}", 0.0), 6) for i in range(pg.bundle_count)]
+
+
+def test_a_guest_group_runs_in_its_hosts_bundles(ray_cluster):
+    """actor_rollout_ref.hybrid_engine's placement, for real: guest i (an engine) runs in host rank i's bundle,
+    the bundle holds both ranks' CPUs, and removing the host's placement group is left to the host."""
+    from ray.util.placement_group import placement_group_table
+
+    host = WorkerGroup(RankEcho, name="host", world_size=2, num_cpus_per_rank=0.1, bundle_extra={"CPU": 0.2})
+    try:
+        table = placement_group_table(host.placement_group)
+        assert [b["CPU"] for b in table["bundles"].values()] == pytest.approx([0.3, 0.3])
+        host.execute_all("whoami", "")  # the host's ranks are placed
+        assert _free_per_bundle(host.placement_group) == [0.2, 0.2]  # each bundle keeps its guest's share
+        one = WorkerGroup(Placed, name="guest", world_size=1, num_cpus_per_rank=0.2, pass_rank=False, host=host)
+        assert one.execute_all("placement_group_id") == [host.placement_group.id.hex()]
+        assert _free_per_bundle(host.placement_group) == [0.0, 0.2]  # guest 0 took bundle 0's share
+        one.shutdown()  # a guest does not remove its host's placement group
+        assert placement_group_table(host.placement_group)["state"] == "CREATED"
+        assert host.execute_all("whoami", "") == ["0/2", "1/2"]
+        two = WorkerGroup(Placed, name="guest", world_size=2, num_cpus_per_rank=0.2, pass_rank=False, host=host)
+        two.execute_all("placement_group_id")
+        assert _free_per_bundle(host.placement_group) == [0.0, 0.0]
+        two.shutdown()
+        with pytest.raises(ValueError, match="cannot be placed"):
+            WorkerGroup(Placed, name="too_many", world_size=3, num_cpus_per_rank=0.1, pass_rank=False, host=host)
+    finally:
+        host.shutdown()
