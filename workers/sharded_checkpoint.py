@@ -271,7 +271,14 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, folder
     """Write this rank's shards into ``folder/shards`` (every rank calls; no collective). Returns bytes per file.
 
     Rank 0 also writes ``index.json``. Each rank holds one tensor at a time beyond the model and optimizer.
+    Every FSDP unit is resharded first: FSDP2 leaves the root unit gathered after a forward without backward (a
+    log-prob pass), and its parameters must be saved, and stay, as the rank's shards.
     """
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            unit.reshard()  # a no-op for a unit that is sharded
     out = Path(folder) / SHARDS_DIR
     out.mkdir(parents=True, exist_ok=True)
     entries, aliases = model_entries(model)
