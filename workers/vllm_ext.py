@@ -31,15 +31,6 @@ class RolloutWorkerExtension:
         """Reseed this worker's global torch generator (requests without their own seed sample from it)."""
         torch.manual_seed(seed)
 
-    def load_named_weights(self, names: list[str], tensors: list[torch.Tensor]) -> None:
-        """Load checkpoint-format weights (HF names) into the live model, in place.
-
-        ``Worker.reload_weights`` is ``model_runner.reload_weights`` inside the engine's config context
-        (some layers read the current vLLM config while loading); ``model.load_weights`` directly fails on
-        CPU (no ``weight_loader``).
-        """
-        self.reload_weights(weights_iterator=list(zip(names, tensors)), is_checkpoint_format=True)
-
     # -- the bucketed weight sync ---------------------------------------------------------
     def begin_bucketed_load(self) -> None:
         """Open a load session: vLLM's layerwise reload buffers each layer's weights until it has them all."""

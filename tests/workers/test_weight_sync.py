@@ -155,7 +155,7 @@ def test_engine_calls_encode_with_vllms_msgpack_encoder(tiny_model_path):
     names = [name for name, _ in engine.llm.calls]
     assert names == ["begin_bucketed_load", "load_packed_bucket", "init_weight_group", "receive_weight_bucket",
                      "load_ipc_weight_bucket", "end_bucketed_load"]
-    for name in names + ["reseed", "load_named_weights", "close_weight_group"]:
+    for name in names + ["reseed", "close_weight_group"]:
         assert callable(getattr(RolloutWorkerExtension, name))
         assert not hasattr(Worker, name), name  # a mixed-in method must not shadow vLLM's own
     specs, data = engine.llm.calls[1][1]
