@@ -106,10 +106,23 @@ def load_envs_file(path: str) -> dict:
         raise ValueError(f"envs_file = {path!r}: {' '.join(str(err).split())}") from None
 
 
-NO_PRESTARTED_WORKERS = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
-"""Ray's system config for a local cluster: no idle workers started ahead (one per CPU by default). Every worker
-of a run is an actor that needs a process of its own (its own environment variables, or the job's), so the
-idle ones were never used: on 2 cores they cost 2 processes and about 1.5 s of the cluster's start."""
+WORKERS_AT_NORMAL_PRIORITY = {"worker_niceness": 0}
+"""Ray starts its workers at niceness 15 to keep its own control plane responsive; in a training run the workers
+are the job, and at 15 any unrelated process at normal priority starves them (beside a 2-process busy loop on
+2 cores a vLLM engine call went from seconds to past its 600 s timeout). A local cluster runs them at 0;
+``RAY_worker_niceness`` in the environment wins. A cluster from ``ray start`` keeps its own setting."""
+
+LOCAL_CLUSTER_SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False,
+                               **WORKERS_AT_NORMAL_PRIORITY}
+"""Ray's system config for a local cluster: workers at normal priority (above), and no idle workers started ahead
+(one per CPU by default). Every worker of a run is an actor that needs a process of its own (its own environment
+variables, or the job's), so the idle ones were never used: on 2 cores they cost 2 processes and about 1.5 s of
+the cluster's start."""
+
+
+def local_cluster_system_config(base: dict) -> dict:
+    """``base`` plus Ray system settings the environment does not set itself (``RAY_<name>`` wins)."""
+    return {key: value for key, value in base.items() if f"RAY_{key}" not in os.environ}
 
 
 def init_ray(cfg: AgentTrainerConfig) -> None:
@@ -139,7 +152,7 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
                        dashboard_host=cfg.trainer.dashboard_host, dashboard_port=cfg.trainer.dashboard_port,
                        namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
                        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
-                       _system_config=NO_PRESTARTED_WORKERS)
+                       _system_config=local_cluster_system_config(LOCAL_CLUSTER_SYSTEM_CONFIG))
         from agent_trainer import watchdog
 
         watchdog.start()  # a hard kill of this driver takes the whole local cluster with it

@@ -159,6 +159,7 @@ def head_node(tmp_path):
         "RAY_AUTH_MODE": "token",  # this cluster's own token, not ~/.ray/auth_token
         "RAY_AUTH_TOKEN_PATH": str(token_file),
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_worker_niceness": "0",  # the job's workers at normal priority, as a local run has them (docs/cluster.md)
     })
     (gcs, dash, agent_http, agent_grpc, metrics, runtime_env_agent, node_manager, object_manager, client,
      dashboard_metrics, autoscaler_metrics) = free_ports(11)

@@ -2,6 +2,7 @@
 ranks over gloo, 1 FSDP2 critic rank, 1 vLLM (CPU build) rollout engine and 2 env actors."""
 
 import json
+import os
 
 import pytest
 import ray
@@ -74,6 +75,11 @@ def test_rollout_logprobs_match_actor_before_update(trained):
 def test_the_engine_runs_the_configured_threads(trained):
     trainer, _, _ = trained
     assert ray.get(trainer.engines[0].intra_op_threads.remote()) == 2  # rollout.num_threads, through OMP_NUM_THREADS
+
+
+def test_workers_run_at_normal_priority(trained):
+    """A local cluster's workers at niceness 0, not Ray's 15, at which any unrelated process starves them."""
+    assert ray.get(ray.remote(lambda: os.nice(0)).remote()) == 0
 
 
 def test_weight_sync_is_real(trained):

@@ -9,17 +9,7 @@ from agent_trainer.es_manager import (EnvInput, EnvStateManager, EsManagerConfig
 from envs import load_env_tags  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-def test_two_tags_across_two_actors(ray_local):
+def test_two_tags_across_two_actors(ray_cluster):
     from workers.env_worker import EnvWorker
 
     cfg = EsManagerConfig.from_dict({
@@ -45,7 +35,7 @@ def test_two_tags_across_two_actors(ray_local):
     assert states[0]["metrics"]["num_actions"] in (1.0, 2.0)
 
 
-def test_a_call_deadline_starts_once_the_actor_has_started(ray_local):
+def test_a_call_deadline_starts_once_the_actor_has_started(ray_cluster):
     """es_manager.env_reset_timeout_s 1 s against a 3 s start: the reset is not taken for a hung env."""
     from agent_trainer.env_pool import EnvActorPool
 
