@@ -46,6 +46,12 @@ class FrozenLakeConfig:
     """Probability of moving in the intended direction when slippery."""
     map_seed: int | None = None
     """Fix the map regardless of the reset seed (None: the map follows the seed)."""
+    no_dead_ends: bool = False
+    """Keep only maps without dead ends for Down/Right walkers: every tile reachable from the start by Down and
+    Right moves onto ice still has a Down/Right path to the goal. On such maps "step Down or Right onto ice or
+    the goal" solves every map in exactly 2 * (size - 1) moves, so a policy that reads the tiles next to it
+    wins, while one that ignores the map does not (see :func:`has_down_right_dead_end`). The maps are a seeded
+    subset of the ``p`` maps (the same seed gives the same map)."""
     describe_surroundings: bool = False
     """Append a line to the grid naming the tile one step Left / Down / Right / Up of the player (ice, hole,
     goal, or wall: the map's border, where a move leaves you in place) and the goal's direction
@@ -59,12 +65,15 @@ class FrozenLakeConfig:
             raise ValueError(f"p must be in [0.3, 1.0], got {self.p!r}")
         if not 0.0 < float(self.success_rate) <= 1.0:
             raise ValueError(f"success_rate must be in (0, 1], got {self.success_rate!r}")
+        if not isinstance(self.no_dead_ends, bool):
+            raise ValueError(f"no_dead_ends must be true or false, got {self.no_dead_ends!r}")
         if not isinstance(self.describe_surroundings, bool):
             raise ValueError(f"describe_surroundings must be true or false, got {self.describe_surroundings!r}")
 
 
-def generate_map(size: int, p: float, seed: int | None) -> list[str]:
-    """A random solvable map, identical to gymnasium's generate_random_map(size, p, seed)."""
+def generate_map(size: int, p: float, seed: int | None, no_dead_ends: bool = False) -> list[str]:
+    """A random solvable map, identical to gymnasium's generate_random_map(size, p, seed); with ``no_dead_ends``
+    the first of the same draws that also has no Down/Right dead end (:func:`has_down_right_dead_end`)."""
     from gymnasium.envs.toy_text.frozen_lake import is_valid
     from gymnasium.utils import seeding
 
@@ -74,8 +83,36 @@ def generate_map(size: int, p: float, seed: int | None) -> list[str]:
         board[0][0] = "S"
         board[-1][-1] = "G"
         if is_valid(board, size):
-            return ["".join(row) for row in board]
-    raise ValueError(f"no solvable {size}x{size} map found with p={p} in {_MAX_MAP_TRIES} tries; raise p")
+            desc = ["".join(row) for row in board]
+            if not (no_dead_ends and has_down_right_dead_end(desc)):
+                return desc
+    wanted = "solvable map without Down/Right dead ends" if no_dead_ends else "solvable map"
+    raise ValueError(f"no {wanted} of {size}x{size} found with p={p} in {_MAX_MAP_TRIES} tries; raise p")
+
+
+def has_down_right_dead_end(desc: list[str]) -> bool:
+    """Whether a walker that only steps Down or Right onto ice can get stuck: some tile it can reach from the
+    start has no Down/Right path to the goal. False means "step Down or Right onto ice or the goal" always
+    reaches the goal, in exactly 2 * (size - 1) moves."""
+    size = len(desc)
+    reaches_goal = [[False] * size for _ in range(size)]  # a Down/Right path over ice from (r, c) to the goal
+    for r in range(size - 1, -1, -1):
+        for c in range(size - 1, -1, -1):
+            if desc[r][c] == "G":
+                reaches_goal[r][c] = True
+            elif desc[r][c] != "H":
+                reaches_goal[r][c] = ((r + 1 < size and reaches_goal[r + 1][c])
+                                      or (c + 1 < size and reaches_goal[r][c + 1]))
+    reachable, frontier = {(0, 0)}, [(0, 0)]
+    while frontier:
+        r, c = frontier.pop()
+        if not reaches_goal[r][c]:
+            return True
+        for nr, nc in ((r + 1, c), (r, c + 1)):
+            if nr < size and nc < size and desc[nr][nc] != "H" and (nr, nc) not in reachable:
+                reachable.add((nr, nc))
+                frontier.append((nr, nc))
+    return False
 
 
 TILE_WORDS = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
@@ -119,7 +156,7 @@ class FrozenLakeEnv(GymnasiumTextEnv):
         from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
 
         map_seed = self.config.map_seed if self.config.map_seed is not None else seed
-        self.desc = generate_map(self.config.size, float(self.config.p), map_seed)
+        self.desc = generate_map(self.config.size, float(self.config.p), map_seed, self.config.no_dead_ends)
         self._policy = None
         return GymFrozenLake(
             render_mode="ansi",

@@ -42,10 +42,12 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from agent_trainer import prompts
+from launch import reading_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -353,16 +355,25 @@ def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[
 
 
 def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed: int = 0,
-           batch_size: int = 8, lr: float = 5e-3, max_len: int = 512) -> float:
-    """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss.
+           batch_size: int = 8, lr: float = 5e-3, max_len: int = 512, reading_fraction: float = 0.0,
+           on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
+    """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss and the
+    reading exercises' prompts it trained on (for the probe to avoid).
 
-    The reported loss is the mean over the last 10 steps (one batch is noisy).
+    ``reading_fraction`` of the transcripts are reading exercises (``launch.reading_corpus``), the rest
+    random-action env transcripts. The reported loss is the mean over the last 10 steps (one batch is noisy).
+    ``on_step(step)`` runs after each step (a probe during a pilot).
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
+    n_pool = min(steps * batch_size, 2048)
+    n_reading = round(n_pool * reading_fraction)
+    chats = reading_corpus.exercise_chats(n_reading, seed)
+    seen = {chat[1]["content"] for chat in chats}
+    chats += [make_transcript(rng.choice(episodes), rng) for _ in range(n_pool - n_reading)]
     pool = []
-    for _ in range(min(steps * batch_size, 2048)):
-        ids, mask = encode_transcript(tokenizer, make_transcript(rng.choice(episodes), rng))
+    for chat in chats:
+        ids, mask = encode_transcript(tokenizer, chat)
         if len(ids) <= max_len:
             pool.append((ids, mask))
     if len(pool) < batch_size:
@@ -396,8 +407,10 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
         optim.step()
         sched.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(len(losses))
     model.eval()
-    return sum(losses[-10:]) / len(losses[-10:])
+    return sum(losses[-10:]) / len(losses[-10:]), seen
 
 
 @torch.no_grad()
@@ -456,7 +469,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                      max_position_embeddings: int = 2048, warmup_steps: int = 300, batch_size: int = 8,
                      lr: float = 5e-3, seed: int = 0, envs_config: str | Path = "config/envs.yaml",
                      corpus_seeds: int = 32, format_samples: int = 32, threads: int = 1,
-                     force: bool = False) -> Path:
+                     reading_fraction: float = 0.0, reading_samples: int = 128, force: bool = False) -> Path:
     """Build (or reuse) the tiny model at ``out_dir`` and return its path.
 
     The build goes to a temporary sibling directory that is renamed into
@@ -479,17 +492,19 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
         tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
         tmp.mkdir(parents=True)
         try:
-            train_tokenizer(corpus.texts, vocab_size).save_pretrained(tmp)
+            texts = corpus.texts + (reading_corpus.corpus_texts(seed) if reading_fraction > 0 else [])
+            train_tokenizer(texts, vocab_size).save_pretrained(tmp)
             tokenizer = AutoTokenizer.from_pretrained(tmp)  # exactly what every consumer will load
 
             model = make_model(tokenizer, hidden_size=hidden_size, layers=layers, kv_heads=kv_heads,
                                intermediate_size=intermediate_size,
                                max_position_embeddings=max_position_embeddings, seed=seed)
-            loss = None
+            loss, seen = None, set()
             if warmup_steps > 0:
-                loss = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
-                              batch_size=batch_size, lr=lr)
+                loss, seen = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
+                                    batch_size=batch_size, lr=lr, reading_fraction=reading_fraction)
             rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
+            reading = reading_corpus.reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
             model.save_pretrained(tmp, safe_serialization=True)
             info = {
                 "seed": seed, "vocab_size": len(tokenizer), "bpe_vocab_size": vocab_size,
@@ -498,6 +513,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
                 "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
+                "reading_fraction": reading_fraction, "reading_accuracy": reading, "reading_samples": reading_samples,
                 "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
                            "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
                            "n_episodes": len(corpus.episodes)},
@@ -559,6 +575,10 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--corpus-seeds", type=int, default=32, help="reset seeds per env tag")
     p.add_argument("--format-samples", type=int, default=32, help="samples for the format_ok rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the build (1 is fastest on shared cores)")
+    p.add_argument("--reading-fraction", type=float, default=0.0,
+                   help="share of warm-up transcripts that are reading exercises (launch/reading_corpus.py)")
+    p.add_argument("--reading-samples", type=int, default=128,
+                   help="held-out reading exercises of the probe (build_info.json: reading_accuracy)")
     p.add_argument("--force", action="store_true", help="rebuild even when --out holds a complete model")
     p.add_argument("--reward-model-out", default="",
                    help="also build a tiny reward model (the policy's backbone + a score head) at this path")
@@ -574,7 +594,7 @@ def main(argv: list[str] | None = None) -> Path:
         intermediate_size=a.intermediate_size, max_position_embeddings=a.max_position_embeddings,
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
-        threads=a.threads, force=a.force,
+        threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples, force=a.force,
     )
     if a.reward_model_out:
         build_reward_model(out, a.reward_model_out, seed=a.seed)

@@ -1,11 +1,13 @@
 """FrozenLake: determinism, solvable maps, legend, fuzzing, slippery dynamics."""
 
+import itertools
+
 import pytest
 from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
 import envs
 from envs.base import parse_choice
-from envs.frozen_lake import ACTIONS, FrozenLakeConfig, FrozenLakeEnv, generate_map
+from envs.frozen_lake import ACTIONS, FrozenLakeConfig, FrozenLakeEnv, generate_map, has_down_right_dead_end
 
 
 def run_expert(env, seed, max_steps=100):
@@ -29,6 +31,56 @@ def test_same_seed_same_observation():
 def test_map_matches_gymnasium_generator():
     for seed in range(5):
         assert generate_map(6, 0.8, seed) == generate_random_map(6, 0.8, seed)
+
+
+def _stuck_walk(desc: list[str]) -> bool:
+    """Brute force: some sequence of safe Down/Right moves (onto ice, on the map) stops short of the goal with
+    no safe Down/Right move left."""
+    size = len(desc)
+
+    def safe(r, c):
+        return r < size and c < size and desc[r][c] != "H"
+
+    for moves in itertools.product([(1, 0), (0, 1)], repeat=2 * (size - 1)):
+        r, c = 0, 0
+        for dr, dc in moves:
+            if desc[r][c] == "G" or not safe(r + dr, c + dc):
+                break
+            r, c = r + dr, c + dc
+        if desc[r][c] != "G" and not safe(r + 1, c) and not safe(r, c + 1):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("size", [3, 4, 5])
+def test_dead_end_check_agrees_with_brute_force(size):
+    maps = [generate_map(size, 0.7, seed) for seed in range(300)]
+    verdicts = [has_down_right_dead_end(desc) for desc in maps]
+    assert verdicts == [_stuck_walk(desc) for desc in maps]
+    assert 0 < sum(verdicts) < len(maps)  # both kinds of map occur
+
+
+def test_maps_without_dead_ends_are_won_by_safe_down_right_moves():
+    env = envs.make_env("frozen_lake", size=4, p=0.8, no_dead_ends=True, describe_surroundings=True)
+    plain = envs.make_env("frozen_lake", size=4, p=0.8)
+    differ = 0
+    for seed in range(100):
+        env.reset(seed=seed)
+        plain.reset(seed=seed)
+        differ += env.desc != plain.desc
+        assert not has_down_right_dead_end(env.desc)
+        for turn in range(6):  # the walker of the docstring: Down if Down is ice or the goal, else Right
+            line = env.render().splitlines()[-1]
+            action = "Down" if ("Down: ice" in line or "Down: goal" in line) else "Right"
+            _, reward, done, info = env.step(action)
+            if done:
+                break
+        assert done and info["success"] and turn == 5, (seed, env.desc)
+    assert differ > 20  # a subset of the p maps: where the seed's first map has a dead end, a later draw
+    again = envs.make_env("frozen_lake", size=4, p=0.8, no_dead_ends=True, describe_surroundings=True)
+    assert [again.reset(seed=s) for s in range(5)] == [env.reset(seed=s) for s in range(5)]  # seeded
+    with pytest.raises(ValueError, match="no_dead_ends"):
+        FrozenLakeConfig(no_dead_ends="yes")
 
 
 @pytest.mark.parametrize("size", [3, 4, 6, 8])

@@ -94,7 +94,7 @@ def test_action_choices_lists_and_free_text():
 
 def test_build_is_deterministic_idempotent_and_warms_up(tmp_path, capsys):
     common = ["--warmup-steps", "3", "--batch-size", "2", "--corpus-seeds", "2", "--format-samples", "2",
-              "--seed", "1"]
+              "--seed", "1", "--reading-fraction", "0.5", "--reading-samples", "4"]
     a = btm.main(["--out", str(tmp_path / "a"), *common])
     b = btm.main(["--out", str(tmp_path / "b"), *common])
     for name in ["model.safetensors", "tokenizer.json", "config.json"]:
@@ -102,6 +102,7 @@ def test_build_is_deterministic_idempotent_and_warms_up(tmp_path, capsys):
     info = json.loads((a / "build_info.json").read_text())
     assert info["warmup_steps"] == 3 and info["final_warmup_loss"] is not None
     assert 0.0 <= info["format_ok_rate"] <= 1.0
+    assert info["reading_fraction"] == 0.5 and info["reading_accuracy"] in (0.0, 0.25, 0.5, 0.75, 1.0)
     assert "final warm-up loss" in capsys.readouterr().out
 
     stamp = (a / "model.safetensors").stat().st_mtime_ns
