@@ -356,17 +356,18 @@ def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[
 
 def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed: int = 0,
            batch_size: int = 8, lr: float = 5e-3, max_len: int = 512, reading_fraction: float = 0.0,
-           on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
+           max_transcripts: int = 2048, on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
     """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss and the
     reading exercises' prompts it trained on (for the probe to avoid).
 
     ``reading_fraction`` of the transcripts are reading exercises (``launch.reading_corpus``), the rest
     random-action env transcripts. The reported loss is the mean over the last 10 steps (one batch is noisy).
-    ``on_step(step)`` runs after each step (a probe during a pilot).
+    At most ``max_transcripts`` distinct transcripts are drawn. ``on_step(step)`` runs after each step (a probe
+    during a pilot).
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    n_pool = min(steps * batch_size, 2048)
+    n_pool = min(steps * batch_size, max_transcripts)
     n_reading = round(n_pool * reading_fraction)
     chats = reading_corpus.exercise_chats(n_reading, seed)
     seen = {chat[1]["content"] for chat in chats}
