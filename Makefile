@@ -8,7 +8,7 @@ RM     := models/tiny-qwen2-rm
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: install install-gpu gpu-model model shellcheck chromium train train-gpu test test-gpu test-fast bench clean
+.PHONY: install install-gpu gpu-model model shellcheck chromium train train-clock train-gpu test test-gpu test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,10 +104,14 @@ SFT_RUN := outputs/agent_trainer/sft_frozenlake
 $(SFT_RUN)/final/config.json: $(MODEL)/build_info.json config/sft_frozenlake.yaml
 	$(PY) -m agent_trainer.sft --config-name sft_frozenlake
 
-train: model $(SFT_RUN)/final/config.json
+# The clock of learning_summary.json's wall_s starts after the venv install (train-clock runs after install).
+train: install train-clock model $(SFT_RUN)/final/config.json
 	$(PY) -m agent_trainer.main --config-name frozenlake model_path=$(SFT_RUN)/final trainer.resume_mode=disable \
 	  trainer.val_before_train=true $(ARGS)
-	$(PY) bench/baselines.py --config-name frozenlake --sft-dir $(SFT_RUN) $(ARGS)
+	$(PY) bench/baselines.py --config-name frozenlake --sft-dir $(SFT_RUN) --started-at "$$(cat $(VENV)/.train-started)" $(ARGS)
+
+train-clock: install
+	@date +%s > $(VENV)/.train-started
 
 # Two pytest-xdist workers (TEST_WORKERS=1 runs in one process): a module runs whole on one worker, the
 # shared-cluster e2e runs all on one (tests/conftest.py); on 2 cores the suite takes 0.55-0.66 of one process's time.
