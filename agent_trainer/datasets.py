@@ -217,7 +217,7 @@ def dataset_env_tags(cfg) -> dict:
     ``cfg`` is the typed ``AgentTrainerConfig``. Returns {} when no data files are set; the val tag
     plays ``data.train_files`` when ``data.val_files`` is empty.
     """
-    from agent_trainer.reward_config import TRAIN_TAG, VAL_TAG
+    from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
     from envs.registry import EnvTagConfig
 
     data, fn = cfg.data, cfg.reward.custom_reward_function
@@ -242,7 +242,7 @@ def check_datasets(cfg, env_tags: dict, count_tokens: Callable[[str], int]) -> N
     Errors name the key (or the file and line) and the fix.
     """
     from agent_trainer.reward_fns import load_reward_fn
-    from agent_trainer.reward_config import TRAIN_TAG, VAL_TAG
+    from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 
     data = cfg.data
     for tag, key in ((TRAIN_TAG, "data.train_files"), (VAL_TAG, "data.val_files")):

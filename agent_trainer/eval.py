@@ -137,7 +137,7 @@ def parse_argv(argv: Sequence[str]) -> tuple[str, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Console entry point; a config mistake exits with one line before Ray starts."""
-    from agent_trainer.config_checks import check_eval
+    from agent_trainer.checks.rl import check_eval
     from agent_trainer.main import compose_and_prepare, refusal
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -21,8 +21,11 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import compat, config_errors, memory_plan, run_logs
-from agent_trainer.config import AgentTrainerConfig, config_schema, load_config
+from agent_trainer import core_algos, memory_plan, run_logs
+from agent_trainer.checks.load import load_config
+from agent_trainer.config import AgentTrainerConfig, config_schema
+from agent_trainer.config import compat
+from agent_trainer.config import errors as config_errors
 from agent_trainer.datasets import check_datasets, dataset_env_tags
 
 logger = logging.getLogger(__name__)
@@ -31,7 +34,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 # base.yaml lists this schema first in its defaults, so every typed key can be overridden
 # without "+" and hydra rejects unknown keys and wrong types while composing. "+key=value"
-# still adds a key the schema lacks; load_config refuses it (agent_trainer/config_errors.py).
+# still adds a key the schema lacks; load_config refuses it (agent_trainer/config/errors.py).
 ConfigStore.instance().store(name="agent_trainer_schema", node=AgentTrainerConfig)
 
 CONFIG_ERRORS = (ValueError, HydraException, OmegaConfBaseException)
@@ -52,7 +55,7 @@ def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
         raise ValueError(f"trainer.resume_from_path = {resume!r} is not a folder; point it at a checkpoint "
                          "folder (<run dir>/global_step_N)")
     model = resolve_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
-    if cfg.critic_enabled and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
+    if core_algos.critic_enabled(cfg) and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         resolve_model("critic.model.path", cfg.critic.model.path)
     if cfg.reward_model.enable:
         rm_labels = resolve_model("reward_model.model.path", cfg.reward_model.model.path).num_labels

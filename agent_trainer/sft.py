@@ -40,14 +40,18 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from agent_trainer import checkpoint, config_errors
+from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, AgentTrainerConfig
 from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
                                           play_demonstrations, read_jsonl, write_jsonl)
 from agent_trainer.es_manager import VAL_SEED_OFFSET
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
-from agent_trainer.sft_config import SFTConfig, check_against_rl, load_sft_config, sft_schema
+from agent_trainer.checks.load import load_sft_config
+from agent_trainer.checks.sft import check_against_rl
+from agent_trainer.config import errors as config_errors
+from agent_trainer.config.loading import sft_schema
+from agent_trainer.config.sft import SFTConfig
 from agent_trainer.tracking import Tracking, timer
 from envs.registry import normalize_tags
 

@@ -57,7 +57,7 @@ class AgentTrainer:
         self.global_step = 0
         self.run_dir = Path(cfg.trainer.default_local_dir)
         checkpoint.seed_everything(cfg.trainer.seed)
-        self.checkpoint_parts = ["actor"] + (["critic"] if cfg.critic_enabled else [])
+        self.checkpoint_parts = ["actor"] + (["critic"] if core_algos.critic_enabled(cfg) else [])
         self.resume_from = checkpoint.prepare_run_dir(self.run_dir, cfg.trainer.resume_mode,
                                                       cfg.trainer.resume_from_path, self.checkpoint_parts)
         resume_step = checkpoint.TrainerState.load(self.resume_from).global_step if self.resume_from else 0
@@ -355,8 +355,8 @@ class AgentTrainer:
             batch["token_level_rewards"] = rewards
             metrics.update(kl_metrics)
         advantages, returns = core_algos.compute_advantage(
-            batch.tensors, alg.estimator(), gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **alg.estimator_options(),
+            batch.tensors, core_algos.estimator(alg), gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **core_algos.estimator_options(alg),
         )
         self.check_finite(batch, advantages, returns)
         batch["advantages"], batch["returns"] = advantages, returns

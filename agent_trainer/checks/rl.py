@@ -2,26 +2,34 @@
 
 Each error is one line naming the key, the value, the rule and the fix, e.g.
 ``actor_rollout_ref.rollout.temperature = -0.5 must be >= 0 (0 = greedy); e.g. actor_rollout_ref.rollout.temperature=1.0``.
-Single-key ranges and choices are tables (:data:`RANGES`, :func:`choices`); rules that
-relate several keys are functions below them. Checks that need the file system or the
+Single-key ranges and choices are tables (``agent_trainer.checks.rules``); rules that
+relate several keys are functions below. Checks that need the file system or the
 model's config.json (model paths, ``envs_file``, ``max_position_embeddings``) run in
 ``agent_trainer.main.check_inputs``, still before Ray starts.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from functools import reduce
-from typing import TYPE_CHECKING, Any, Callable
+import importlib.util
 
 from agent_trainer import core_algos
-from agent_trainer.ctx_manager import CTX_MODES
-from agent_trainer.multiturn_config import validate_multiturn
-from agent_trainer.reward_config import RM_INPUTS
-
-if TYPE_CHECKING:
-    from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.agents.registry import resolve_agent_cls
+from agent_trainer.checks.multiturn import validate_multiturn
+from agent_trainer.checks.plugins import check_plugins
+from agent_trainer.checks.rules import (
+    DTYPES,
+    RANGES,
+    check,
+    choices,
+    get_key,
+    is_number,
+    validate_algorithm_choices,
+)
+from agent_trainer.config.choices import LOGGERS
+from agent_trainer.config.errors import check_choice
+from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
+from agent_trainer.config.schema import AgentTrainerConfig
+from agent_trainer.config.workers import FSDPConfig
 
 GROUP_ESTIMATORS = ("grpo", "grpo_multiturn", "rloo", "reinforce_plus_plus_baseline", "gigpo")
 """Estimators whose baseline is the other episodes of a group (es_manager.train.group_size >= 2)."""
@@ -29,192 +37,27 @@ CONDENSED_ESTIMATORS = ("grpo_multiturn", "gigpo")
 """Estimators that read the per-turn rows of ``ctx_manager.mode=condensed`` as trajectories (via ``traj_uid``)."""
 MULTI_TURN_ESTIMATORS = ("gigpo",)
 """Estimators that compare turns (anchor states) and so need episodes of several turns."""
-DTYPES = ("float32", "bfloat16", "float16")
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-RESUME_MODES = ("auto", "disable", "resume_path")
-RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
-ROLLOUT_MODES = ("sync", "async")
-"""actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
-MIXED_PRECISIONS = ("none", "bf16")
-"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (workers.fsdp_base)."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A range rule for one numeric key: the test and how it reads in an error."""
-
-    test: Callable[[float], bool]
-    text: str
-    allow_none: bool = False
-
-
-def at_least(n: float, note: str = "") -> Rule:
-    """value >= n."""
-    return Rule(lambda v: v >= n, f"must be >= {n}{note}")
-
-
-def above(n: float, note: str = "") -> Rule:
-    """value > n."""
-    return Rule(lambda v: v > n, f"must be > {n}{note}")
-
-
-def at_most(n: float, note: str = "") -> Rule:
-    """value <= n."""
-    return Rule(lambda v: v <= n, f"must be <= {n}{note}")
-
-
-def between(low: float, high: float, low_open: bool, high_open: bool) -> Rule:
-    """value in the interval, each end open or closed."""
-    text = f"must lie in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    return Rule(lambda v: (v > low if low_open else v >= low) and (v < high if high_open else v <= high), text)
-
-
-def optional(rule: Rule) -> Rule:
-    """The rule, or null."""
-    return Rule(rule.test, f"{rule.text} (or null)", allow_none=True)
-
-
-def _sections(template: list[tuple[str, Rule, str]], *prefixes: str) -> list[tuple[str, Rule, str]]:
-    """The same rules for a sub-section (optim, fsdp) of several sections."""
-    return [(f"{p}.{key}", rule, example) for p in prefixes for key, rule, example in template]
-
-
-_OPTIM = [("optim.lr", above(0), "1e-5"), ("optim.weight_decay", at_least(0), "0.0"),
-          ("optim.warmup_steps", at_least(0), "0")]
-_FSDP = [("fsdp.world_size", at_least(1), "1"), ("fsdp.num_cpus_per_rank", at_least(0), "0.25"),
-         ("fsdp.num_threads", at_least(1), "1")]
-_ROLLOUT = "actor_rollout_ref.rollout"
-WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
-"""actor_rollout_ref.rollout.weight_sync (the same tuple as workers.weight_sync.TRANSPORTS; a test keeps them equal)."""
-
-RANGES: list[tuple[str, Rule, str]] = [
-    # key, rule, an example of a value that works
-    ("micro_batch_size_per_gpu", at_least(1), "4"),
-    ("ppo_mini_batch_size", at_least(1), "8"),
-    ("actor_rollout_ref.actor.ppo_epochs", at_least(1), "1"),
-    ("actor_rollout_ref.actor.clip_ratio", optional(between(0, 1, True, True)), "0.2"),
-    ("actor_rollout_ref.actor.clip_ratio_low", optional(between(0, 1, True, True)), "0.2"),
-    ("actor_rollout_ref.actor.clip_ratio_high", optional(above(0)), "0.28"),
-    ("actor_rollout_ref.actor.clip_ratio_c", above(1, " (dual-clip bound)"), "3.0"),
-    ("actor_rollout_ref.actor.entropy_coeff", at_least(0), "0.0"),
-    ("actor_rollout_ref.actor.kl_loss_coef", at_least(0), "0.001"),
-    ("actor_rollout_ref.actor.grad_clip", above(0), "1.0"),
-    ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", at_least(1), "4"),
-    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", at_least(1), "16384"),
-    ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", at_least(1), "16384"),
-    ("critic.ppo_max_token_len_per_gpu", at_least(1), "16384"),
-    ("critic.forward_max_token_len_per_gpu", optional(at_least(1)), "null"),
-    ("algorithm.rollout_correction.rollout_is_threshold", above(0, " (the upper truncation of each IS weight)"),
-     "2.0"),
-    (f"{_ROLLOUT}.temperature", at_least(0, " (0 = greedy)"), "1.0"),
-    (f"{_ROLLOUT}.top_p", between(0, 1, True, False), "1.0"),
-    (f"{_ROLLOUT}.top_k", Rule(lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"), "-1"),
-    (f"{_ROLLOUT}.response_length", at_least(1), "100"),
-    (f"{_ROLLOUT}.max_model_len", at_least(2), "2048"),
-    (f"{_ROLLOUT}.num_workers", at_least(1), "1"),
-    (f"{_ROLLOUT}.generate_timeout_s", above(0), "600"),
-    (f"{_ROLLOUT}.kv_cache_space_gib", above(0), "1.0"),
-    (f"{_ROLLOUT}.gpu_memory_utilization", between(0, 1, True, False), "0.5"),
-    (f"{_ROLLOUT}.tensor_model_parallel_size", at_least(1), "1"),
-    (f"{_ROLLOUT}.num_cpus_per_worker", at_least(0), "0.5"),
-    (f"{_ROLLOUT}.num_threads", at_least(0, " (0 = auto)"), "0"),
-    (f"{_ROLLOUT}.update_weights_bucket_megabytes", above(0), "256"),
-    (f"{_ROLLOUT}.val_kwargs.temperature", at_least(0, " (0 = greedy)"), "0.0"),
-    (f"{_ROLLOUT}.val_kwargs.top_p", between(0, 1, True, False), "1.0"),
-    ("critic.ppo_epochs", at_least(1), "1"),
-    ("critic.cliprange_value", above(0), "0.5"),
-    ("critic.grad_clip", above(0), "1.0"),
-    ("algorithm.kl_ctrl.kl_coef", at_least(0), "0.001"),
-    ("algorithm.kl_ctrl.target_kl", above(0), "0.1"),
-    ("algorithm.kl_ctrl.horizon", at_least(1), "10000"),
-    ("agent_proxy.max_turn", at_least(1), "5"),
-    ("agent_proxy.num_env_actors", at_least(1), "2"),
-    ("agent_proxy.num_cpus_per_env_actor", at_least(0), "0.1"),
-    ("ctx_manager.keep_last_n_turns", optional(at_least(0, " (0 = no history)")), "2"),
-    ("trainer.total_training_steps", at_least(1), "10"),
-    ("trainer.max_off_policy_steps", Rule(lambda v: v in (0, 1), "must be 0 (rollout, then update) or 1 (one-step "
-                                          "off-policy overlap); a larger staleness bound is not built"), "1"),
-    ("trainer.seed", at_least(0), "0"),
-    ("trainer.ray_num_cpus", optional(above(0)), "null"),
-    ("trainer.max_actor_ckpt_to_keep", optional(at_least(1)), "null"),
-    ("trainer.max_critic_ckpt_to_keep", optional(at_least(1)), "null"),
-    ("trainer.dashboard_port", optional(between(1, 65535, False, False)), "null"),
-    ("trainer.max_restarts", at_least(0), "0"),
-    ("trainer.collective_timeout_s", above(0), "600"),
-    ("trainer.placement_timeout_s", above(0), "120"),
-    ("trainer.log_trajectories_freq", at_least(0, " (0 = off)"), "10"),
-    ("trainer.log_trajectories_per_tag", at_least(1), "4"),
-    ("eval.k", at_least(0, " (0 = greedy only)"), "4"),
-    ("es_manager.format_penalty", at_most(0, " (a penalty; a positive value would reward bad answers)"), "-0.1"),
-    ("es_manager.seed", at_least(0), "0"),
-    ("data.max_prompt_length", at_least(1), "1024"),
-    ("data.max_turns", at_least(1, " (1 = single-turn)"), "1"),
-    ("reward_model.max_length", at_least(1), "2048"),
-    ("reward_model.micro_batch_size_per_gpu", at_least(1), "4"),
-    ("reward_model.world_size", at_least(1), "1"),
-    ("reward_model.num_cpus_per_rank", at_least(0), "0.25"),
-    ("reward_model.reward_weight", Rule(lambda v: v != 0, "must not be 0 (the scores would be ignored; use "
-                                                          "reward_model.enable=false)"), "1.0"),
-    ("es_manager.env_step_timeout_s", above(0), "60"),
-    ("es_manager.env_reset_timeout_s", above(0), "60"),
-    ("es_manager.max_failed_reset_fraction", between(0, 1, False, False), "0.5"),
-    ("es_manager.max_observation_chars", at_least(100), "20000"),
-    *_sections(_OPTIM, "actor_rollout_ref.actor", "critic"),
-    *_sections(_FSDP, "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"),
-]
-"""Single-key numeric ranges; a non-finite number (nan, inf) never passes."""
-
-
-def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
-    """Single-key choices: (key, value, allowed)."""
-    norm = cfg.agent_proxy.reward_normalization
-    return [  # the estimator, policy loss and KL choices are in core_algos.validate_algorithm_choices
-        ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, core_algos.KL_PENALTY_TYPES),
-        ("algorithm.rollout_correction.rollout_is", cfg.algorithm.rollout_correction.rollout_is,
-         (None, *core_algos.ROLLOUT_IS_LEVELS)),
-        ("actor_rollout_ref.actor.recompute_old_log_prob", cfg.actor_rollout_ref.actor.recompute_old_log_prob,
-         RECOMPUTE_OLD_LOG_PROB),
-        ("actor_rollout_ref.model.dtype", cfg.actor_rollout_ref.model.dtype, DTYPES),
-        ("actor_rollout_ref.rollout.dtype", cfg.actor_rollout_ref.rollout.dtype, (None, *DTYPES)),
-        ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ("vllm", "hf")),
-        ("actor_rollout_ref.rollout.weight_sync", cfg.actor_rollout_ref.rollout.weight_sync, WEIGHT_SYNC_TRANSPORTS),
-        ("actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES),
-        ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
-         core_algos.ROLLOUT_FILTER_STRATEGIES),
-        ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
-        ("actor_rollout_ref.ref.dtype", cfg.actor_rollout_ref.ref.dtype, (None, *DTYPES)),
-        *((f"{section}.fsdp.mixed_precision", role.fsdp.mixed_precision, MIXED_PRECISIONS) for section, role in (
-            ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),
-            ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref), ("critic", cfg.critic))),
-        ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES),
-        ("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS),
-        ("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS),
-        ("ctx_manager.mode", cfg.ctx_manager.mode, CTX_MODES),
-        ("trainer.device", cfg.trainer.device, ("auto", "cpu", "cuda")),
-        ("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES),
-        ("reward_model.input", cfg.reward_model.input, RM_INPUTS),
-        ("reward_model.model.dtype", cfg.reward_model.model.dtype, DTYPES),
-    ]
 
 
 def validate_config(cfg: AgentTrainerConfig) -> None:
     """Every start-up rule; raises ValueError with one line naming the key, the value and the fix."""
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
-    core_algos.validate_algorithm_choices(
+    check_plugins(cfg)  # the names merged into the config exist, as the schema's __post_init__ checked before
+    validate_algorithm_choices(
         adv_estimator=alg.adv_estimator, loss_agg_mode=actor.loss_agg(), kl_loss_type=actor.kl_loss_type,
         policy_loss_mode=actor.policy_loss_mode, kl_ctrl_type=alg.kl_ctrl.type, bi_level_gae=alg.bi_level_gae,
         gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
     )
     for key, rule, example in RANGES:
-        value = _get(cfg, key)
-        ok = rule.allow_none if value is None else _is_number(value) and rule.test(value)
+        value = get_key(cfg, key)
+        ok = rule.allow_none if value is None else is_number(value) and rule.test(value)
         if not ok:
             raise ValueError(f"{key} = {value!r} {rule.text}; e.g. {key}={example}")
     for key, value, allowed in choices(cfg):
         if value == "float64" and allowed is DTYPES:
             raise ValueError(f"{key} = 'float64' is not supported (FSDP mixed precision and vLLM run float32 at "
                              f"most); set {key}=float32 (or bfloat16 / float16 on GPUs)")
-        core_algos.check_choice(key, value, allowed)
+        check_choice(key, value, allowed)
     _check_optimizers(cfg)
     _check_precision(cfg)
     check_offload(cfg, cfg.trainer.device)
@@ -234,25 +77,12 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     validate_multiturn(cfg)
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _get(cfg: Any, key: str) -> Any:
-    return reduce(getattr, key.split("."), cfg)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_optimizers(cfg: AgentTrainerConfig) -> None:
     for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
                        ("critic.optim", cfg.critic.optim)):
         betas = list(optim.betas)
-        _check(len(betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in betas),
-               f"{key}.betas = {betas} must be two numbers in [0, 1); e.g. {key}.betas=[0.9,0.999]")
+        check(len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas),
+              f"{key}.betas = {betas} must be two numbers in [0, 1); e.g. {key}.betas=[0.9,0.999]")
 
 
 def _check_precision(cfg: AgentTrainerConfig) -> None:
@@ -264,17 +94,17 @@ def _check_precision(cfg: AgentTrainerConfig) -> None:
     actor = "actor_rollout_ref.actor"
     trained = [("actor_rollout_ref", arr.model.dtype, arr.actor.allow_low_precision_master, actor,
                 f"{actor}.fsdp.mixed_precision=bf16 (and actor_rollout_ref.rollout.dtype=bfloat16 for the engines)")]
-    if cfg.critic_enabled:  # a colocated critic runs under the actor's fsdp keys
+    if core_algos.critic_enabled(cfg):  # a colocated critic runs under the actor's fsdp keys
         trained.append(("critic", cfg.critic.model.dtype, cfg.critic.allow_low_precision_master, "critic",
                         f"{actor if cfg.critic.colocate else 'critic'}.fsdp.mixed_precision=bf16"))
     for section, dtype, allowed, role, compute in trained:
-        _check(dtype != "float16",
-               f"{section}.model.dtype = 'float16' trains float16 weights without a loss scaler (gradients underflow); "
-               f"set {section}.model.dtype=float32 and compute in bfloat16 with {compute}")
-        _check(dtype != "bfloat16" or allowed,
-               f"{section}.model.dtype = 'bfloat16' makes the master weights and AdamW states bfloat16, where small "
-               f"updates round away; set {section}.model.dtype=float32 and compute in bfloat16 with "
-               f"{compute}, or {role}.allow_low_precision_master=true")
+        check(dtype != "float16",
+              f"{section}.model.dtype = 'float16' trains float16 weights without a loss scaler (gradients underflow); "
+              f"set {section}.model.dtype=float32 and compute in bfloat16 with {compute}")
+        check(dtype != "bfloat16" or allowed,
+              f"{section}.model.dtype = 'bfloat16' makes the master weights and AdamW states bfloat16, where small "
+              f"updates round away; set {section}.model.dtype=float32 and compute in bfloat16 with "
+              f"{compute}, or {role}.allow_low_precision_master=true")
 
 
 def check_offload(cfg: AgentTrainerConfig, device: str) -> None:
@@ -283,40 +113,38 @@ def check_offload(cfg: AgentTrainerConfig, device: str) -> None:
     reference's optimizer_offload always (it has no optimizer)."""
     arr = cfg.actor_rollout_ref
     ref_fsdp = arr.ref.fsdp
-    _check(not ref_fsdp.optimizer_offload,
-           "actor_rollout_ref.ref.fsdp.optimizer_offload = True has nothing to move: the reference has no optimizer; "
-           "drop it (actor_rollout_ref.ref.fsdp.param_offload keeps its weights in host memory)")
+    check(not ref_fsdp.optimizer_offload,
+          "actor_rollout_ref.ref.fsdp.optimizer_offload = True has nothing to move: the reference has no optimizer; "
+          "drop it (actor_rollout_ref.ref.fsdp.param_offload keeps its weights in host memory)")
     if device != "cpu":
         return
     roles = [("actor_rollout_ref.actor", arr.actor.fsdp), ("actor_rollout_ref.ref", ref_fsdp)]
-    if cfg.critic_enabled and not cfg.critic.colocate:
+    if core_algos.critic_enabled(cfg) and not cfg.critic.colocate:
         roles.append(("critic", cfg.critic.fsdp))
     for section, fsdp in roles:
         for key in ("param_offload", "optimizer_offload"):
-            _check(not getattr(fsdp, key),
-                   f"{section}.fsdp.{key} = True moves GPU memory to the host, but trainer.device = 'cpu' (nothing "
-                   f"to offload); set {section}.fsdp.{key}=false, or train on GPUs")
+            check(not getattr(fsdp, key),
+                  f"{section}.fsdp.{key} = True moves GPU memory to the host, but trainer.device = 'cpu' (nothing "
+                  f"to offload); set {section}.fsdp.{key}=false, or train on GPUs")
 
 
 def _check_trainer(cfg: AgentTrainerConfig) -> None:
     t = cfg.trainer
     for key in ("project_name", "experiment_name", "default_local_dir"):
-        _check(bool(str(getattr(t, key)).strip()), f"trainer.{key} = {getattr(t, key)!r} must not be empty; "
+        check(bool(str(getattr(t, key)).strip()), f"trainer.{key} = {getattr(t, key)!r} must not be empty; "
                                                    "give it a name")
     for name in t.logger:
-        core_algos.check_choice("trainer.logger", name, LOGGERS)
+        check_choice("trainer.logger", name, LOGGERS)
     if "wandb" in t.logger:
-        import importlib.util
-
-        _check(importlib.util.find_spec("wandb") is not None,
-               f"trainer.logger = {list(t.logger)} names 'wandb', which is not installed; "
-               "pip install -e '.[wandb]' (or drop wandb from trainer.logger)")
-    _check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
-           f"trainer.resume_mode = 'resume_path' needs trainer.resume_from_path (got {t.resume_from_path!r}); set "
-           "trainer.resume_from_path=<run dir>/global_step_N, or use trainer.resume_mode=auto")
-    _check(t.resume_from_path is None or t.resume_mode == "resume_path",
-           f"trainer.resume_from_path = {t.resume_from_path!r} is only read with trainer.resume_mode=resume_path "
-           f"(got {t.resume_mode!r}); add trainer.resume_mode=resume_path or drop resume_from_path")
+        check(importlib.util.find_spec("wandb") is not None,
+              f"trainer.logger = {list(t.logger)} names 'wandb', which is not installed; "
+              "pip install -e '.[wandb]' (or drop wandb from trainer.logger)")
+    check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+          f"trainer.resume_mode = 'resume_path' needs trainer.resume_from_path (got {t.resume_from_path!r}); set "
+          "trainer.resume_from_path=<run dir>/global_step_N, or use trainer.resume_mode=auto")
+    check(t.resume_from_path is None or t.resume_mode == "resume_path",
+          f"trainer.resume_from_path = {t.resume_from_path!r} is only read with trainer.resume_mode=resume_path "
+          f"(got {t.resume_mode!r}); add trainer.resume_mode=resume_path or drop resume_from_path")
     # trainer.device=cuda is checked against the Ray cluster once joined (workers.build.check_device): the
     # driver, e.g. a `ray job submit` entrypoint on a head node without GPUs, need not see one.
 
@@ -324,35 +152,35 @@ def _check_trainer(cfg: AgentTrainerConfig) -> None:
 def check_eval(cfg: AgentTrainerConfig) -> None:
     """The evaluation entry's own rule (``python -m agent_trainer.eval``): k samples must be able to differ."""
     temperature = cfg.actor_rollout_ref.rollout.temperature
-    _check(cfg.eval.k <= 1 or temperature > 0,
-           f"eval.k = {cfg.eval.k} samples per seed with actor_rollout_ref.rollout.temperature = {temperature} would "
-           "all be the greedy episode; set actor_rollout_ref.rollout.temperature=1.0 or eval.k=0 (greedy only)")
+    check(cfg.eval.k <= 1 or temperature > 0,
+          f"eval.k = {cfg.eval.k} samples per seed with actor_rollout_ref.rollout.temperature = {temperature} would "
+          "all be the greedy episode; set actor_rollout_ref.rollout.temperature=1.0 or eval.k=0 (greedy only)")
 
 
 def _check_rollout(cfg: AgentTrainerConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
-    _check(r.response_length < r.max_model_len,
-           f"actor_rollout_ref.rollout.response_length = {r.response_length} must be smaller than "
-           f"actor_rollout_ref.rollout.max_model_len = {r.max_model_len} (the whole episode, prompt included); "
-           "raise max_model_len or lower response_length")
+    check(r.response_length < r.max_model_len,
+          f"actor_rollout_ref.rollout.response_length = {r.response_length} must be smaller than "
+          f"actor_rollout_ref.rollout.max_model_len = {r.max_model_len} (the whole episode, prompt included); "
+          "raise max_model_len or lower response_length")
     if r.tensor_model_parallel_size > 1:
-        _check(r.name == "vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
+        check(r.name == "vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
                                  f"{r.tensor_model_parallel_size} needs rollout.name=vllm (got {r.name!r}); "
                                  "set it to 1")
         # trainer.device=auto: checked against the cluster's GPUs once joined (workers.build.check_device).
-        _check(cfg.trainer.device != "cpu", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
+        check(cfg.trainer.device != "cpu", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
                                             f"{r.tensor_model_parallel_size} splits the engine over GPUs, and "
                                             "trainer.device = 'cpu'; set it to 1 (or trainer.device=cuda)")
     _check_hybrid_engine(cfg)
-    _check(r.mode != "async" or r.name == "vllm",
-           f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
-           "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
+    check(r.mode != "async" or r.name == "vllm",
+          f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
+          "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
     for split in ("train", "val"):
         groups = getattr(cfg.es_manager, split).env_groups
-        _check(cfg.agent_proxy.num_env_actors <= groups,
-               f"agent_proxy.num_env_actors = {cfg.agent_proxy.num_env_actors} is more than es_manager.{split}."
-               f"env_groups = {groups} (each actor holds whole groups, so some would hold none); "
-               f"set agent_proxy.num_env_actors <= {groups}")
+        check(cfg.agent_proxy.num_env_actors <= groups,
+              f"agent_proxy.num_env_actors = {cfg.agent_proxy.num_env_actors} is more than es_manager.{split}."
+              f"env_groups = {groups} (each actor holds whole groups, so some would hold none); "
+              f"set agent_proxy.num_env_actors <= {groups}")
 
 
 def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:
@@ -360,99 +188,98 @@ def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:
     arr = cfg.actor_rollout_ref
     r, world = arr.rollout, arr.actor.fsdp.world_size
     if arr.hybrid_engine:
-        _check(r.tensor_model_parallel_size == 1,
-               f"actor_rollout_ref.hybrid_engine = true places one engine in each actor rank's bundle (one GPU), but "
-               f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size}; set it to 1 "
-               "or actor_rollout_ref.hybrid_engine=false")
-        _check(r.num_workers <= world,
-               f"actor_rollout_ref.hybrid_engine = true places engine i in actor rank i's bundle, but "
-               f"actor_rollout_ref.rollout.num_workers = {r.num_workers} is more than actor_rollout_ref.actor.fsdp."
-               f"world_size = {world}; set rollout.num_workers <= {world}")
+        check(r.tensor_model_parallel_size == 1,
+              f"actor_rollout_ref.hybrid_engine = true places one engine in each actor rank's bundle (one GPU), but "
+              f"actor_rollout_ref.rollout.tensor_model_parallel_size = {r.tensor_model_parallel_size}; set it to 1 "
+              "or actor_rollout_ref.hybrid_engine=false")
+        check(r.num_workers <= world,
+              f"actor_rollout_ref.hybrid_engine = true places engine i in actor rank i's bundle, but "
+              f"actor_rollout_ref.rollout.num_workers = {r.num_workers} is more than actor_rollout_ref.actor.fsdp."
+              f"world_size = {world}; set rollout.num_workers <= {world}")
     if r.weight_sync == "cuda_ipc":
-        _check(cfg.trainer.device != "cpu" and arr.hybrid_engine and r.num_workers == 1,
-               f"actor_rollout_ref.rollout.weight_sync = 'cuda_ipc' reaches the one engine on the actor's rank-0 GPU "
-               f"(trainer.device cuda, actor_rollout_ref.hybrid_engine=true, rollout.num_workers=1; got device "
-               f"{cfg.trainer.device!r}, hybrid_engine={arr.hybrid_engine}, num_workers={r.num_workers}); use "
-               "actor_rollout_ref.rollout.weight_sync=auto or collective")
+        check(cfg.trainer.device != "cpu" and arr.hybrid_engine and r.num_workers == 1,
+              f"actor_rollout_ref.rollout.weight_sync = 'cuda_ipc' reaches the one engine on the actor's rank-0 GPU "
+              f"(trainer.device cuda, actor_rollout_ref.hybrid_engine=true, rollout.num_workers=1; got device "
+              f"{cfg.trainer.device!r}, hybrid_engine={arr.hybrid_engine}, num_workers={r.num_workers}); use "
+              "actor_rollout_ref.rollout.weight_sync=auto or collective")
     if r.enable_sleep_mode:
-        _check(cfg.trainer.device != "cpu",
-               "actor_rollout_ref.rollout.enable_sleep_mode = true needs GPU engines (vLLM has no sleep mode on CPU), "
-               "and trainer.device = 'cpu'; set actor_rollout_ref.rollout.enable_sleep_mode=false (or null)")
-        _check(cfg.trainer.max_off_policy_steps == 0,
-               "actor_rollout_ref.rollout.enable_sleep_mode = true puts the engines to sleep while the step trains, "
-               f"but trainer.max_off_policy_steps = {cfg.trainer.max_off_policy_steps} generates the next rollout "
-               "then; set trainer.max_off_policy_steps=0 or actor_rollout_ref.rollout.enable_sleep_mode=false")
+        check(cfg.trainer.device != "cpu",
+              "actor_rollout_ref.rollout.enable_sleep_mode = true needs GPU engines (vLLM has no sleep mode on CPU), "
+              "and trainer.device = 'cpu'; set actor_rollout_ref.rollout.enable_sleep_mode=false (or null)")
+        check(cfg.trainer.max_off_policy_steps == 0,
+              "actor_rollout_ref.rollout.enable_sleep_mode = true puts the engines to sleep while the step trains, "
+              f"but trainer.max_off_policy_steps = {cfg.trainer.max_off_policy_steps} generates the next rollout "
+              "then; set trainer.max_off_policy_steps=0 or actor_rollout_ref.rollout.enable_sleep_mode=false")
     elif r.enable_sleep_mode is None and arr.hybrid_engine and cfg.trainer.device == "cuda":  # auto: once joined
-        _check(cfg.trainer.max_off_policy_steps == 0,
-               "actor_rollout_ref.hybrid_engine = true on GPUs turns sleep mode on (rollout.enable_sleep_mode=null), "
-               f"which trainer.max_off_policy_steps = {cfg.trainer.max_off_policy_steps} cannot overlap with; set "
-               "trainer.max_off_policy_steps=0, or actor_rollout_ref.rollout.enable_sleep_mode=false to keep both "
-               "awake")
+        check(cfg.trainer.max_off_policy_steps == 0,
+              "actor_rollout_ref.hybrid_engine = true on GPUs turns sleep mode on (rollout.enable_sleep_mode=null), "
+              f"which trainer.max_off_policy_steps = {cfg.trainer.max_off_policy_steps} cannot overlap with; set "
+              "trainer.max_off_policy_steps=0, or actor_rollout_ref.rollout.enable_sleep_mode=false to keep both "
+              "awake")
 
 
 def _check_estimator(cfg: AgentTrainerConfig) -> None:
     """The estimator's preconditions: groups to compare, turns to compare, values when it needs them."""
-    estimator = cfg.algorithm.estimator()
+    estimator = core_algos.estimator(cfg.algorithm)
     group_size = cfg.es_manager.train.group_size
-    _check(estimator not in GROUP_ESTIMATORS or group_size >= 2,
-           f"algorithm.adv_estimator = {estimator!r} compares the episodes of a group, but es_manager.train.group_size"
-           f" = {group_size}: a group of one has nothing to compare with, so the estimator would silently become "
-           "REINFORCE without a baseline; set es_manager.train.group_size >= 2 (e.g. 4) or pick a critic "
-           "estimator such as gae")
-    _check(estimator not in MULTI_TURN_ESTIMATORS or cfg.agent_proxy.max_turn >= 2,
-           f"algorithm.adv_estimator = {estimator!r} compares turns from the same state across episodes, but "
-           f"agent_proxy.max_turn = {cfg.agent_proxy.max_turn} gives one-turn episodes (it would equal grpo); "
-           "set agent_proxy.max_turn >= 2 or algorithm.adv_estimator=grpo")
+    check(estimator not in GROUP_ESTIMATORS or group_size >= 2,
+          f"algorithm.adv_estimator = {estimator!r} compares the episodes of a group, but es_manager.train.group_size"
+          f" = {group_size}: a group of one has nothing to compare with, so the estimator would silently become "
+          "REINFORCE without a baseline; set es_manager.train.group_size >= 2 (e.g. 4) or pick a critic "
+          "estimator such as gae")
+    check(estimator not in MULTI_TURN_ESTIMATORS or cfg.agent_proxy.max_turn >= 2,
+          f"algorithm.adv_estimator = {estimator!r} compares turns from the same state across episodes, but "
+          f"agent_proxy.max_turn = {cfg.agent_proxy.max_turn} gives one-turn episodes (it would equal grpo); "
+          "set agent_proxy.max_turn >= 2 or algorithm.adv_estimator=grpo")
     needs_values = estimator in core_algos.CRITIC_ESTIMATORS
-    _check(cfg.critic.enable is not False or not needs_values,
-           f"algorithm.adv_estimator = {estimator!r} needs values but critic.enable = False; set critic.enable=true "
-           "(or null) or pick a critic-free estimator such as grpo")
-    _check(cfg.critic.enable is not True or needs_values,
-           f"critic.enable = True trains a critic whose values algorithm.adv_estimator = {estimator!r} never reads; "
-           "set critic.enable=null (on exactly for gae / bi_level_gae) or algorithm.adv_estimator=gae")
+    check(cfg.critic.enable is not False or not needs_values,
+          f"algorithm.adv_estimator = {estimator!r} needs values but critic.enable = False; set critic.enable=true "
+          "(or null) or pick a critic-free estimator such as grpo")
+    check(cfg.critic.enable is not True or needs_values,
+          f"critic.enable = True trains a critic whose values algorithm.adv_estimator = {estimator!r} never reads; "
+          "set critic.enable=null (on exactly for gae / bi_level_gae) or algorithm.adv_estimator=gae")
 
 
 def _validate_algorithm_options(cfg: AgentTrainerConfig) -> None:
     """algorithm.nonfinite_reward, algorithm.gigpo.*, and what ReMax's greedy baseline can be compared with."""
     alg = cfg.algorithm
-    core_algos.check_choice("algorithm.nonfinite_reward", alg.nonfinite_reward, core_algos.NONFINITE_REWARD_POLICIES)
-    core_algos.check_choice("algorithm.gigpo.mode", alg.gigpo.mode, core_algos.GIGPO_MODES)
-    _check(_is_number(alg.gigpo.epsilon) and alg.gigpo.epsilon > 0,
-           f"algorithm.gigpo.epsilon = {alg.gigpo.epsilon} must be > 0 (it keeps the division by a zero std "
-           "finite); use e.g. 1e-6")
-    _check(_is_number(alg.gigpo.step_advantage_w) and alg.gigpo.step_advantage_w >= 0,
-           f"algorithm.gigpo.step_advantage_w = {alg.gigpo.step_advantage_w} must be >= 0 (0 = episode-level "
-           "advantage only); e.g. algorithm.gigpo.step_advantage_w=1.0")
+    check_choice("algorithm.nonfinite_reward", alg.nonfinite_reward, core_algos.NONFINITE_REWARD_POLICIES)
+    check_choice("algorithm.gigpo.mode", alg.gigpo.mode, core_algos.GIGPO_MODES)
+    check(is_number(alg.gigpo.epsilon) and alg.gigpo.epsilon > 0,
+          f"algorithm.gigpo.epsilon = {alg.gigpo.epsilon} must be > 0 (it keeps the division by a zero std "
+          "finite); use e.g. 1e-6")
+    check(is_number(alg.gigpo.step_advantage_w) and alg.gigpo.step_advantage_w >= 0,
+          f"algorithm.gigpo.step_advantage_w = {alg.gigpo.step_advantage_w} must be >= 0 (0 = episode-level "
+          "advantage only); e.g. algorithm.gigpo.step_advantage_w=1.0")
     # The greedy episode's raw reward is the baseline; normalised episode rewards would sit on another scale.
     method = cfg.agent_proxy.reward_normalization.method
-    _check(alg.estimator() != "remax" or method == "identity",
-           f"algorithm.adv_estimator = 'remax' subtracts the raw reward of a greedy episode, but "
-           f"agent_proxy.reward_normalization.method = {method!r} rescales the sampled episodes' rewards; set "
-           "agent_proxy.reward_normalization.method=identity or pick algorithm.adv_estimator=grpo")
+    check(core_algos.estimator(alg) != "remax" or method == "identity",
+          f"algorithm.adv_estimator = 'remax' subtracts the raw reward of a greedy episode, but "
+          f"agent_proxy.reward_normalization.method = {method!r} rescales the sampled episodes' rewards; set "
+          "agent_proxy.reward_normalization.method=identity or pick algorithm.adv_estimator=grpo")
 
 
 def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
     """Context mode and estimator must agree: per-turn rows need a trajectory-level estimator, and back."""
-    mode, estimator = cfg.ctx_manager.mode, cfg.algorithm.estimator()
+    mode, estimator = cfg.ctx_manager.mode, core_algos.estimator(cfg.algorithm)
     # Raise rather than fall back: with one row per episode grpo_multiturn computes exactly grpo, and a
     # verl/RAGEN user who picks it expects condensed per-turn rows; a silent equivalence hides the mistake.
-    _check(not (estimator == "grpo_multiturn" and mode == "full"),
-           "algorithm.adv_estimator = 'grpo_multiturn' needs one training row per turn, but ctx_manager.mode = "
-           "'full' makes one row per episode (grpo_multiturn would silently equal grpo); set ctx_manager.mode="
-           "condensed (see config/frozenlake_grpo_multiturn.yaml) or algorithm.adv_estimator=grpo")
+    check(not (estimator == "grpo_multiturn" and mode == "full"),
+          "algorithm.adv_estimator = 'grpo_multiturn' needs one training row per turn, but ctx_manager.mode = "
+          "'full' makes one row per episode (grpo_multiturn would silently equal grpo); set ctx_manager.mode="
+          "condensed (see config/frozenlake_grpo_multiturn.yaml) or algorithm.adv_estimator=grpo")
     # Per-turn rows of one episode only form a trajectory for estimators that group them by traj_uid:
     # GAE / bi-level GAE would lose the value bootstrap between rows, and per-row outcome estimators
     # (grpo, rloo, reinforce_plus_plus*, remax) would score each turn as if it were a whole episode.
-    _check(mode != "condensed" or estimator in CONDENSED_ESTIMATORS,
-           f"ctx_manager.mode = 'condensed' makes one row per turn, which only {list(CONDENSED_ESTIMATORS)} reads as "
-           f"trajectories, but algorithm.adv_estimator = {estimator!r} (critic estimators would lose the value "
-           "bootstrap across rows; per-row outcome estimators would score each turn alone); set "
-           "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
+    check(mode != "condensed" or estimator in CONDENSED_ESTIMATORS,
+          f"ctx_manager.mode = 'condensed' makes one row per turn, which only {list(CONDENSED_ESTIMATORS)} reads as "
+          f"trajectories, but algorithm.adv_estimator = {estimator!r} (critic estimators would lose the value "
+          "bootstrap across rows; per-row outcome estimators would score each turn alone); set "
+          "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
 
 
 def _check_agent(cfg: AgentTrainerConfig) -> None:
     """agent_proxy.agent_cls: importable, an Agent subclass, of the layout ctx_manager.mode says (docs/agents.md)."""
-    from agent_trainer.agents.registry import resolve_agent_cls  # imports the agent classes (and a user's module)
 
     resolve_agent_cls(cfg)
 
@@ -462,16 +289,16 @@ def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
     rollout = cfg.actor_rollout_ref.rollout
     strategy, value = rollout.rollout_filter_strategy, rollout.rollout_filter_value
     low_ok = value >= 0.0 if strategy == "min_p" else value > 0.0
-    _check(_is_number(value) and low_ok and value <= 1.0,
-           f"actor_rollout_ref.rollout.rollout_filter_value = {value} must lie in "
-           f"{'[0, 1]' if strategy == 'min_p' else '(0, 1]'} for rollout_filter_strategy {strategy!r}; "
-           "use 1.0 to keep every group (StarPO-S uses top_k 0.25)")
+    check(is_number(value) and low_ok and value <= 1.0,
+          f"actor_rollout_ref.rollout.rollout_filter_value = {value} must lie in "
+          f"{'[0, 1]' if strategy == 'min_p' else '(0, 1]'} for rollout_filter_strategy {strategy!r}; "
+          "use 1.0 to keep every group (StarPO-S uses top_k 0.25)")
     # top_k ranks groups by in-group reward std; with one episode per group every std is 0 and the
     # kept groups would be an arbitrary prefix.
-    _check(not (strategy == "top_k" and value < 1.0 and cfg.es_manager.train.group_size < 2),
-           f"actor_rollout_ref.rollout.rollout_filter_value = {value} filters groups by their reward std, which is "
-           f"0 for groups of one (es_manager.train.group_size = {cfg.es_manager.train.group_size}); set "
-           "es_manager.train.group_size >= 2 or rollout_filter_value=1.0")
+    check(not (strategy == "top_k" and value < 1.0 and cfg.es_manager.train.group_size < 2),
+          f"actor_rollout_ref.rollout.rollout_filter_value = {value} filters groups by their reward std, which is "
+          f"0 for groups of one (es_manager.train.group_size = {cfg.es_manager.train.group_size}); set "
+          "es_manager.train.group_size >= 2 or rollout_filter_value=1.0")
 
 
 def _check_all_batching(cfg: AgentTrainerConfig) -> None:
@@ -483,7 +310,7 @@ def _check_all_batching(cfg: AgentTrainerConfig) -> None:
     actor = cfg.actor_rollout_ref.actor
     _check_batching("actor_rollout_ref.actor", rows, actor.ppo_mini_batch_size,
                     actor.ppo_micro_batch_size_per_gpu, actor.fsdp.world_size)
-    if cfg.critic_enabled:  # a colocated critic runs on the actor's ranks
+    if core_algos.critic_enabled(cfg):  # a colocated critic runs on the actor's ranks
         critic_world = actor.fsdp.world_size if cfg.critic.colocate else cfg.critic.fsdp.world_size
         _check_batching("critic", rows, cfg.critic.ppo_mini_batch_size,
                         cfg.critic.ppo_micro_batch_size_per_gpu, critic_world)
@@ -495,15 +322,15 @@ def _check_batching(section: str, rows: int | None, mini: int, micro: int, world
     ``rows`` is the number of rows per step, or None when it varies (condensed mode).
     """
     for key, value in (("ppo_mini_batch_size", mini), ("ppo_micro_batch_size_per_gpu", micro)):
-        _check(value >= 1, f"{section}.{key} = {value} must be >= 1; e.g. {section}.{key}=4")
-    _check(rows is None or rows % mini == 0,
-           f"{section}.ppo_mini_batch_size ({mini}) must divide the rows per step "
-           f"(es_manager.train.env_groups x group_size = {rows}); pick a divisor of {rows}")
-    _check(mini % world == 0,
-           f"{section}.ppo_mini_batch_size ({mini}) must be divisible by fsdp.world_size ({world})")
-    _check((mini // world) % micro == 0,
-           f"{section}.ppo_micro_batch_size_per_gpu ({micro}) must divide ppo_mini_batch_size / fsdp.world_size "
-           f"({mini} / {world} = {mini // world})")
+        check(value >= 1, f"{section}.{key} = {value} must be >= 1; e.g. {section}.{key}=4")
+    check(rows is None or rows % mini == 0,
+          f"{section}.ppo_mini_batch_size ({mini}) must divide the rows per step "
+          f"(es_manager.train.env_groups x group_size = {rows}); pick a divisor of {rows}")
+    check(mini % world == 0,
+          f"{section}.ppo_mini_batch_size ({mini}) must be divisible by fsdp.world_size ({world})")
+    check((mini // world) % micro == 0,
+          f"{section}.ppo_micro_batch_size_per_gpu ({micro}) must divide ppo_mini_batch_size / fsdp.world_size "
+          f"({mini} / {world} = {mini // world})")
 
 
 def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
@@ -514,22 +341,20 @@ def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
                 arr.actor.ppo_max_token_len_per_gpu),
                ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_use_dynamic_bsz and
                 cfg.ref_enabled, arr.ref.log_prob_max_token_len_per_gpu),
-               ("critic.ppo_max_token_len_per_gpu", critic.use_dynamic_bsz and cfg.critic_enabled,
+               ("critic.ppo_max_token_len_per_gpu", critic.use_dynamic_bsz and core_algos.critic_enabled(cfg),
                 critic.ppo_max_token_len_per_gpu),
-               ("critic.forward_max_token_len_per_gpu", critic.use_dynamic_bsz and cfg.critic_enabled,
+               ("critic.forward_max_token_len_per_gpu", critic.use_dynamic_bsz and core_algos.critic_enabled(cfg),
                 critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu)]
     for key, on, budget in budgets:
-        _check(not on or budget >= longest,
-               f"{key} = {budget} is smaller than actor_rollout_ref.rollout.max_model_len = {longest}, so a long "
-               f"episode would not fit one micro-batch; set {key}={max(longest, 16384)} or lower max_model_len")
+        check(not on or budget >= longest,
+              f"{key} = {budget} is smaller than actor_rollout_ref.rollout.max_model_len = {longest}, so a long "
+              f"episode would not fit one micro-batch; set {key}={max(longest, 16384)} or lower max_model_len")
 
 
 def _check_colocated(cfg: AgentTrainerConfig) -> None:
     """A colocated reference or critic lives in the actor's ranks: its own group's sharding keys would do nothing."""
-    from agent_trainer.config import FSDPConfig
-
     arr = cfg.actor_rollout_ref
-    hosted = [("actor_rollout_ref.ref", arr.ref, cfg.ref_enabled), ("critic", cfg.critic, cfg.critic_enabled)]
+    hosted = [("actor_rollout_ref.ref", arr.ref, cfg.ref_enabled), ("critic", cfg.critic, core_algos.critic_enabled(cfg))]
     for section, role, enabled in hosted:
         if not (enabled and role.colocate):
             continue
@@ -537,81 +362,79 @@ def _check_colocated(cfg: AgentTrainerConfig) -> None:
             if section == "actor_rollout_ref.ref" and key == "param_offload":
                 continue  # the reference's own host-memory shards, colocated or not
             value = getattr(role.fsdp, key)
-            _check(value == default,
-                   f"{section}.fsdp.{key} = {value} has no effect: {section}.colocate=true hosts it in the actor's "
-                   f"ranks (actor_rollout_ref.actor.fsdp.*); set {section}.colocate=false for a group of its own, "
-                   f"or drop {section}.fsdp.{key}")
+            check(value == default,
+                  f"{section}.fsdp.{key} = {value} has no effect: {section}.colocate=true hosts it in the actor's "
+                  f"ranks (actor_rollout_ref.actor.fsdp.*); set {section}.colocate=false for a group of its own, "
+                  f"or drop {section}.fsdp.{key}")
 
 
 def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
     """The IS weights and bypass mode use the engine's log-probs, which are temperature-1 log-probs."""
     rc, temperature = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.rollout.temperature
     level = rc.rollout_is
-    _check(level is None or temperature == 1.0,
-           f"algorithm.rollout_correction.rollout_is = {level!r} compares the trainer's log-probs at "
-           f"actor_rollout_ref.rollout.temperature = {temperature} with the engine's temperature-1 log-probs, which "
-           "differ by the temperature, not by a mismatch; set actor_rollout_ref.rollout.temperature=1.0 or "
-           "algorithm.rollout_correction.rollout_is=null")
+    check(level is None or temperature == 1.0,
+          f"algorithm.rollout_correction.rollout_is = {level!r} compares the trainer's log-probs at "
+          f"actor_rollout_ref.rollout.temperature = {temperature} with the engine's temperature-1 log-probs, which "
+          "differ by the temperature, not by a mismatch; set actor_rollout_ref.rollout.temperature=1.0 or "
+          "algorithm.rollout_correction.rollout_is=null")
     if not rc.bypass_mode:
         return
-    _check(temperature == 1.0,
-           f"algorithm.rollout_correction.bypass_mode = true puts the engine's temperature-1 log-probs in PPO's ratio "
-           f"against the trainer's at actor_rollout_ref.rollout.temperature = {temperature}; set "
-           "actor_rollout_ref.rollout.temperature=1.0 or algorithm.rollout_correction.bypass_mode=false")
-    _check(level is None,
-           f"algorithm.rollout_correction.rollout_is = {level!r} weighs by pi_old / pi_rollout, which is 1 everywhere "
-           "when algorithm.rollout_correction.bypass_mode = true makes the engine's log-probs the old ones; set "
-           "algorithm.rollout_correction.rollout_is=null or bypass_mode=false")
+    check(temperature == 1.0,
+          f"algorithm.rollout_correction.bypass_mode = true puts the engine's temperature-1 log-probs in PPO's ratio "
+          f"against the trainer's at actor_rollout_ref.rollout.temperature = {temperature}; set "
+          "actor_rollout_ref.rollout.temperature=1.0 or algorithm.rollout_correction.bypass_mode=false")
+    check(level is None,
+          f"algorithm.rollout_correction.rollout_is = {level!r} weighs by pi_old / pi_rollout, which is 1 everywhere "
+          "when algorithm.rollout_correction.bypass_mode = true makes the engine's log-probs the old ones; set "
+          "algorithm.rollout_correction.rollout_is=null or bypass_mode=false")
     recompute = cfg.actor_rollout_ref.actor.recompute_old_log_prob
-    _check(recompute == "auto",
-           f"actor_rollout_ref.actor.recompute_old_log_prob = {recompute!r} asks for the old-log-prob forward, which "
-           "algorithm.rollout_correction.bypass_mode = true replaces by the engine's log-probs; drop one of them")
+    check(recompute == "auto",
+          f"actor_rollout_ref.actor.recompute_old_log_prob = {recompute!r} asks for the old-log-prob forward, which "
+          "algorithm.rollout_correction.bypass_mode = true replaces by the engine's log-probs; drop one of them")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:
     """data.* and reward.custom_reward_function.*: each has an effect, or the run is refused (docs/rewards.md)."""
-    from agent_trainer.reward_config import TRAIN_TAG, VAL_TAG
-
     data, fn = cfg.data, cfg.reward.custom_reward_function
     train_tags, val_tags = cfg.es_manager.train.env_configs.tags, cfg.es_manager.val.env_configs.tags
-    _check(not data.train_files or TRAIN_TAG in train_tags,
-           f"data.train_files = {list(data.train_files)} is never played: es_manager.train.env_configs.tags = "
-           f"{list(train_tags)} does not name {TRAIN_TAG!r}; add it (e.g. es_manager.train.env_configs.tags="
-           f"[{TRAIN_TAG}]) or drop data.train_files")
-    _check(TRAIN_TAG not in [*train_tags, *val_tags] or bool(data.train_files),
-           f"es_manager.*.env_configs.tags name {TRAIN_TAG!r} but data.train_files is empty; list the data files "
-           "(e.g. data.train_files=[data/arith/train.jsonl])")
-    _check(not data.val_files or VAL_TAG in val_tags,
-           f"data.val_files = {list(data.val_files)} is never played: es_manager.val.env_configs.tags = "
-           f"{list(val_tags)} does not name {VAL_TAG!r}; add it or drop data.val_files")
-    _check(VAL_TAG not in [*train_tags, *val_tags] or bool(data.val_files or data.train_files),
-           f"es_manager.*.env_configs.tags name {VAL_TAG!r} but data.val_files and data.train_files are empty; "
-           "set data.val_files")
-    _check(not fn.path or bool(data.train_files),
-           f"reward.custom_reward_function.path = {fn.path!r} scores prompt-dataset answers, but data.train_files "
-           "is empty (environment rewards come from the environments); set data.train_files or drop the path")
-    _check(bool(fn.name.strip()), f"reward.custom_reward_function.name = {fn.name!r} must name the function; "
+    check(not data.train_files or TRAIN_TAG in train_tags,
+          f"data.train_files = {list(data.train_files)} is never played: es_manager.train.env_configs.tags = "
+          f"{list(train_tags)} does not name {TRAIN_TAG!r}; add it (e.g. es_manager.train.env_configs.tags="
+          f"[{TRAIN_TAG}]) or drop data.train_files")
+    check(TRAIN_TAG not in [*train_tags, *val_tags] or bool(data.train_files),
+          f"es_manager.*.env_configs.tags name {TRAIN_TAG!r} but data.train_files is empty; list the data files "
+          "(e.g. data.train_files=[data/arith/train.jsonl])")
+    check(not data.val_files or VAL_TAG in val_tags,
+          f"data.val_files = {list(data.val_files)} is never played: es_manager.val.env_configs.tags = "
+          f"{list(val_tags)} does not name {VAL_TAG!r}; add it or drop data.val_files")
+    check(VAL_TAG not in [*train_tags, *val_tags] or bool(data.val_files or data.train_files),
+          f"es_manager.*.env_configs.tags name {VAL_TAG!r} but data.val_files and data.train_files are empty; "
+          "set data.val_files")
+    check(not fn.path or bool(data.train_files),
+          f"reward.custom_reward_function.path = {fn.path!r} scores prompt-dataset answers, but data.train_files "
+          "is empty (environment rewards come from the environments); set data.train_files or drop the path")
+    check(bool(fn.name.strip()), f"reward.custom_reward_function.name = {fn.name!r} must name the function; "
                                   "e.g. reward.custom_reward_function.name=compute_score")
-    _check(bool(data.prompt_key.strip()), f"data.prompt_key = {data.prompt_key!r} must name the prompt field; "
+    check(bool(data.prompt_key.strip()), f"data.prompt_key = {data.prompt_key!r} must name the prompt field; "
                                           "e.g. data.prompt_key=prompt")
-    _check(data.max_turns <= cfg.agent_proxy.max_turn,
-           f"data.max_turns = {data.max_turns} is more than agent_proxy.max_turn = {cfg.agent_proxy.max_turn}, "
-           f"which ends every episode first; set agent_proxy.max_turn >= {data.max_turns}")
-    _check(data.max_turns == 1 or bool(data.final_marker.strip()),
-           f"data.final_marker = {data.final_marker!r} must be non-empty with data.max_turns = {data.max_turns} "
-           "(it tells a final answer from a reasoning step); e.g. data.final_marker='Final answer:'")
+    check(data.max_turns <= cfg.agent_proxy.max_turn,
+          f"data.max_turns = {data.max_turns} is more than agent_proxy.max_turn = {cfg.agent_proxy.max_turn}, "
+          f"which ends every episode first; set agent_proxy.max_turn >= {data.max_turns}")
+    check(data.max_turns == 1 or bool(data.final_marker.strip()),
+          f"data.final_marker = {data.final_marker!r} must be non-empty with data.max_turns = {data.max_turns} "
+          "(it tells a final answer from a reasoning step); e.g. data.final_marker='Final answer:'")
 
 
 def _check_reward_model(cfg: AgentTrainerConfig) -> None:
     """reward_model.*: a model to load when enabled, and no reward-model key that would be ignored."""
     rm = cfg.reward_model
-    _check(not rm.enable or bool(rm.model.path.strip()),
-           "reward_model.enable = True needs reward_model.model.path (an AutoModelForSequenceClassification with "
-           "one label); e.g. reward_model.model.path=models/tiny-qwen2-rm (built by `make model`)")
-    _check(rm.enable or not rm.model.path, f"reward_model.model.path = {rm.model.path!r} is never loaded: "
+    check(not rm.enable or bool(rm.model.path.strip()),
+          "reward_model.enable = True needs reward_model.model.path (an AutoModelForSequenceClassification with "
+          "one label); e.g. reward_model.model.path=models/tiny-qwen2-rm (built by `make model`)")
+    check(rm.enable or not rm.model.path, f"reward_model.model.path = {rm.model.path!r} is never loaded: "
                                            "reward_model.enable = False; set reward_model.enable=true or drop the path")
-    _check(rm.enable or not rm.dump_scores, "reward_model.dump_scores = True has nothing to dump: reward_model.enable "
+    check(rm.enable or not rm.dump_scores, "reward_model.dump_scores = True has nothing to dump: reward_model.enable "
                                             "= False; set reward_model.enable=true or drop dump_scores")
-    _check(not (rm.enable and cfg.algorithm.estimator() == "remax"),
-           "reward_model.enable = True with algorithm.adv_estimator = 'remax': the greedy baseline episodes are not "
-           "scored by the reward model, so the baseline would miss its reward; pick algorithm.adv_estimator=grpo")
+    check(not (rm.enable and core_algos.estimator(cfg.algorithm) == "remax"),
+          "reward_model.enable = True with algorithm.adv_estimator = 'remax': the greedy baseline episodes are not "
+          "scored by the reward model, so the baseline would miss its reward; pick algorithm.adv_estimator=grpo")

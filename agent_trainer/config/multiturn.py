@@ -1,4 +1,4 @@
-"""Seed 004's multi-turn GRPO keys: their sections, the aliases they are of, and their start-up checks.
+"""Seed 004's multi-turn GRPO keys: their sections and the aliases they are of (checks: agent_trainer.checks.multiturn).
 
 Seed 004 (``config/multiturn_grpo_*.yaml``) spells several settings this project already
 has under another name. Each such seed key is an *alias*: null (the default) means "follows
@@ -13,20 +13,57 @@ are both null by default: either one sets the other, both set must agree (2 when
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from functools import reduce
-from typing import TYPE_CHECKING, Any
-
-from agent_trainer.condensers.base import ContextCondenserConfig
-
-if TYPE_CHECKING:
-    from agent_trainer.config import AgentTrainerConfig
 
 DEFAULT_KEEP_LAST_N = 2
 """Past steps a recap shows when neither keep_last_n_turns nor keep_last_n_steps is set."""
 DEFAULT_EPSILON = 1e-6
 """algorithm.advantage_epsilon's default (the estimators' own default)."""
+
+
+STEP_VIEWS = ("answer", "reply")
+"""context_condenser.step_view: a past step's <answer> text, or its whole reply."""
+
+
+@dataclass
+class ContextCondenserConfig:
+    """``multiturn_trajectory.context_condenser``: how each step's context is built."""
+
+    type: str = "simple"
+    """full | simple | truncate | summary, or "package.module:ClassName" of your own condenser."""
+    keep_last_n_steps: int | None = 2
+    """simple / summary: past steps shown (the last n); 0 = none. In the trainer config null (the default) follows
+    ctx_manager.keep_last_n_turns (its alias; both set must agree), else 2."""
+    max_condensed_tokens: int | None = 1024
+    """Budget of every context in tokens of the policy's tokenizer, enforced for every strategy. In the trainer
+    config null (the default) = actor_rollout_ref.rollout.max_model_len - response_length (all the room a prompt
+    has); a set value must leave response_length tokens for the reply."""
+    summary_max_tokens: int = 128
+    """summary: tokens the policy may generate for one summary of the older steps."""
+    summary_temperature: float = 0.0
+    """summary: sampling temperature of the summary call (0 = greedy); seeded like the turns' sampling."""
+    step_view: str = "answer"
+    """simple / summary: show a past step's <answer> text ("answer", as ctx_manager.mode=condensed does)
+    or its whole reply verbatim ("reply")."""
+
+    def __post_init__(self):
+        key = "multiturn_trajectory.context_condenser"
+        for name, low in (("keep_last_n_steps", 0), ("max_condensed_tokens", 1), ("summary_max_tokens", 1)):
+            value = getattr(self, name)
+            if value is None and name != "summary_max_tokens":
+                continue  # resolved from its alias / the model length by the trainer config
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{key}.{name} = {value!r} must be an int >= {low}")
+        if isinstance(self.summary_temperature, bool) or not isinstance(self.summary_temperature, (int, float)) \
+                or not 0 <= self.summary_temperature < float("inf"):
+            raise ValueError(f"{key}.summary_temperature = {self.summary_temperature!r} must be a number >= 0 "
+                             "(0 = greedy)")
+        if self.type == "summary" and self.max_condensed_tokens is not None \
+                and self.summary_max_tokens >= self.max_condensed_tokens:
+            raise ValueError(f"{key}.summary_max_tokens = {self.summary_max_tokens} must be < "
+                             f"{key}.max_condensed_tokens = {self.max_condensed_tokens}; lower it")
+        if self.step_view not in STEP_VIEWS:
+            raise ValueError(f"{key}.step_view = {self.step_view!r} is not one of {list(STEP_VIEWS)}")
 
 
 @dataclass
@@ -80,131 +117,3 @@ class TrajectoryProfilingConfig:
     profile_context_condensation: bool = True
     """With enable: timing_s/condensation, timing_s/summary_generate, profile/context_tokens_* per turn before and
     after condensation, profile/tokens_saved."""
-
-
-ALIASES: tuple[tuple[str, str], ...] = (
-    ("algorithm.multiturn_grpo.n_trajectories_per_question", "es_manager.train.group_size"),
-    ("algorithm.multiturn_grpo.max_turns_per_trajectory", "agent_proxy.max_turn"),
-    ("algorithm.multiturn_grpo.max_context_length", "actor_rollout_ref.rollout.max_model_len"),
-    ("multiturn_trajectory.generation.max_sequence_length", "actor_rollout_ref.rollout.max_model_len"),
-    ("multiturn_trajectory.generation.max_new_tokens", "actor_rollout_ref.rollout.response_length"),
-    ("multiturn_trajectory.generation.temperature", "actor_rollout_ref.rollout.temperature"),
-    ("multiturn_trajectory.generation.top_p", "actor_rollout_ref.rollout.top_p"),
-    ("multiturn_trajectory.generation.top_k", "actor_rollout_ref.rollout.top_k"),
-)
-"""(seed key, this project's key): the seed key, when set, must hold the project key's value."""
-_CONDENSER = "multiturn_trajectory.context_condenser"
-
-
-def _get(cfg: Any, key: str) -> Any:
-    return reduce(getattr, key.split("."), cfg)
-
-
-def keep_last_n(cfg: AgentTrainerConfig) -> int:
-    """The one value of ctx_manager.keep_last_n_turns / context_condenser.keep_last_n_steps (checked to agree)."""
-    steps = cfg.multiturn_trajectory.context_condenser.keep_last_n_steps
-    turns = cfg.ctx_manager.keep_last_n_turns
-    return next((v for v in (steps, turns) if v is not None), DEFAULT_KEEP_LAST_N)
-
-
-def condenser_config(cfg: AgentTrainerConfig) -> ContextCondenserConfig:
-    """``multiturn_trajectory.context_condenser`` with keep_last_n_steps and max_condensed_tokens resolved."""
-    rollout = cfg.actor_rollout_ref.rollout
-    cc = cfg.multiturn_trajectory.context_condenser
-    budget = cc.max_condensed_tokens if cc.max_condensed_tokens is not None \
-        else rollout.max_model_len - rollout.response_length
-    return dataclasses.replace(cc, keep_last_n_steps=keep_last_n(cfg), max_condensed_tokens=budget)
-
-
-def validate_multiturn(cfg: AgentTrainerConfig) -> None:
-    """Aliases agree with their keys; condenser, reward computation and profiling keys can take effect.
-
-    Raises ValueError with one line naming the key, the value and the fix.
-    """
-    _check_aliases(cfg)
-    _check_condenser(cfg)
-    _check_reward_computation(cfg)
-    eps, estimator = cfg.algorithm.advantage_epsilon, cfg.algorithm.estimator()
-    _check(isinstance(eps, (int, float)) and 0 < eps < 1,
-           f"algorithm.advantage_epsilon = {eps!r} must lie in (0, 1) (it keeps (S - mean) / (std + eps) finite "
-           "for a group whose rewards are all equal); e.g. algorithm.advantage_epsilon=1e-6")
-    _check(eps == DEFAULT_EPSILON or "epsilon" in cfg.algorithm.estimator_options(),
-           f"algorithm.advantage_epsilon = {eps!r} is never read by algorithm.adv_estimator = {estimator!r} (only "
-           "grpo, grpo_multiturn, rloo and reinforce_plus_plus_baseline; gigpo has algorithm.gigpo.epsilon); drop it")
-    _check(eps == DEFAULT_EPSILON or estimator != "gigpo",
-           f"algorithm.advantage_epsilon = {eps!r} is not gigpo's: set algorithm.gigpo.epsilon instead")
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _check_aliases(cfg: AgentTrainerConfig) -> None:
-    for alias, key in ALIASES:
-        value, target = _get(cfg, alias), _get(cfg, key)
-        _check(value is None or value == target,
-               f"{alias} = {value!r} is an alias of {key}, which is {target!r}: set one of them (or both to the "
-               f"same value); the seed configs set {key}: ${{{alias}}}")
-    steps = cfg.multiturn_trajectory.context_condenser.keep_last_n_steps
-    turns = cfg.ctx_manager.keep_last_n_turns
-    _check(steps is None or turns is None or steps == turns,
-           f"{_CONDENSER}.keep_last_n_steps = {steps} and its alias ctx_manager.keep_last_n_turns = {turns} "
-           "disagree; set one of them")
-    batch = cfg.multiturn_trajectory.generation.batch_size
-    train = cfg.es_manager.train
-    _check(batch is None or batch == train.env_groups * train.group_size,
-           f"multiturn_trajectory.generation.batch_size = {batch} must equal the trajectories per step, "
-           f"es_manager.train.env_groups x group_size = {train.env_groups} x {train.group_size} = "
-           f"{train.env_groups * train.group_size}; set it to that (or null)")
-
-
-def _changed(value: Any, default: Any, prefix: str) -> list[str]:
-    """The dotted keys under ``prefix`` where ``value`` differs from ``default`` (two dataclass instances)."""
-    out = []
-    for f in dataclasses.fields(default):
-        a, b = getattr(value, f.name), getattr(default, f.name)
-        out += _changed(a, b, f"{prefix}.{f.name}") if dataclasses.is_dataclass(b) else \
-            ([f"{prefix}.{f.name}"] if a != b else [])
-    return out
-
-
-def _check_condenser(cfg: AgentTrainerConfig) -> None:
-    cc, rollout = cfg.multiturn_trajectory.context_condenser, cfg.actor_rollout_ref.rollout
-    changed = _changed(cc, MultiturnTrajectoryConfig().context_condenser, _CONDENSER)
-    _check(cfg.ctx_manager.mode == "condensed" or not changed,
-           f"{changed[0] if changed else _CONDENSER} is set but ctx_manager.mode = {cfg.ctx_manager.mode!r} never "
-           "condenses; set ctx_manager.mode=condensed (and algorithm.adv_estimator=grpo_multiturn) or drop it")
-    room = rollout.max_model_len - rollout.response_length
-    _check(cc.max_condensed_tokens is None or cc.max_condensed_tokens <= room,
-           f"{_CONDENSER}.max_condensed_tokens = {cc.max_condensed_tokens} leaves no room for a reply: a context plus "
-           f"actor_rollout_ref.rollout.response_length = {rollout.response_length} must fit max_model_len = "
-           f"{rollout.max_model_len}; set it <= {room} (or null = {room})")
-    _check(cc.type != "summary" or cc.summary_max_tokens < condenser_config(cfg).max_condensed_tokens,
-           f"{_CONDENSER}.summary_max_tokens = {cc.summary_max_tokens} must be < the context budget "
-           f"{condenser_config(cfg).max_condensed_tokens}; lower it")
-
-
-def _check_reward_computation(cfg: AgentTrainerConfig) -> None:
-    from agent_trainer.reward_config import TRAIN_TAG
-
-    rc = cfg.reward_computation
-    if not rc.enable:
-        changed = _changed(rc, type(rc)(), "reward_computation")
-        _check(not changed, f"{changed[0] if changed else ''} is set but reward_computation.enable = False, so no "
-                            "trajectory is scored; set reward_computation.enable=true or drop it")
-        return
-    _check(cfg.ctx_manager.mode == "condensed",
-           f"reward_computation.enable = True scores trajectories of per-turn rows, but ctx_manager.mode = "
-           f"{cfg.ctx_manager.mode!r}; set ctx_manager.mode=condensed and algorithm.adv_estimator=grpo_multiturn")
-    _check(TRAIN_TAG in cfg.es_manager.train.env_configs.tags,
-           f"reward_computation.enable = True checks answers against a dataset's ground truth, but "
-           f"es_manager.train.env_configs.tags = {list(cfg.es_manager.train.env_configs.tags)} has no {TRAIN_TAG!r} "
-           "(the question environment over data.train_files); set data.train_files and that tag")
-    _check(rc.env_reward_weight != 0 or rc.trajectory_reward_weight != 0,
-           "reward_computation.env_reward_weight and trajectory_reward_weight are both 0: every reward would be 0; "
-           "set trajectory_reward_weight=1.0")
-    if rc.ground_truth_file:
-        from agent_trainer.trajectory_rewards import load_ground_truth
-
-        load_ground_truth(rc.ground_truth_file)  # a missing or malformed file fails here, naming the key

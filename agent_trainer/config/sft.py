@@ -8,20 +8,14 @@ validation episodes all come from it, so the SFT data and its greedy evaluation 
 what that RL run will see. ``model_path`` is the model SFT starts from.
 
 Every mistake is refused before ``ray.init`` with one line naming the key, the value and
-the fix (:func:`validate_sft_config`, :func:`agent_trainer.sft.prepare`).
+the fix (:func:`agent_trainer.checks.sft.validate_sft_config`, :func:`agent_trainer.sft.prepare`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf
-
-from agent_trainer import core_algos
-from agent_trainer.config import OptimConfig, merge_onto_schema
-from agent_trainer.config_checks import LOGGERS, Rule, _get, _is_number, above, at_least, between, optional
+from agent_trainer.config.workers import OptimConfig
 
 DATA_SOURCES = ("demonstrations", "jsonl")
 
@@ -123,125 +117,3 @@ class SFTConfig:
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
-
-
-RANGES: list[tuple[str, Rule, str]] = [
-    ("data.num_episodes", at_least(2, " (at least one training and one held-out episode)"), "256"),
-    ("data.noise", between(0, 1, False, False), "0.1"),
-    ("data.seed", at_least(0), "0"),
-    ("data.val_fraction", between(0, 1, True, True), "0.1"),
-    ("train.total_epochs", at_least(1), "2"),
-    ("train.max_steps", optional(at_least(1)), "null"),
-    ("train.batch_size", at_least(1), "16"),
-    ("train.micro_batch_size_per_gpu", at_least(1), "4"),
-    ("train.grad_clip", above(0), "1.0"),
-    ("train.optim.lr", above(0), "1e-4"),
-    ("train.optim.weight_decay", at_least(0), "0.0"),
-    ("train.optim.warmup_steps", at_least(0), "0"),
-    ("eval.temperature", at_least(0, " (0 = greedy)"), "0.0"),
-    ("trainer.seed", at_least(0), "0"),
-]
-"""Single-key numeric ranges (a non-finite number never passes)."""
-
-
-def validate_sft_config(cfg: SFTConfig) -> None:
-    """The rules that need only this config; raises ValueError with one line naming the key, the value and the fix."""
-    for key, rule, example in RANGES:
-        value = _get(cfg, key)
-        ok = rule.allow_none if value is None else _is_number(value) and rule.test(value)
-        if not ok:
-            raise ValueError(f"{key} = {value!r} {rule.text}; e.g. {key}={example}")
-    core_algos.check_choice("data.source", cfg.data.source, DATA_SOURCES)
-    for name in cfg.trainer.logger:
-        core_algos.check_choice("trainer.logger", name, LOGGERS)
-    betas = list(cfg.train.optim.betas)
-    if not (len(betas) == 2 and all(_is_number(b) and 0 <= b < 1 for b in betas)):
-        raise ValueError(f"train.optim.betas = {betas} must be two numbers in [0, 1); "
-                         "e.g. train.optim.betas=[0.9,0.999]")
-    data = cfg.data
-    if data.source == "jsonl" and not data.train_files:
-        raise ValueError("data.train_files = [] but data.source = 'jsonl' reads its conversations from there; give "
-                         "data.train_files=[path/to/train.jsonl] or use data.source=demonstrations")
-    if data.source == "demonstrations" and (data.train_files or data.val_files):
-        raise ValueError(f"data.train_files = {data.train_files} / data.val_files = {data.val_files} are read only "
-                         "with data.source=jsonl; set data.source=jsonl or drop the files")
-    if data.source == "jsonl" and (data.tags or data.noise):
-        raise ValueError(f"data.tags = {data.tags} / data.noise = {data.noise} apply to data.source=demonstrations "
-                         "only; drop them with data.source=jsonl")
-
-
-def check_against_rl(cfg: SFTConfig, world_size: int, ctx_mode: str, val_seeds: range) -> None:
-    """Rules that relate this config to the composed RL config."""
-    if cfg.train.batch_size % world_size:
-        raise ValueError(f"train.batch_size = {cfg.train.batch_size} must be a multiple of the RL config's "
-                         f"actor_rollout_ref.actor.fsdp.world_size = {world_size} (every rank takes an equal share); "
-                         f"e.g. train.batch_size={max(world_size, cfg.train.batch_size // world_size * world_size)}")
-    if ctx_mode != "full":
-        raise ValueError(f"ctx_manager.mode = {ctx_mode!r} in rl_config {cfg.rl_config!r}: SFT lays conversations out "
-                         "as one sequence per episode (mode full); warm up with an RL config in mode full "
-                         "(e.g. rl_overrides=[ctx_manager.mode=full])")
-    demo_seeds = range(cfg.data.seed, cfg.data.seed + cfg.data.num_episodes)
-    if cfg.data.source == "demonstrations" and demo_seeds.start < val_seeds.stop and val_seeds.start < demo_seeds.stop:
-        raise ValueError(f"data.seed = {cfg.data.seed} with data.num_episodes = {cfg.data.num_episodes} reaches the RL "
-                         f"validation seeds [{val_seeds.start}, {val_seeds.stop}); held-out episodes must stay unseen: "
-                         "e.g. data.seed=0")
-
-
-@lru_cache(maxsize=1)
-def sft_schema() -> DictConfig:
-    """The typed schema as an OmegaConf node (callers must not modify it)."""
-    return OmegaConf.structured(SFTConfig)
-
-
-def load_sft_config(cfg: DictConfig | Mapping[str, Any]) -> SFTConfig:
-    """Check the keys against the schema, merge, resolve, validate (like ``agent_trainer.config.load_config``)."""
-    typed: SFTConfig = merge_onto_schema(cfg, sft_schema())
-    validate_sft_config(typed)
-    return typed
-
-
-def config_table() -> str:
-    """The SFT keys as a Markdown table (key, default, meaning) from the field docstrings, for docs/sft.md."""
-    import dataclasses
-    import sys
-
-    from launch.config_docs import field_docs
-
-    docs = field_docs(sys.modules[__name__], sys.modules[OptimConfig.__module__])
-    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-
-    def walk(prefix: str, obj: object) -> None:
-        for f in dataclasses.fields(obj):
-            value, key = getattr(obj, f.name), f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(value):
-                walk(f"{key}.", value)
-                continue
-            doc = docs.get((type(obj).__name__, f.name), "").replace("|", "\\|")
-            rows.append(f"| `{key}` | `{value!r}` | {doc} |")
-
-    walk("", SFTConfig())
-    return "\n".join(rows)
-
-
-DOCS_PAGE = "docs/sft.md"
-TABLE_START, TABLE_END = "<!-- sft-config:start -->", "<!-- sft-config:end -->"
-
-
-def render_docs(page: str) -> str:
-    """``page`` with the text between the table markers replaced by :func:`config_table`."""
-    head, _, rest = page.partition(TABLE_START)
-    _, _, tail = rest.partition(TABLE_END)
-    return f"{head}{TABLE_START}\n{config_table()}\n{TABLE_END}{tail}"
-
-
-def main() -> None:
-    """``python -m agent_trainer.sft_config``: rewrite the config table of docs/sft.md."""
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / DOCS_PAGE
-    path.write_text(render_docs(path.read_text()))
-    print(f"wrote {path}")
-
-
-if __name__ == "__main__":
-    main()
