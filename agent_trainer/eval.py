@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.es_manager import EnvStateManager
+from agent_trainer.worker_registry import worker_api
 
 logger = logging.getLogger(__name__)
 REPORT = "eval_report.json"
@@ -95,9 +97,8 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from agent_trainer.es_manager import EnvStateManager
     from agent_trainer.main import init_ray
-    from workers.build import build_engines, resolve_device
+    build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
 
     out = Path(cfg.eval.output_dir)
     out.mkdir(parents=True, exist_ok=True)

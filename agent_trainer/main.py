@@ -21,12 +21,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import core_algos, memory_plan, run_logs
+from agent_trainer import core_algos, memory_plan, run_logs, watchdog
 from agent_trainer.checks.load import load_config
 from agent_trainer.config import AgentTrainerConfig, config_schema
 from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
-from agent_trainer.datasets import check_datasets, dataset_env_tags
+from agent_trainer.prompt_data import check_datasets, dataset_env_tags
+from agent_trainer.worker_registry import worker_api
+from envs import load_env_tags
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +100,6 @@ def load_envs_file(path: str) -> dict:
     """The env tags of ``envs_file``; a missing or malformed file is a config error naming the key."""
     import yaml
 
-    from envs import load_env_tags
-
     if not Path(path).is_file():
         raise ValueError(f"envs_file = {path!r} is not a file; point it at a YAML of env tags (like "
                          "config/envs.yaml) or leave it empty for config/envs.yaml")
@@ -143,8 +143,6 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
                        namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
                        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
                        _system_config=NO_PRESTARTED_WORKERS)
-        from agent_trainer import watchdog
-
         watchdog.start()  # a hard kill of this driver takes the whole local cluster with it
     url = f"http://{ctx.dashboard_url}" if ctx.dashboard_url else "not running on this cluster"
     token_auth = os.environ.get("RAY_AUTH_MODE") == "token"  # Ray's default for a new local cluster
@@ -238,7 +236,7 @@ def check_local_placement(cfg: AgentTrainerConfig) -> None:
         except ImportError:  # another Ray version: the check after ray.init still runs
             return
         cpus = get_num_cpus()
-    from workers.build import check_placement, resource_demands
+    check_placement, resource_demands = worker_api("check_placement"), worker_api("resource_demands")
 
     check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device
 
@@ -249,7 +247,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
 
     from agent_trainer import lifecycle
     from agent_trainer.trainer import AgentTrainer
-    from workers.worker_group import PlacementError
+    PlacementError = worker_api("PlacementError")
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 
 from agent_trainer import core_algos
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.worker_registry import worker_api
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -102,9 +103,7 @@ def build_meta_model(model_config: Any, role: str):
 def decoder_layers(model) -> list:
     """The units workers/fsdp_base.py shards one by one (its ``_decoder_layers``, else the usual places)."""
     try:
-        from workers.fsdp_base import _decoder_layers
-
-        return list(_decoder_layers(model))
+        return list(worker_api("decoder_layers")(model))
     except (ImportError, ValueError):
         for attr in ("model", "transformer"):
             base = getattr(model, attr, None)

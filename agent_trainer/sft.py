@@ -42,17 +42,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from agent_trainer import checkpoint
 from agent_trainer.batch import TensorBatch
-from agent_trainer.config import ActorConfig, AgentTrainerConfig
-from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
-                                          play_demonstrations, read_jsonl, write_jsonl)
-from agent_trainer.es_manager import VAL_SEED_OFFSET
-from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
 from agent_trainer.checks.load import load_sft_config
 from agent_trainer.checks.sft import check_against_rl
+from agent_trainer.config import ActorConfig, AgentTrainerConfig
+from agent_trainer.config import config_schema
 from agent_trainer.config import errors as config_errors
 from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
+from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
+                                          play_demonstrations, read_jsonl, write_jsonl)
+from agent_trainer.es_manager import VAL_SEED_OFFSET, EnvStateManager
+from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
 from agent_trainer.tracking import Tracking, timer
+from agent_trainer.worker_registry import worker_api
 from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
@@ -115,8 +117,6 @@ def compose_rl(cfg: SFTConfig) -> tuple[AgentTrainerConfig, dict]:
             raw = compose(cfg.rl_config, overrides=overrides)
         return prepare(raw)
     except CONFIG_ERRORS as err:
-        from agent_trainer.config import config_schema
-
         reason = config_errors.one_line(err, config_schema(), overrides)
         where = f"rl_config = {cfg.rl_config!r} with rl_overrides {list(cfg.rl_overrides)}"
         raise ValueError(f"{where}: {reason}") from None
@@ -252,11 +252,9 @@ class SFTTrainer:
         """The actor group (every rank loads and shards the model); engine and env actors for env success."""
         import ray
 
-        from agent_trainer.es_manager import EnvStateManager
         from agent_trainer.rollout import SyncMultiTurnRollout
-        from workers.actor import ActorWorker
-        from workers.build import build_engines, resolve_device
-        from workers.worker_group import WorkerGroup
+        ActorWorker, WorkerGroup = worker_api("ActorWorker"), worker_api("WorkerGroup")
+        build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
 
         device = resolve_device(self.rl.trainer.device)
         actor = sft_actor_config(self.cfg, self.rl)
@@ -352,7 +350,7 @@ class SFTTrainer:
 
     def sync_weights(self) -> float:
         """Ship the actor's weights to every engine (``workers.weight_sync.sync_weights``, as RL does)."""
-        from workers.weight_sync import sync_plan, sync_weights
+        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
 
         return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))
 
