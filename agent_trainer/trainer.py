@@ -357,8 +357,9 @@ class AgentTrainer:
             batch["token_level_rewards"] = rewards
             metrics.update(kl_metrics)
         advantages, returns = core_algos.compute_advantage(
-            batch.tensors, core_algos.estimator(alg), gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **core_algos.estimator_options(alg),
+            batch.tensors, core_algos.estimator(alg), gamma=alg.gamma, lam=alg.lam,
+            high_level_gamma=alg.high_level_gamma, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            **core_algos.estimator_options(alg),
         )
         self.check_finite(batch, advantages, returns)
         batch["advantages"], batch["returns"] = advantages, returns

@@ -354,7 +354,8 @@ def _check_token_budgets(cfg: AgentTrainerConfig) -> None:
 def _check_colocated(cfg: AgentTrainerConfig) -> None:
     """A colocated reference or critic lives in the actor's ranks: its own group's sharding keys would do nothing."""
     arr = cfg.actor_rollout_ref
-    hosted = [("actor_rollout_ref.ref", arr.ref, cfg.ref_enabled), ("critic", cfg.critic, core_algos.critic_enabled(cfg))]
+    hosted = [("actor_rollout_ref.ref", arr.ref, cfg.ref_enabled),
+              ("critic", cfg.critic, core_algos.critic_enabled(cfg))]
     for section, role, enabled in hosted:
         if not (enabled and role.colocate):
             continue

@@ -1,4 +1,4 @@
-"""Typed inputs and outputs of trajectory reward computers, their config, and the registry.
+"""Typed inputs and outputs of trajectory reward computers, and their registry (config: agent_trainer.config.rewards).
 
 A computer maps one finished multi-turn trajectory to one reward (multi-turn
 GRPO, ``docs/multiturn_grpo.md``)::
@@ -19,7 +19,7 @@ environments are (``envs/registry.py``).
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent_trainer.config.rewards import RewardComputationConfig
 from agent_trainer.plugins import PluginRegistry
