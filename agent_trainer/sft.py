@@ -24,7 +24,6 @@ layout); ``<run dir>/final`` links the last one, an HF folder the RL trainer loa
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -40,7 +39,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from agent_trainer import checkpoint
+from agent_trainer import checkpoint, cli_args
 from agent_trainer.batch import TensorBatch
 from agent_trainer.checks.load import load_sft_config
 from agent_trainer.checks.sft import check_against_rl
@@ -58,6 +57,9 @@ from agent_trainer.worker_registry import worker_api
 from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = "sft_frozenlake"
+"""The config ``--config-name`` names when it is not given."""
 
 ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
 SFT_SETS = ("model_path", "actor_rollout_ref.model.path", "actor_rollout_ref.rollout.val_kwargs.temperature",
@@ -416,15 +418,20 @@ def summary(history: list[dict[str, float]], run_dir: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m agent_trainer.sft --config-name NAME [key=value ...]``: hydra's compose, then :func:`train`."""
-    parser = argparse.ArgumentParser(prog="python -m agent_trainer.sft", description=__doc__.splitlines()[0])
-    parser.add_argument("--config-name", "-cn", default="sft_frozenlake", help="a config/<name>.yaml SFT config")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the SFT config")
-    args = parser.parse_args(argv)
+    """``python -m agent_trainer.sft --config-name NAME [key=value ...]`` (``agent_trainer.cli_args``, as the other
+    entry points; ``--help`` prints the usage and the composed config): hydra's compose, then :func:`train`."""
+    try:
+        args = cli_args.parse_args(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG)
+    except ValueError as err:
+        raise SystemExit(f"agent-trainer sft: {err}") from None
+    if args.help:
+        print(cli_args.usage("python -m agent_trainer.sft", __doc__.splitlines()[0], args, DEFAULT_CONFIG, CONFIG_DIR),
+              end="")
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     train(compose_sft(args.config_name, args.overrides))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
