@@ -47,16 +47,16 @@ import torch
 from agent_trainer.agents.base import agent_options
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensers import (
-    ContextCondenserConfig,
     SummaryCall,
     SummaryRequest,
     TrajectorySoFar,
     make_condenser,
 )
 from agent_trainer.condensers.layouts import NO_ANSWER, TurnSummary, condensed_user_message  # noqa: F401 (re-exported)
+from agent_trainer.config import condenser_config
+from agent_trainer.config.multiturn import ContextCondenserConfig
 from agent_trainer.ctx_manager import ContextManager, EpisodeStatus, TrainingRow, anchor_id, collate_rows
 from agent_trainer.es_manager import EnvInput, EnvOutput
-from agent_trainer.multiturn_config import condenser_config
 from agent_trainer.trajectory_rewards import (
     BatchRewards,
     BatchTrajectoryRewardComputer,
@@ -168,7 +168,7 @@ class CondensedContextManager(ContextManager):
                  rewards: RewardComputationConfig | None = None, enable_think: bool = True, action_sep: str = "||",
                  max_model_len: int = 2048):
         """``condenser`` must have keep_last_n_steps and max_condensed_tokens resolved
-        (``multiturn_config.condenser_config``); None = ``simple`` with ``keep_last_n_turns`` and the whole
+        (``agent_trainer.config.condenser_config``); None = ``simple`` with ``keep_last_n_turns`` and the whole
         ``max_model_len`` as budget. ``rewards`` with ``enable`` scores each finished trajectory."""
         super().__init__(tokenizer, enable_think=enable_think, action_sep=action_sep, max_model_len=max_model_len)
         if keep_last_n_turns < 0:

@@ -25,157 +25,16 @@ Semantics (RAGEN's es_manager):
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from agent_trainer.config.envs import EnvGroupsConfig
 from envs import BaseEnv, EnvTagConfig, make_env
-from envs.registry import normalize_tags, to_plain
+from envs.registry import normalize_tags
 
 VAL_SEED_OFFSET = 2**30
 """Validation seeds start here (relative to the base seed); training seeds stay below it."""
-
-
-# --------------------------------------------------------------------------- config
-
-
-@dataclass
-class EnvConfigsSpec:
-    """Which tags the groups of a split use (RAGEN's ``env_configs``)."""
-
-    tags: list[str] = field(default_factory=lambda: ["FrozenLake"])
-    """Env tags from config/envs.yaml."""
-    n_groups: list[int] = field(default_factory=lambda: [4])
-    """Number of groups per tag (same order as ``tags``); must sum to env_groups."""
-
-
-@dataclass
-class EnvGroupsConfig:
-    """One split (train or val) of the es_manager section."""
-
-    env_groups: int = 4
-    """Number of groups (distinct initial states) per rollout."""
-    group_size: int = 4
-    """Episodes per group; all start from the group's seed."""
-    env_configs: EnvConfigsSpec = field(default_factory=EnvConfigsSpec)
-    """Tag assignment; ``sum(env_configs.n_groups) == env_groups``."""
-    split: str = "train"
-    """"train" or "val": picks the seed scheme and names the config in errors."""
-
-    def __post_init__(self):
-        if isinstance(self.env_configs, Mapping) or not dataclasses.is_dataclass(self.env_configs):
-            self.env_configs = EnvConfigsSpec(**to_plain(self.env_configs))
-        self.validate()
-
-    @property
-    def tags(self) -> list[str]:
-        """Tags of this split (``env_configs.tags``)."""
-        return list(self.env_configs.tags)
-
-    @property
-    def n_groups(self) -> list[int]:
-        """Groups per tag (``env_configs.n_groups``)."""
-        return list(self.env_configs.n_groups)
-
-    def validate(self) -> None:
-        """Check sizes and that n_groups matches tags and sums to env_groups."""
-        where = f"es_manager.{self.split}"
-        if self.split not in ("train", "val"):
-            raise ValueError(f"{where}.split must be 'train' or 'val', got {self.split!r}")
-        for key in ("env_groups", "group_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{where}.{key} must be a positive int, got {value!r}")
-        tags, n_groups = self.tags, self.n_groups
-        if len(tags) != len(n_groups):
-            raise ValueError(
-                f"{where}.env_configs.tags {tags} and {where}.env_configs.n_groups {n_groups} "
-                f"must have the same length (one group count per tag)"
-            )
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in n_groups):
-            raise ValueError(f"{where}.env_configs.n_groups {n_groups} must be non-negative ints")
-        if sum(n_groups) != self.env_groups:
-            raise ValueError(
-                f"{where}.env_configs.n_groups {n_groups} sums to {sum(n_groups)} but "
-                f"{where}.env_groups is {self.env_groups}; make the n_groups add up to "
-                f"env_groups (or set {where}.env_groups: {sum(n_groups)})"
-            )
-
-    @classmethod
-    def from_dict(cls, values: Mapping, split: str = "train") -> "EnvGroupsConfig":
-        """Build from RAGEN's YAML shape; flat ``tags``/``n_groups`` keys are accepted too."""
-        values = dict(to_plain(values) or {})
-        spec = dict(values.pop("env_configs", None) or {})
-        for key in ("tags", "n_groups"):
-            if key in values:
-                spec[key] = values.pop(key)
-        allowed = ["env_groups", "group_size", "env_configs"]
-        unknown = sorted(set(values) - set(allowed) - {"split"})
-        if unknown:
-            raise ValueError(f"es_manager.{split}: unknown field(s) {unknown}; allowed fields: {allowed}")
-        values["split"] = split
-        return cls(env_configs=EnvConfigsSpec(**spec), **values)
-
-
-@dataclass
-class EsManagerConfig:
-    """The ``es_manager`` config section."""
-
-    format_penalty: float = -0.1
-    """Added to a turn's reward (and the episode penalty) when an action is missing or invalid."""
-    action_sep: str = "||"
-    """Separator between several actions in one answer."""
-    max_actions_per_turn: int = 1
-    """Actions executed per turn at most (extra ones are dropped)."""
-    train: EnvGroupsConfig = field(default_factory=lambda: EnvGroupsConfig(split="train"))
-    """Training split."""
-    val: EnvGroupsConfig = field(
-        default_factory=lambda: EnvGroupsConfig(group_size=1, split="val")
-    )
-    """Validation split (fixed seeds, disjoint from training seeds)."""
-    seed: int = 0
-    """Base seed for both splits (see ``group_seeds``)."""
-    env_step_timeout_s: float = 60.0
-    """Seconds one env actor may take to step its episodes for one turn; past it the actor is killed and
-    replaced, its episodes of this turn end with info["error"] (metrics env/<tag>/timeouts, rollout/env_timeouts)."""
-    env_reset_timeout_s: float = 60.0
-    """Seconds one env actor may take to reset its episodes; past it the actor is killed and replaced and its
-    episodes are dropped from the step (metric rollout/reset_failures)."""
-    prefetch_reset: bool = True
-    """Reset the training envs for the next step as soon as a rollout is done, while the step trains, so the
-    next rollout starts with its first turn (the same group seeds; an env whose reset is slow costs nothing
-    while it is shorter than the step). false: each rollout resets its envs when it starts."""
-    max_failed_reset_fraction: float = 0.5
-    """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
-    of a split's episodes fail to reset; below it they are dropped from the step (rollout/reset_failures)."""
-    max_observation_chars: int = 20000
-    """Longest observation (characters) shown to the policy; a longer one is cut, ending in a marker that
-    says how many characters were dropped. Lone surrogates and NUL bytes in env text are replaced."""
-
-    def __post_init__(self):
-        if isinstance(self.max_actions_per_turn, bool) or not isinstance(self.max_actions_per_turn, int) \
-                or self.max_actions_per_turn < 1:
-            raise ValueError(
-                f"es_manager.max_actions_per_turn must be a positive int, got {self.max_actions_per_turn!r}"
-            )
-        if not isinstance(self.action_sep, str) or not self.action_sep:
-            raise ValueError(f"es_manager.action_sep must be a non-empty string, got {self.action_sep!r}")
-        if self.train.split != "train" or self.val.split != "val":
-            raise ValueError("es_manager.train/val must have split 'train'/'val'; use EsManagerConfig.from_dict")
-
-    @classmethod
-    def from_dict(cls, values: Mapping) -> "EsManagerConfig":
-        """Build from the YAML/OmegaConf ``es_manager`` section."""
-        values = dict(to_plain(values) or {})
-        allowed = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(values) - set(allowed))
-        if unknown:
-            raise ValueError(f"es_manager: unknown field(s) {unknown}; allowed fields: {allowed}")
-        for split in ("train", "val"):
-            if split in values:
-                values[split] = EnvGroupsConfig.from_dict(values[split], split=split)
-        return cls(**values)
 
 
 @dataclass

@@ -24,9 +24,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent_trainer import cli_args
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.es_manager import EnvStateManager
+from agent_trainer.worker_registry import worker_api
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = "frozenlake"
+"""The config ``--config-name`` names when it is not given (as for agent_trainer.main)."""
 REPORT = "eval_report.json"
 
 
@@ -95,9 +101,8 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from agent_trainer.es_manager import EnvStateManager
     from agent_trainer.main import init_ray
-    from workers.build import build_engines, resolve_device
+    build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
 
     out = Path(cfg.eval.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,28 +126,23 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     return report
 
 
-def parse_argv(argv: Sequence[str]) -> tuple[str, list[str]]:
-    """``--config-name X`` (or ``--config-name=X``, default frozenlake) and the ``key=value`` overrides."""
-    name, overrides, args = "frozenlake", [], list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--config-name" and args:
-            name = args.pop(0)
-        elif arg.startswith("--config-name="):
-            name = arg.split("=", 1)[1]
-        else:
-            overrides.append(arg)
-    return name, overrides
+def main(argv: Sequence[str] | None = None) -> dict | None:
+    """Console entry point (``--config-name NAME`` and ``key=value`` overrides, ``--help``; ``agent_trainer.cli_args``);
+    a config mistake exits with one line before Ray starts."""
+    from agent_trainer.checks.rl import check_eval
+    from agent_trainer.main import CONFIG_DIR, compose_and_prepare, refusal
 
-
-def main(argv: Sequence[str] | None = None) -> dict:
-    """Console entry point; a config mistake exits with one line before Ray starts."""
-    from agent_trainer.config_checks import check_eval
-    from agent_trainer.main import compose_and_prepare, refusal
-
+    try:
+        args = cli_args.parse_args(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG)
+    except ValueError as err:
+        raise SystemExit(f"agent-trainer eval: {err}") from None
+    if args.help:
+        print(cli_args.usage("python -m agent_trainer.eval", __doc__.splitlines()[0], args, DEFAULT_CONFIG, CONFIG_DIR),
+              end="")
+        return None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    name, overrides = parse_argv(sys.argv[1:] if argv is None else argv)
-    cfg, env_tags = compose_and_prepare(overrides, config_name=name)
+    overrides = args.overrides
+    cfg, env_tags = compose_and_prepare(overrides, config_name=args.config_name)
     try:
         check_eval(cfg)
     except ValueError as err:

@@ -19,7 +19,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from workers import sharded_checkpoint
+from agent_trainer.worker_registry import worker_api
+
+sharded_checkpoint = worker_api("sharded_checkpoint")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")

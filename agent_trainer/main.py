@@ -21,9 +21,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import compat, config_errors, memory_plan, run_logs
-from agent_trainer.config import AgentTrainerConfig, config_schema, load_config
-from agent_trainer.datasets import check_datasets, dataset_env_tags
+from agent_trainer import core_algos, memory_plan, run_logs, watchdog
+from agent_trainer.checks.load import load_config
+from agent_trainer.config import AgentTrainerConfig, config_schema
+from agent_trainer.config import compat
+from agent_trainer.config import errors as config_errors
+from agent_trainer.prompt_data import check_datasets, dataset_env_tags
+from agent_trainer.worker_registry import worker_api
+from envs import load_env_tags
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +36,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 
 # base.yaml lists this schema first in its defaults, so every typed key can be overridden
 # without "+" and hydra rejects unknown keys and wrong types while composing. "+key=value"
-# still adds a key the schema lacks; load_config refuses it (agent_trainer/config_errors.py).
+# still adds a key the schema lacks; load_config refuses it (agent_trainer/config/errors.py).
 ConfigStore.instance().store(name="agent_trainer_schema", node=AgentTrainerConfig)
 
 CONFIG_ERRORS = (ValueError, HydraException, OmegaConfBaseException)
@@ -52,7 +57,7 @@ def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
         raise ValueError(f"trainer.resume_from_path = {resume!r} is not a folder; point it at a checkpoint "
                          "folder (<run dir>/global_step_N)")
     model = resolve_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
-    if cfg.critic_enabled and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
+    if core_algos.critic_enabled(cfg) and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         resolve_model("critic.model.path", cfg.critic.model.path)
     if cfg.reward_model.enable:
         rm_labels = resolve_model("reward_model.model.path", cfg.reward_model.model.path).num_labels
@@ -94,8 +99,6 @@ def resolve_model(key: str, path: str):
 def load_envs_file(path: str) -> dict:
     """The env tags of ``envs_file``; a missing or malformed file is a config error naming the key."""
     import yaml
-
-    from envs import load_env_tags
 
     if not Path(path).is_file():
         raise ValueError(f"envs_file = {path!r} is not a file; point it at a YAML of env tags (like "
@@ -153,8 +156,6 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
                        namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
                        runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
                        _system_config=local_cluster_system_config(LOCAL_CLUSTER_SYSTEM_CONFIG))
-        from agent_trainer import watchdog
-
         watchdog.start()  # a hard kill of this driver takes the whole local cluster with it
     url = f"http://{ctx.dashboard_url}" if ctx.dashboard_url else "not running on this cluster"
     token_auth = os.environ.get("RAY_AUTH_MODE") == "token"  # Ray's default for a new local cluster
@@ -248,7 +249,7 @@ def check_local_placement(cfg: AgentTrainerConfig) -> None:
         except ImportError:  # another Ray version: the check after ray.init still runs
             return
         cpus = get_num_cpus()
-    from workers.build import check_placement, resource_demands
+    check_placement, resource_demands = worker_api("check_placement"), worker_api("resource_demands")
 
     check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device
 
@@ -259,7 +260,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
 
     from agent_trainer import lifecycle
     from agent_trainer.trainer import AgentTrainer
-    from workers.worker_group import PlacementError
+    PlacementError = worker_api("PlacementError")
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts

@@ -42,10 +42,11 @@ import logging
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from agent_trainer.config import AgentTrainerConfig
+from agent_trainer import core_algos
+from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.worker_registry import worker_api
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -102,9 +103,7 @@ def build_meta_model(model_config: Any, role: str):
 def decoder_layers(model) -> list:
     """The units workers/fsdp_base.py shards one by one (its ``_decoder_layers``, else the usual places)."""
     try:
-        from workers.fsdp_base import _decoder_layers
-
-        return list(_decoder_layers(model))
+        return list(worker_api("decoder_layers")(model))
     except (ImportError, ValueError):
         for attr in ("model", "transformer"):
             base = getattr(model, attr, None)
@@ -215,7 +214,7 @@ class Precision:
 
 def precision(model_cfg: Any, fsdp_cfg: Any) -> Precision:
     """Master weights (and so gradients and AdamW states) in ``model.dtype`` (float32 unless the role's
-    ``allow_low_precision_master``, config_checks); compute in bfloat16 with ``fsdp.mixed_precision=bf16``
+    ``allow_low_precision_master``, agent_trainer.checks); compute in bfloat16 with ``fsdp.mixed_precision=bf16``
     (FSDP2's MixedPrecisionPolicy) or a 2-byte ``model.dtype``."""
     master = DTYPE_BYTES[model_cfg.dtype]
     compute = 2 if master == 2 or fsdp_cfg.mixed_precision == "bf16" else 4
@@ -316,7 +315,7 @@ def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpu
 
     # critic (colocated on the actor's ranks, or a group of its own)
     critic_act = 0
-    if cfg.critic_enabled:
+    if core_algos.critic_enabled(cfg):
         c_fsdp = arr.actor.fsdp if cfg.critic.colocate else cfg.critic.fsdp  # a colocated critic runs with the actor's
         c_offload, c_optim_off = c_fsdp.param_offload, c_fsdp.optimizer_offload
         cprec = precision(cfg.critic.model, c_fsdp)

@@ -15,7 +15,8 @@ import logging
 import sys
 from typing import Sequence
 
-from agent_trainer import compat, main
+from agent_trainer import main
+from agent_trainer.config import compat
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.memory_plan import build_plan, render
 

@@ -56,16 +56,17 @@ import numpy as np
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from agent_trainer import profiling
+from agent_trainer import core_algos, profiling
 from agent_trainer.agents.base import Agent
 from agent_trainer.agents.contract import check_batch_contract
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config.envs import EnvGroupsConfig
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.env_pool import EnvActorPool, PendingCall
-from agent_trainer.es_manager import EnvGroupsConfig, EnvInput, EpisodeSpec, group_seeds, plan_episodes
+from agent_trainer.es_manager import EnvInput, EpisodeSpec, group_seeds, plan_episodes
 from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
@@ -601,7 +602,7 @@ def trainer_splits(cfg: AgentTrainerConfig) -> tuple[str, ...]:
     """The splits a training run plays, each with env actors of its own: train; val only when the run validates
     (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; ReMax's baseline split."""
     return (("train",) + (("val",) if cfg.trainer.test_freq > 0 else ())
-            + (("remax_baseline",) if cfg.algorithm.estimator() == "remax" else ()))
+            + (("remax_baseline",) if core_algos.estimator(cfg.algorithm) == "remax" else ()))
 
 
 def split_config(cfg: AgentTrainerConfig, split: str) -> EnvGroupsConfig:

@@ -24,7 +24,6 @@ layout); ``<run dir>/final`` links the last one, an HF folder the RL trainer loa
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -40,18 +39,27 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from agent_trainer import checkpoint, config_errors
+from agent_trainer import checkpoint, cli_args
 from agent_trainer.batch import TensorBatch
+from agent_trainer.checks.load import load_sft_config
+from agent_trainer.checks.sft import check_against_rl
 from agent_trainer.config import ActorConfig, AgentTrainerConfig
+from agent_trainer.config import config_schema
+from agent_trainer.config import errors as config_errors
+from agent_trainer.config.loading import sft_schema
+from agent_trainer.config.sft import SFTConfig
 from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
                                           play_demonstrations, read_jsonl, write_jsonl)
-from agent_trainer.es_manager import VAL_SEED_OFFSET
+from agent_trainer.es_manager import VAL_SEED_OFFSET, EnvStateManager
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
-from agent_trainer.sft_config import SFTConfig, check_against_rl, load_sft_config, sft_schema
 from agent_trainer.tracking import Tracking, timer
+from agent_trainer.worker_registry import worker_api
 from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = "sft_frozenlake"
+"""The config ``--config-name`` names when it is not given."""
 
 ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
 SFT_SETS = ("model_path", "actor_rollout_ref.model.path", "actor_rollout_ref.rollout.val_kwargs.temperature",
@@ -111,8 +119,6 @@ def compose_rl(cfg: SFTConfig) -> tuple[AgentTrainerConfig, dict]:
             raw = compose(cfg.rl_config, overrides=overrides)
         return prepare(raw)
     except CONFIG_ERRORS as err:
-        from agent_trainer.config import config_schema
-
         reason = config_errors.one_line(err, config_schema(), overrides)
         where = f"rl_config = {cfg.rl_config!r} with rl_overrides {list(cfg.rl_overrides)}"
         raise ValueError(f"{where}: {reason}") from None
@@ -248,11 +254,9 @@ class SFTTrainer:
         """The actor group (every rank loads and shards the model); engine and env actors for env success."""
         import ray
 
-        from agent_trainer.es_manager import EnvStateManager
         from agent_trainer.rollout import SyncMultiTurnRollout
-        from workers.actor import ActorWorker
-        from workers.build import build_engines, resolve_device
-        from workers.worker_group import WorkerGroup
+        ActorWorker, WorkerGroup = worker_api("ActorWorker"), worker_api("WorkerGroup")
+        build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
 
         device = resolve_device(self.rl.trainer.device)
         actor = sft_actor_config(self.cfg, self.rl)
@@ -348,7 +352,7 @@ class SFTTrainer:
 
     def sync_weights(self) -> float:
         """Ship the actor's weights to every engine (``workers.weight_sync.sync_weights``, as RL does)."""
-        from workers.weight_sync import sync_plan, sync_weights
+        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
 
         return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))
 
@@ -414,15 +418,20 @@ def summary(history: list[dict[str, float]], run_dir: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m agent_trainer.sft --config-name NAME [key=value ...]``: hydra's compose, then :func:`train`."""
-    parser = argparse.ArgumentParser(prog="python -m agent_trainer.sft", description=__doc__.splitlines()[0])
-    parser.add_argument("--config-name", "-cn", default="sft_frozenlake", help="a config/<name>.yaml SFT config")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the SFT config")
-    args = parser.parse_args(argv)
+    """``python -m agent_trainer.sft --config-name NAME [key=value ...]`` (``agent_trainer.cli_args``, as the other
+    entry points; ``--help`` prints the usage and the composed config): hydra's compose, then :func:`train`."""
+    try:
+        args = cli_args.parse_args(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG)
+    except ValueError as err:
+        raise SystemExit(f"agent-trainer sft: {err}") from None
+    if args.help:
+        print(cli_args.usage("python -m agent_trainer.sft", __doc__.splitlines()[0], args, DEFAULT_CONFIG, CONFIG_DIR),
+              end="")
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     train(compose_sft(args.config_name, args.overrides))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

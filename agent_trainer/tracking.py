@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from agent_trainer.checkpoint import truncate_metrics
+from agent_trainer.metrics_export import RayMetrics, rollout_rates
+from agent_trainer.trajectories import write_step
+from agent_trainer.viewer.plots import write_curves
 
 if TYPE_CHECKING:
     from agent_trainer.batch import TensorBatch
@@ -127,8 +130,6 @@ class Tracking:
         if not ray.is_initialized():
             return
         if self._ray_metrics is None:
-            from agent_trainer.metrics_export import RayMetrics
-
             name = self.cfg.trainer.experiment_name if self.cfg is not None else self.run_dir.name
             self._ray_metrics = RayMetrics(name)
         self._ray_metrics.export(metrics, step)
@@ -138,14 +139,10 @@ class Tracking:
 
         Due every ``trainer.log_trajectories_freq`` steps and at the last step (0: never).
         """
-        from agent_trainer.metrics_export import rollout_rates
-
         metrics.update(rollout_rates(result, metrics))
         trainer = self.cfg.trainer if self.cfg is not None else None
         freq = trainer.log_trajectories_freq if trainer else 0
         if freq > 0 and (step % freq == 0 or step == trainer.total_training_steps):
-            from agent_trainer.trajectories import write_step
-
             with timer("trajectories", metrics):
                 write_step(self.run_dir, step, "train", result.states, batch, self.tokenizer,
                            trainer.log_trajectories_per_tag, fallback=result.batch)
@@ -158,8 +155,6 @@ class Tracking:
             self._wandb.finish()
             self._wandb = None
         if self.cfg is not None and self.jsonl_path.exists():
-            from agent_trainer.viewer.plots import write_curves
-
             write_curves(self.jsonl_path, self.run_dir / "plots")
 
 

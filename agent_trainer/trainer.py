@@ -31,6 +31,7 @@ from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
+from agent_trainer.worker_registry import worker_api
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class AgentTrainer:
         self.global_step = 0
         self.run_dir = Path(cfg.trainer.default_local_dir)
         checkpoint.seed_everything(cfg.trainer.seed)
-        self.checkpoint_parts = ["actor"] + (["critic"] if cfg.critic_enabled else [])
+        self.checkpoint_parts = ["actor"] + (["critic"] if core_algos.critic_enabled(cfg) else [])
         self.resume_from = checkpoint.prepare_run_dir(self.run_dir, cfg.trainer.resume_mode,
                                                       cfg.trainer.resume_from_path, self.checkpoint_parts)
         resume_step = checkpoint.TrainerState.load(self.resume_from).global_step if self.resume_from else 0
@@ -75,7 +76,8 @@ class AgentTrainer:
     # -- set-up --------------------------------------------------------------------------
     def init_workers(self) -> None:
         """Start every worker group and load the models (collectively where sharded)."""
-        from workers.build import actor_offloads, build_workers  # heavy imports (FSDP, vLLM) stay out of agent_trainer
+        # FSDP, vLLM and the worker classes load here, on first use (agent_trainer.worker_registry)
+        actor_offloads, build_workers = worker_api("actor_offloads"), worker_api("build_workers")
 
         w = build_workers(self.cfg)
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
@@ -133,7 +135,7 @@ class AgentTrainer:
         the error propagates. ``stop`` (SIGINT/SIGTERM) ends the loop at the next step boundary,
         after a checkpoint when ``trainer.save_on_signal``, by raising ``lifecycle.Interrupted``.
         """
-        from workers.worker_group import WorkerDied
+        WorkerDied = worker_api("WorkerDied")
 
         restarts = 0
         while True:
@@ -355,8 +357,9 @@ class AgentTrainer:
             batch["token_level_rewards"] = rewards
             metrics.update(kl_metrics)
         advantages, returns = core_algos.compute_advantage(
-            batch.tensors, alg.estimator(), gamma=alg.gamma, lam=alg.lam, high_level_gamma=alg.high_level_gamma,
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **alg.estimator_options(),
+            batch.tensors, core_algos.estimator(alg), gamma=alg.gamma, lam=alg.lam,
+            high_level_gamma=alg.high_level_gamma, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            **core_algos.estimator_options(alg),
         )
         self.check_finite(batch, advantages, returns)
         batch["advantages"], batch["returns"] = advantages, returns
@@ -390,7 +393,7 @@ class AgentTrainer:
         engine that dies while loading (or is found dead) is restarted by Ray from the checkpoint on disk: the
         sync waits for it and sends the weights once more; a second failure raises with Ray's error.
         """
-        from workers.weight_sync import sync_plan, sync_weights
+        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
 
         return sync_weights(self.actor_wg, self.engines, sync_plan(self.cfg))
 

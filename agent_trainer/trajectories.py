@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_trainer.batch import TensorBatch
+from agent_trainer.viewer import write_viewer
 
 
 @dataclass
@@ -150,8 +151,6 @@ def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> 
 def write_step(run_dir: str | Path, step: int, split: str, states: list[dict], batch: TensorBatch, tokenizer,
                per_tag: int, fallback: TensorBatch | None = None) -> Path:
     """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer."""
-    from agent_trainer.viewer import write_viewer
-
     folder = Path(run_dir) / "trajectories"
     folder.mkdir(parents=True, exist_ok=True)
     rows = rows_by_episode(batch, fallback)
@@ -159,7 +158,7 @@ def write_step(run_dir: str | Path, step: int, split: str, states: list[dict], b
                for s in sample_states(states, per_tag)]
     path = folder / (f"step_{step}.jsonl" if split == "train" else f"{split}_step_{step}.jsonl")
     path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))
-    write_viewer(folder)
+    write_viewer(folder, read_records(folder))
     return path
 
 

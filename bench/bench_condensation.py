@@ -72,7 +72,7 @@ def run(args) -> dict:
     from transformers import AutoTokenizer
 
     from agent_trainer.condensed_ctx import CondensedContextManager
-    from agent_trainer.condensers import ContextCondenserConfig
+    from agent_trainer.config.multiturn import ContextCondenserConfig
     from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
     from workers.rollout import VLLMRolloutWorker
 

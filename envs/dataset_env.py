@@ -2,9 +2,9 @@
 
 Each episode serves one dataset row: the row is chosen by the episode's seed (the seed is the
 dataset position, so the env seed counter the checkpoints save is the dataset position;
-each epoch is a seeded shuffle, ``agent_trainer.datasets.row_for_position``). The observation
+each epoch is a seeded shuffle, ``envs.datasets.row_for_position``). The observation
 is the row's prompt; the answer (the text inside ``<answer>``) is scored by the reward
-function (``agent_trainer.reward_fns``) against the row's ground truth.
+function (``envs.reward_fns``) against the row's ground truth.
 
 - ``max_turns: 1`` (single-turn): the first answer is final and scored; the episode ends.
 - ``max_turns > 1`` (the question environment): each turn is a reasoning step. An answer
@@ -16,7 +16,7 @@ Every step's info names the row (``question_id``) and carries its ``ground_truth
 multi-turn GRPO trajectory reward computers (``reward_computation``, docs/multiturn_grpo.md)
 can check the trajectory's final answer, e.g. run a coding row's tests.
 
-The training tags are built from the ``data.*`` config section (``agent_trainer.datasets``
+The training tags are built from the ``data.*`` config section (``agent_trainer.prompt_data``
 docs, docs/rewards.md); the env can also be used directly in an env tag with ``env_type:
 prompt_dataset``. Like every env it imports neither Ray, torch nor a tokenizer.
 """
@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_trainer.datasets import PromptRecord, load_prompts, row_for_position
-from agent_trainer.reward_fns import load_reward_fn, score
+from envs.datasets import PromptRecord, load_prompts, row_for_position
+from envs.reward_fns import load_reward_fn, score
 from envs.base import BaseEnv, make_info
 
 MAX_ANSWER_CHARS = 4000

@@ -8,8 +8,9 @@ from typing import Any
 
 import ray
 
+from agent_trainer import core_algos
+from agent_trainer.checks.rl import check_offload
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.config_checks import check_offload
 from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.rollout import split_config, trainer_splits
 from workers.actor import ActorWorker, ReferenceWorker
@@ -105,7 +106,7 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     timeouts = {"placement_timeout_s": cfg.trainer.placement_timeout_s,
                 "collective_timeout_s": cfg.trainer.collective_timeout_s}
     colocate_ref = cfg.ref_enabled and arr.ref.colocate
-    colocate_critic = cfg.critic_enabled and cfg.critic.colocate
+    colocate_critic = core_algos.critic_enabled(cfg) and cfg.critic.colocate
     hybrid = arr.hybrid_engine
     # Colocated: each actor bundle also holds one engine's CPUs and its share of the GPU.
     actor_gpus = gpus * (1 - HYBRID_ENGINE_GPU_SHARE) if hybrid else gpus
@@ -117,7 +118,7 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
                      "ref": arr.ref if colocate_ref else None, "critic": cfg.critic if colocate_critic else None},
     )
     critic = actor if colocate_critic else None  # the actor's ranks answer compute_values and update_critic
-    if cfg.critic_enabled and not colocate_critic:
+    if core_algos.critic_enabled(cfg) and not colocate_critic:
         critic = WorkerGroup(
             CriticWorker, name="critic", world_size=cfg.critic.fsdp.world_size,
             num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True, **timeouts,
@@ -256,7 +257,7 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
                           arr.actor.fsdp.num_cpus_per_rank + r.num_cpus_per_worker, gpus)]
     else:
         demands = [Demand("actor", arr.actor.fsdp.world_size, arr.actor.fsdp.num_cpus_per_rank, gpus)]
-    if cfg.critic_enabled and not cfg.critic.colocate:
+    if core_algos.critic_enabled(cfg) and not cfg.critic.colocate:
         demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
     if cfg.ref_enabled and not arr.ref.colocate:
         demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import FSDPConfig
-from agent_trainer.reward_config import RewardModelConfig
+from agent_trainer.config.rewards import RewardModelConfig
 from workers.fsdp_base import DTYPES, FSDPWorker, micro_batches, run_model
 
 

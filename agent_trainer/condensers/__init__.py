@@ -7,10 +7,8 @@ every turn's prompt through the configured one: see docs/multiturn_grpo.md.
 """
 
 from agent_trainer.condensers.base import (
-    STEP_VIEWS,
     CondensedContext,
     ContextCondenser,
-    ContextCondenserConfig,
     Draft,
     GenerateFn,
     StepRecord,
@@ -27,7 +25,7 @@ from agent_trainer.condensers.strategies import FullCondenser, SimpleCondenser, 
 from agent_trainer.condensers.summary import SummaryCondenser
 
 __all__ = [
-    "STEP_VIEWS", "CondensedContext", "ContextCondenser", "ContextCondenserConfig", "Draft", "GenerateFn",
+    "CondensedContext", "ContextCondenser", "Draft", "GenerateFn",
     "StepRecord", "SummaryCall", "SummaryRequest", "TrajectorySoFar", "fit_to_budget", "get_condenser_cls",
     "list_condensers", "make_condenser", "register_condenser", "FullCondenser", "SimpleCondenser", "TruncateCondenser",
     "SummaryCondenser",

@@ -32,13 +32,13 @@ from typing import Callable
 
 from agent_trainer import prompts
 from agent_trainer.condensers.layouts import ConversationLayout
+from agent_trainer.config.multiturn import ContextCondenserConfig
 from agent_trainer.plugins import PluginRegistry
 
 EMPTY_SUMMARY = "(no summary)"
 """What a context shows for a summary the policy left blank."""
 GenerateFn = Callable[[list[int], int], list[int]]
 """``generate(prompt_ids, max_tokens) -> token ids``: the rollout engine, for condensers that call the policy."""
-STEP_VIEWS = ("answer", "reply")
 """How text layouts show a past step's output: its <answer> text only, or the whole reply verbatim."""
 
 
@@ -176,48 +176,6 @@ def fit_to_budget(ids: list[int], budget: int, head_len: int) -> tuple[list[int]
     return list(ids[:head]) + list(ids[len(ids) - (budget - head):]), True, head < head_len
 
 
-@dataclass
-class ContextCondenserConfig:
-    """``multiturn_trajectory.context_condenser``: how each step's context is built."""
-
-    type: str = "simple"
-    """full | simple | truncate | summary, or "package.module:ClassName" of your own condenser."""
-    keep_last_n_steps: int | None = 2
-    """simple / summary: past steps shown (the last n); 0 = none. In the trainer config null (the default) follows
-    ctx_manager.keep_last_n_turns (its alias; both set must agree), else 2."""
-    max_condensed_tokens: int | None = 1024
-    """Budget of every context in tokens of the policy's tokenizer, enforced for every strategy. In the trainer
-    config null (the default) = actor_rollout_ref.rollout.max_model_len - response_length (all the room a prompt
-    has); a set value must leave response_length tokens for the reply."""
-    summary_max_tokens: int = 128
-    """summary: tokens the policy may generate for one summary of the older steps."""
-    summary_temperature: float = 0.0
-    """summary: sampling temperature of the summary call (0 = greedy); seeded like the turns' sampling."""
-    step_view: str = "answer"
-    """simple / summary: show a past step's <answer> text ("answer", as ctx_manager.mode=condensed does)
-    or its whole reply verbatim ("reply")."""
-
-    def __post_init__(self):
-        key = "multiturn_trajectory.context_condenser"
-        for name, low in (("keep_last_n_steps", 0), ("max_condensed_tokens", 1), ("summary_max_tokens", 1)):
-            value = getattr(self, name)
-            if value is None and name != "summary_max_tokens":
-                continue  # resolved from its alias / the model length by the trainer config
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{key}.{name} = {value!r} must be an int >= {low}")
-        if isinstance(self.summary_temperature, bool) or not isinstance(self.summary_temperature, (int, float)) \
-                or not 0 <= self.summary_temperature < float("inf"):
-            raise ValueError(f"{key}.summary_temperature = {self.summary_temperature!r} must be a number >= 0 "
-                             "(0 = greedy)")
-        if self.type == "summary" and self.max_condensed_tokens is not None \
-                and self.summary_max_tokens >= self.max_condensed_tokens:
-            raise ValueError(f"{key}.summary_max_tokens = {self.summary_max_tokens} must be < "
-                             f"{key}.max_condensed_tokens = {self.max_condensed_tokens}; lower it")
-        if self.step_view not in STEP_VIEWS:
-            raise ValueError(f"{key}.step_view = {self.step_view!r} is not one of {list(STEP_VIEWS)}")
-        CONDENSERS.get(self.type)
-
-
 class ContextCondenser(abc.ABC):
     """Builds c_{k+1} from the trajectory so far. Subclasses implement ``build``; ``condense`` enforces the budget."""
 
@@ -292,6 +250,6 @@ def make_condenser(config: ContextCondenserConfig, tokenizer, *, generate: Gener
     """The condenser ``config.type`` names (``keep_last_n_steps`` and ``max_condensed_tokens`` must be resolved)."""
     if config.keep_last_n_steps is None or config.max_condensed_tokens is None:
         raise ValueError("multiturn_trajectory.context_condenser: keep_last_n_steps and max_condensed_tokens must "
-                         "be resolved before a condenser is built (multiturn_config.condenser_config does it)")
+                         "be resolved before a condenser is built (agent_trainer.config.condenser_config does it)")
     return CONDENSERS.get(config.type)(tokenizer, config, generate=generate, enable_think=enable_think,
                                           action_sep=action_sep)

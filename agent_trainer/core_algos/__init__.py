@@ -10,7 +10,7 @@ so a verl user reads them at once.
 Modules: advantages (GAE, GRPO, RLOO, REINFORCE++, ReMax), multiturn (bi-level GAE,
 multi-turn GRPO), gigpo, losses, rollout_correction (truncated IS between engine and
 trainer), kl, shaping (RAGEN reward normalisation and rollout filtering), registry (name ->
-estimator, ``compute_advantage``, config checks).
+estimator, ``compute_advantage``, the estimator a config section selects).
 See docs/algorithms.md for the table of estimators and losses.
 """
 
@@ -51,10 +51,11 @@ from .registry import (
     CRITIC_ESTIMATORS,
     ESTIMATOR_OPTIONS,
     compute_advantage,
+    critic_enabled,
+    estimator,
+    estimator_options,
     get_adv_estimator_fn,
     resolve_adv_estimator,
-    check_choice,
-    validate_algorithm_choices,
 )
 from .shaping import (
     NONFINITE_REWARD_POLICIES,
@@ -77,5 +78,5 @@ __all__ = [
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
     "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
     "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "check_choice", "normalize_scores", "resolve_adv_estimator", "turn_segments", "validate_algorithm_choices",
+    "critic_enabled", "estimator", "estimator_options", "normalize_scores", "resolve_adv_estimator", "turn_segments",
 ]

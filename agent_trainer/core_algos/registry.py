@@ -1,10 +1,12 @@
-"""Estimator registry, the trainer's single dispatch call, and config-choice validation."""
+"""Estimator registry, the trainer's single dispatch call, and the estimator a config section selects."""
 
 from __future__ import annotations
 
 from typing import Callable, Mapping
 
 import torch
+
+from agent_trainer.config.schema import AgentTrainerConfig, AlgorithmConfig
 
 from .advantages import (
     compute_gae_advantage_return,
@@ -15,8 +17,6 @@ from .advantages import (
     compute_rloo_outcome_advantage,
 )
 from .gigpo import compute_gigpo_outcome_advantage
-from .kl import KL_CTRL_TYPES, KL_PENALTY_TYPES
-from .losses import LOSS_AGG_MODES, POLICY_LOSS_MODES
 from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage
 
 ADV_ESTIMATORS: dict[str, Callable] = {
@@ -132,38 +132,24 @@ def resolve_adv_estimator(adv_estimator: str, bi_level_gae: bool = False) -> str
     return "bi_level_gae"
 
 
-def check_choice(key: str, value, choices) -> None:
-    """Raise ValueError naming the config ``key`` when ``value`` is not one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{key} = {value!r} is not one of {list(choices)}; set it to one of them")
+def estimator(algorithm: AlgorithmConfig) -> str:
+    """The estimator ``algorithm`` (the config's section) actually uses (``bi_level_gae: true`` upgrades ``gae``)."""
+    return resolve_adv_estimator(algorithm.adv_estimator, algorithm.bi_level_gae)
 
 
-def validate_algorithm_choices(
-    adv_estimator: str,
-    loss_agg_mode: str,
-    kl_loss_type: str,
-    policy_loss_mode: str,
-    kl_ctrl_type: str,
-    *,
-    bi_level_gae: bool = False,
-    gamma: float | None = None,
-    lam: float | None = None,
-    high_level_gamma: float | None = None,
-) -> None:
-    """Check the algorithm-related config values at start-up; raise ValueError naming the key.
+def estimator_options(algorithm: AlgorithmConfig) -> dict:
+    """Extra keyword options of the estimator in use (``ESTIMATOR_OPTIONS``), read from ``algorithm``."""
+    if estimator(algorithm) == "gigpo":
+        return {"step_advantage_w": algorithm.gigpo.step_advantage_w, "mode": algorithm.gigpo.mode,
+                "epsilon": algorithm.gigpo.epsilon}
+    if "epsilon" in ESTIMATOR_OPTIONS.get(estimator(algorithm), ()):
+        return {"epsilon": algorithm.advantage_epsilon}
+    return {}
 
-    Keys: algorithm.adv_estimator, actor_rollout_ref.actor.loss_agg_mode,
-    actor_rollout_ref.actor.kl_loss_type, actor_rollout_ref.actor.policy_loss_mode,
-    algorithm.kl_ctrl.type, and optionally algorithm.bi_level_gae and
-    algorithm.gamma / lam / high_level_gamma (each must lie in [0, 1]).
-    """
-    check_choice("algorithm.adv_estimator", adv_estimator, ADV_ESTIMATOR_NAMES)
-    check_choice("actor_rollout_ref.actor.loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-    check_choice("actor_rollout_ref.actor.kl_loss_type", kl_loss_type, KL_PENALTY_TYPES)
-    check_choice("actor_rollout_ref.actor.policy_loss_mode", policy_loss_mode, POLICY_LOSS_MODES)
-    check_choice("algorithm.kl_ctrl.type", kl_ctrl_type, KL_CTRL_TYPES)
-    resolve_adv_estimator(adv_estimator, bi_level_gae)
-    for key, value in (("algorithm.gamma", gamma), ("algorithm.lam", lam),
-                       ("algorithm.high_level_gamma", high_level_gamma)):
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise ValueError(f"{key} = {value} must lie in [0, 1]; set it to a discount/lambda in that range")
+
+def critic_enabled(cfg: AgentTrainerConfig) -> bool:
+    """Whether a run of ``cfg`` starts a critic worker: ``critic.enable`` as set, else whether its estimator reads
+    values."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return estimator(cfg.algorithm) in CRITIC_ESTIMATORS

@@ -4,13 +4,11 @@ Enabled by ``reward_computation.enable`` (the condensed context manager scores e
 trajectory at the end of the rollout): see docs/multiturn_grpo.md.
 """
 
+from agent_trainer.config.rewards import DOMAINS, FormatValidationConfig, RewardComputationConfig, SandboxLimits
 from agent_trainer.trajectory_rewards.base import (
-    DOMAINS,
     FinishedTrajectory,
-    FormatValidationConfig,
     GroundTruth,
     IOCase,
-    RewardComputationConfig,
     TrajectoryReward,
     TrajectoryRewardComputer,
     get_reward_computer_cls,
@@ -25,7 +23,7 @@ from agent_trainer.trajectory_rewards.computers import (
     load_ground_truth,
     make_reward_computer,
 )
-from agent_trainer.trajectory_rewards.sandbox import SandboxLimits, SandboxResult, run_python
+from agent_trainer.trajectory_rewards.sandbox import SandboxResult, run_python
 
 __all__ = [
     "DOMAINS", "FinishedTrajectory", "FormatValidationConfig", "GroundTruth", "IOCase", "RewardComputationConfig",

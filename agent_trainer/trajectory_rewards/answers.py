@@ -12,8 +12,9 @@ import string
 from dataclasses import dataclass
 
 from agent_trainer import prompts
-from agent_trainer.trajectory_rewards.base import FinishedTrajectory, FormatValidationConfig, GroundTruth
-from agent_trainer.trajectory_rewards.sandbox import SandboxLimits, run_python
+from agent_trainer.config.rewards import FormatValidationConfig, SandboxLimits
+from agent_trainer.trajectory_rewards.base import FinishedTrajectory, GroundTruth
+from agent_trainer.trajectory_rewards.sandbox import run_python
 from envs.metamathqa import answers_match
 
 _CODE_BLOCK = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)

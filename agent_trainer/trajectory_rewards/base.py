@@ -1,4 +1,4 @@
-"""Typed inputs and outputs of trajectory reward computers, their config, and the registry.
+"""Typed inputs and outputs of trajectory reward computers, and their registry (config: agent_trainer.config.rewards).
 
 A computer maps one finished multi-turn trajectory to one reward (multi-turn
 GRPO, ``docs/multiturn_grpo.md``)::
@@ -19,12 +19,11 @@ environments are (``envs/registry.py``).
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from agent_trainer.config.rewards import RewardComputationConfig
 from agent_trainer.plugins import PluginRegistry
-from agent_trainer.trajectory_rewards.sandbox import SandboxLimits
 
-DOMAINS = ("general", "math", "coding")
 """``reward_computation.domain`` values."""
 
 
@@ -109,79 +108,6 @@ class TrajectoryReward:
     max_context_length: int
     seconds: float = 0.0
     """Time this trajectory's reward took (the sandbox run included)."""
-
-
-@dataclass
-class FormatValidationConfig:
-    """``reward_computation.format_validation``: rules a trajectory must meet, else reward 0."""
-
-    require_answer_tag: bool = True
-    """The final output holds <answer>...</answer>; the answer is its content (else the whole final output)."""
-    require_think_tag: bool = False
-    """A <think>...</think> block comes before the <answer> block in the final output."""
-    max_answer_chars: int = 4096
-    """Longest accepted answer in characters (0 = no limit)."""
-    require_nonempty_outputs: bool = True
-    """Every step's output has non-blank text."""
-    require_boxed: bool = False
-    """Math: the answer contains \\boxed{...}."""
-    require_code_block: bool = False
-    """Coding: the answer contains a fenced ``` code block."""
-
-    def __post_init__(self):
-        if isinstance(self.max_answer_chars, bool) or not isinstance(self.max_answer_chars, int) \
-                or self.max_answer_chars < 0:
-            raise ValueError(f"reward_computation.format_validation.max_answer_chars = {self.max_answer_chars!r} "
-                             "must be an int >= 0 (0 = no limit)")
-
-
-@dataclass
-class RewardComputationConfig:
-    """``reward_computation``: how a finished trajectory becomes one reward, and how it meets the env rewards."""
-
-    enable: bool = False
-    """Score every finished trajectory with the computer below (needs ctx_manager.mode=condensed and the
-    question environment, data.train_files). The reward sits on the last generated token of the trajectory's
-    last turn: R_total = env_reward_weight x (sum of the env's turn rewards) + trajectory_reward_weight x R."""
-    env_reward_weight: float = 1.0
-    """Weight of the environment's per-turn rewards (format penalty included) when enable; 0 = the trajectory
-    reward alone (seed 004's R)."""
-    trajectory_reward_weight: float = 1.0
-    """Weight of the computer's trajectory reward R when enable."""
-    type: str = "grpo"
-    """Registered reward computer name, or "package.module:ClassName"."""
-    domain: str = "general"
-    """How answers are checked: general (normalised exact match), math (numeric / LaTeX equivalence),
-    coding (the answer is a Python program run against the row's tests in a sandbox)."""
-    ground_truth_file: str | None = None
-    """JSON or JSONL of ground truths keyed by question id; used when a row carries none."""
-    format_validation: FormatValidationConfig = field(default_factory=FormatValidationConfig)
-    """Format rules; a trajectory breaking one gets reward 0."""
-    efficiency_scale: float = 1000.0
-    """A correct trajectory earns efficiency_scale / max_context_length (1000: per thousand tokens, so a
-    correct answer whose longest row is 500 tokens earns 2.0; 1.0 gives the seed's literal 1/L)."""
-    num_workers: int = 2
-    """Threads of BatchTrajectoryRewardComputer (each coding check is a sandboxed subprocess)."""
-    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
-    """Limits of each coding sandbox run (wall_s, cpu_s, mem_mb, max_output_bytes, ...)."""
-
-    def __post_init__(self):
-        if isinstance(self.format_validation, dict):
-            self.format_validation = FormatValidationConfig(**self.format_validation)
-        if isinstance(self.sandbox, dict):
-            self.sandbox = SandboxLimits(**self.sandbox)
-        if self.domain not in DOMAINS:
-            raise ValueError(f"reward_computation.domain = {self.domain!r} is not one of {list(DOMAINS)}; "
-                             "set it to one of them")
-        if not isinstance(self.efficiency_scale, (int, float)) or self.efficiency_scale <= 0:
-            raise ValueError(f"reward_computation.efficiency_scale = {self.efficiency_scale!r} must be > 0")
-        for name in ("env_reward_weight", "trajectory_reward_weight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                raise ValueError(f"reward_computation.{name} = {value!r} must be a finite number >= 0")
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ValueError(f"reward_computation.num_workers = {self.num_workers!r} must be an int >= 1")
-        REWARD_COMPUTERS.get(self.type)  # an unknown type fails here, before any worker starts
 
 
 class TrajectoryRewardComputer(abc.ABC):

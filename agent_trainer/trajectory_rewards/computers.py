@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_trainer.config.rewards import RewardComputationConfig
 from agent_trainer.trajectory_rewards import answers
 from agent_trainer.trajectory_rewards.base import (
     FinishedTrajectory,
     GroundTruth,
-    RewardComputationConfig,
     TrajectoryReward,
     TrajectoryRewardComputer,
     get_reward_computer_cls,

@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_trainer.config.rewards import SandboxLimits
+
 CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
 UNSHARE = ("unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
 SANDBOX_UID_BASE = 1_500_000
@@ -54,32 +56,6 @@ SANDBOX_UID_BASE = 1_500_000
 _uid_counter = itertools.count()
 _TAIL_GRACE_S = 0.5
 """After the launcher exits, how long to wait for the pipes to close before killing the group."""
-
-
-@dataclass
-class SandboxLimits:
-    """Resource limits of one sandboxed run."""
-
-    wall_s: float = 5.0
-    """Wall-clock seconds before the process group is killed."""
-    cpu_s: int = 3
-    """CPU seconds per process (RLIMIT_CPU): SIGXCPU, then SIGKILL one second later."""
-    mem_mb: int = 512
-    """Address space per process in MiB (RLIMIT_AS); a larger allocation raises MemoryError."""
-    max_output_bytes: int = 1 << 20
-    """Bytes kept of stdout and of stderr each; more kills the run."""
-    max_procs: int = 32
-    """Processes and threads of the sandbox uid (RLIMIT_NPROC)."""
-    max_file_mb: int = 16
-    """Largest file the program may write, in MiB (RLIMIT_FSIZE)."""
-    max_open_files: int = 64
-    """Open file descriptors (RLIMIT_NOFILE)."""
-
-    def __post_init__(self):
-        for name in ("wall_s", "cpu_s", "mem_mb", "max_output_bytes", "max_procs", "max_file_mb", "max_open_files"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"sandbox.{name} = {value!r} must be a positive number")
 
 
 @dataclass

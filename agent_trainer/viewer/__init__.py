@@ -1,7 +1,7 @@
 """A static, self-contained HTML viewer of sampled trajectories (no server, no CDN).
 
-:func:`write_viewer` reads every ``*.jsonl`` file of a trajectories folder
-(``agent_trainer.trajectories``) and writes ``viewer.html`` next to them: the records are
+:func:`write_viewer` takes the records of a trajectories folder (every ``*.jsonl`` file, read by
+``agent_trainer.trajectories``) and writes ``viewer.html`` next to them: the records are
 embedded as JSON in a ``<script type="application/json">`` element, the page's script and
 style inline (``agent_trainer.viewer.assets``). Open the file in any browser; a fragment
 preselects filters (``viewer.html#tag=FrozenLake3x3&step=10&outcome=failure&index=0``).
@@ -35,13 +35,12 @@ def render_html(records: list, title: str = "agent_trainer trajectories") -> str
     )
 
 
-def write_viewer(folder: str | Path) -> Path:
-    """(Re)write ``<folder>/viewer.html`` from every JSONL file in ``folder``; return its path."""
-    from agent_trainer.trajectories import read_records
-
+def write_viewer(folder: str | Path, records: list) -> Path:
+    """(Re)write ``<folder>/viewer.html`` showing ``records`` (every record of the folder's JSONL files, read by
+    ``agent_trainer.trajectories.read_records``); return its path."""
     folder = Path(folder)
     path = folder / "viewer.html"
     tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render_html(read_records(folder), title=f"trajectories: {folder.parent.name}"), encoding="utf-8")
+    tmp.write_text(render_html(records, title=f"trajectories: {folder.parent.name}"), encoding="utf-8")
     tmp.replace(path)
     return path

@@ -1,4 +1,4 @@
-"""align-anything / RAGEN keys (agent_trainer/compat.py): rewritten with a notice, or refused in one line."""
+"""align-anything / RAGEN keys (agent_trainer/config/compat.py): rewritten with a notice, or refused in one line."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_trainer import compat
-from agent_trainer.config import config_schema, load_config
-from agent_trainer.config_errors import all_keys
+from agent_trainer import core_algos
+from agent_trainer.checks.load import load_config
+from agent_trainer.config import compat, config_schema
+from agent_trainer.config.errors import all_keys
 from agent_trainer.main import compose_and_prepare
 
 SEED_EXAMPLE = ["train_cfgs.multi_turn=true", "train_cfgs.bi_level_gae=true", "train_cfgs.high_level_gamma=0.95",
@@ -23,8 +24,8 @@ def test_the_issue_example_resolves_with_one_notice_per_key(tiny_model_path, cap
     with caplog.at_level(logging.WARNING, logger="agent_trainer.main"):
         cfg, _ = compose_and_prepare([*SEED_EXAMPLE, f"model_path={tiny_model_path}"])
     assert cfg.algorithm.bi_level_gae is True and cfg.algorithm.high_level_gamma == 0.95
-    assert cfg.algorithm.estimator() == "bi_level_gae"
-    assert cfg.critic.enable is True and cfg.critic_enabled
+    assert core_algos.estimator(cfg.algorithm) == "bi_level_gae"
+    assert cfg.critic.enable is True and core_algos.critic_enabled(cfg)
     assert cfg.agent_proxy.max_turn == 6  # multi_turn=true leaves the config's turns alone
     notices = [r.getMessage() for r in caplog.records]
     assert notices == [
@@ -90,7 +91,7 @@ def test_the_shipped_seed_style_config_composes_and_the_command_line_wins(tiny_m
     with caplog.at_level(logging.WARNING):
         cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "algorithm.high_level_gamma=0.9"],
                                      config_name="seed_style_frozenlake")
-    assert cfg.algorithm.estimator() == "bi_level_gae" and cfg.critic_enabled and not cfg.reward_model.enable
+    assert core_algos.estimator(cfg.algorithm) == "bi_level_gae" and core_algos.critic_enabled(cfg) and not cfg.reward_model.enable
     assert cfg.agent_proxy.max_turn == 4 and cfg.algorithm.high_level_gamma == 0.9
     notices = [r.getMessage() for r in caplog.records if "align-anything's name" in r.getMessage()]
     assert len(notices) == 8 and "using algorithm.bi_level_gae=true" in notices[1]
@@ -131,7 +132,7 @@ def test_console_scripts_run_the_module_entry(tmp_path):
 
 
 def test_compatibility_doc_is_current():
-    stale = "docs/compatibility.md is stale: run python -m agent_trainer.compat"
+    stale = "docs/compatibility.md is stale: run python -m launch.config_docs"
     assert compat.DOC.read_text() == compat.render(), stale
     for entry in compat.TABLE:
         assert f"| `{entry.old}` |" in compat.DOC.read_text()

@@ -5,7 +5,7 @@ import torch
 
 from agent_trainer import core_algos
 from agent_trainer.condensed_ctx import NO_ANSWER, CondensedContextManager
-from agent_trainer.condensers import ContextCondenserConfig
+from agent_trainer.config.multiturn import ContextCondenserConfig
 from agent_trainer.ctx_manager import ContextManager, anchor_id
 
 

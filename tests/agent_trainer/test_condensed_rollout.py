@@ -13,11 +13,11 @@ import torch
 
 from agent_trainer import core_algos, profiling
 from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.condensers import ContextCondenserConfig
-from agent_trainer.config import load_config
-from agent_trainer.datasets import dataset_env_tags
+from agent_trainer.checks.load import load_config
+from agent_trainer.config.multiturn import ContextCondenserConfig
+from agent_trainer.prompt_data import dataset_env_tags
 from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
-from agent_trainer.reward_config import TRAIN_TAG
+from agent_trainer.config.rewards import TRAIN_TAG
 from agent_trainer.trajectory_rewards import RewardComputationConfig
 from tests.agent_trainer.conftest import reply_ids
 

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent_trainer.checks.plugins import check_condenser
 from agent_trainer.condensed_ctx import CondensedContextManager, TurnRow
 from agent_trainer.condensers import (
     ContextCondenser,
-    ContextCondenserConfig,
     Draft,
     SummaryCondenser,
     TrajectorySoFar,
@@ -19,6 +19,7 @@ from agent_trainer.condensers import (
     list_condensers,
     make_condenser,
 )
+from agent_trainer.config.multiturn import ContextCondenserConfig
 from agent_trainer.ctx_manager import ContextManager
 
 
@@ -245,9 +246,9 @@ def test_registry_finds_names_and_import_paths_and_names_the_key_on_errors(token
     got = condenser(tokenizer, path, max_condensed_tokens=8).condense(hand_made(tokenizer, 1))
     assert len(got.token_ids) == 8 and got.truncated  # the budget holds for user condensers too
     with pytest.raises(ValueError, match=r"context_condenser.type = 'nope' is unknown; known: \['full'"):
-        ContextCondenserConfig(type="nope")
+        check_condenser(ContextCondenserConfig(type="nope"))  # the start-up check (agent_trainer.checks)
     with pytest.raises(ValueError, match="is not a subclass of ContextCondenser"):
-        ContextCondenserConfig(type="agent_trainer.condensers.base:Draft")
+        check_condenser(ContextCondenserConfig(type="agent_trainer.condensers.base:Draft"))
     with pytest.raises(ValueError, match="keep_last_n_steps = -1 must be an int >= 0"):
         ContextCondenserConfig(keep_last_n_steps=-1)
     with pytest.raises(ValueError, match="summary_max_tokens = 64 must be < .*max_condensed_tokens = 64"):

@@ -8,7 +8,8 @@ import logging
 import pytest
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.config import load_config
+from agent_trainer import core_algos
+from agent_trainer.checks.load import load_config
 from agent_trainer.main import CONFIG_DIR, prepare
 
 
@@ -21,15 +22,15 @@ def test_frozenlake_config_loads_and_interpolates():
     cfg = load_config(_compose("model_path=/some/model"))
     assert cfg.actor_rollout_ref.model.path == "/some/model" and cfg.critic.model.path == "/some/model"
     assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == cfg.ppo_mini_batch_size
-    assert cfg.critic_enabled and not cfg.ref_enabled
+    assert core_algos.critic_enabled(cfg) and not cfg.ref_enabled
     assert cfg.trainer.default_local_dir.endswith("agent_trainer/frozenlake_ppo")
 
 
 def test_estimator_selection():
     cfg = load_config(_compose("algorithm.bi_level_gae=true"))
-    assert cfg.algorithm.estimator() == "bi_level_gae" and cfg.critic_enabled
+    assert core_algos.estimator(cfg.algorithm) == "bi_level_gae" and core_algos.critic_enabled(cfg)
     cfg = load_config(_compose("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true"))
-    assert cfg.algorithm.estimator() == "grpo" and not cfg.critic_enabled and cfg.ref_enabled
+    assert core_algos.estimator(cfg.algorithm) == "grpo" and not core_algos.critic_enabled(cfg) and cfg.ref_enabled
 
 
 @pytest.mark.parametrize(
@@ -73,8 +74,8 @@ def test_configuration_doc_is_current():
 
 def test_grpo_multiturn_config_selects_condensed_per_turn_rows():
     cfg = load_config(_compose(name="frozenlake_grpo_multiturn"))
-    assert cfg.algorithm.estimator() == "grpo_multiturn" and cfg.ctx_manager.mode == "condensed"
-    assert cfg.ctx_manager.keep_last_n_turns == 2 and not cfg.critic_enabled
+    assert core_algos.estimator(cfg.algorithm) == "grpo_multiturn" and cfg.ctx_manager.mode == "condensed"
+    assert cfg.ctx_manager.keep_last_n_turns == 2 and not core_algos.critic_enabled(cfg)
     # rows per step vary in condensed mode, so the mini-batch need not divide the episode count
     load_config(_compose("ppo_mini_batch_size=24", name="frozenlake_grpo_multiturn"))
 

@@ -3,7 +3,8 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.config import load_config
+from agent_trainer import core_algos
+from agent_trainer.checks.load import load_config
 from agent_trainer.main import CONFIG_DIR
 
 
@@ -15,16 +16,17 @@ def _load(*overrides: str, name: str = "frozenlake"):
 def test_gigpo_options_reach_the_estimator():
     cfg = _load("algorithm.adv_estimator=gigpo", "algorithm.gigpo.step_advantage_w=0.5",
                 "algorithm.gigpo.mode=mean_std_norm", "algorithm.gigpo.epsilon=1e-4")
-    assert cfg.algorithm.estimator_options() == {"step_advantage_w": 0.5, "mode": "mean_std_norm", "epsilon": 1e-4}
-    assert not cfg.critic_enabled
-    assert _load("algorithm.adv_estimator=grpo").algorithm.estimator_options() == {"epsilon": 1e-6}  # advantage_epsilon
+    assert core_algos.estimator_options(cfg.algorithm) == {"step_advantage_w": 0.5, "mode": "mean_std_norm",
+                                                     "epsilon": 1e-4}
+    assert not core_algos.critic_enabled(cfg)
+    assert core_algos.estimator_options(_load("algorithm.adv_estimator=grpo").algorithm) == {"epsilon": 1e-6}  # advantage_epsilon
 
 
 def test_the_shipped_gigpo_and_remax_configs_load():
     gigpo = _load(name="frozenlake_gigpo")
-    assert gigpo.algorithm.estimator() == "gigpo" and gigpo.ctx_manager.mode == "full"
+    assert core_algos.estimator(gigpo.algorithm) == "gigpo" and gigpo.ctx_manager.mode == "full"
     remax = _load(name="frozenlake_remax")
-    assert remax.algorithm.estimator() == "remax" and not remax.critic_enabled
+    assert core_algos.estimator(remax.algorithm) == "remax" and not core_algos.critic_enabled(remax)
     condensed = _load("algorithm.adv_estimator=gigpo", "ctx_manager.mode=condensed")  # one row per step
     assert condensed.ctx_manager.mode == "condensed"
 

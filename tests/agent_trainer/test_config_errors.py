@@ -230,7 +230,7 @@ CASES = [
      "reward_model.model.path", "nope", "frozenlake"),
     ("rm_not_one_label", ["reward_model.enable=true", "reward_model.model.path=${model_path}"],
      "reward_model.model.path", "num_labels = 2", "frozenlake"),
-    # align-anything / RAGEN keys refused here (agent_trainer/compat.py, docs/compatibility.md)
+    # align-anything / RAGEN keys refused here (agent_trainer/config/compat.py, docs/compatibility.md)
     ("aa_epochs", ["train_cfgs.epochs=3"], "train_cfgs.epochs", "trainer.total_training_steps", "frozenlake"),
     ("aa_env_name", ["+env_cfgs.env_name=frozen_lake"], "env_cfgs.env_name", "es_manager.train.env_configs.tags",
      "frozenlake"),

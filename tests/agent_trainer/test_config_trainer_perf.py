@@ -4,7 +4,7 @@ one-step off-policy overlap."""
 import pytest
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.config import load_config
+from agent_trainer.checks.load import load_config
 from agent_trainer.main import CONFIG_DIR
 from agent_trainer.trainer import needs_old_log_probs
 

@@ -1,16 +1,15 @@
-"""The evaluation entry's pieces that need no Ray: arguments, the sampled pass's config, the summary, its refusal."""
+"""The evaluation entry's pieces that need no Ray: the sampled pass's config, the summary, its refusal (its arguments:
+test_cli_args.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent_trainer.eval import greedy_config, parse_argv, sampled_config, summarize
+from agent_trainer.eval import greedy_config, sampled_config, summarize
 from agent_trainer.main import compose_and_prepare
 
 
-def test_arguments_and_the_sampled_config(tiny_model_path):
-    assert parse_argv(["--config-name", "sokoban", "eval.k=2"]) == ("sokoban", ["eval.k=2"])
-    assert parse_argv(["--config-name=sokoban", "a=1", "b=2"]) == ("sokoban", ["a=1", "b=2"])
+def test_the_sampled_config(tiny_model_path):
     cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "eval.k=3",
                                   "actor_rollout_ref.rollout.temperature=0.7"])
     before = (cfg.es_manager.val.group_size, cfg.actor_rollout_ref.rollout.val_kwargs.temperature)

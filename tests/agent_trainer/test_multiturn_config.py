@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.config import load_config
+from agent_trainer import core_algos
+from agent_trainer.checks.load import load_config
+from agent_trainer.config import condenser_config, keep_last_n
 from agent_trainer.main import CONFIG_DIR, prepare
-from agent_trainer.multiturn_config import condenser_config, keep_last_n
 
 SEED_CONFIGS = ("multiturn_grpo_trainer", "multiturn_grpo_math", "multiturn_grpo_coding")
 CONDENSED = {"algorithm": {"adv_estimator": "grpo_multiturn"}, "ctx_manager": {"mode": "condensed"}}
@@ -29,7 +30,7 @@ def test_seed_configs_load_and_the_projects_keys_follow_the_seed_keys(name, tiny
     assert cfg.actor_rollout_ref.rollout.response_length == gen.max_new_tokens
     assert cfg.actor_rollout_ref.rollout.temperature == gen.temperature
     assert cfg.reward_computation.enable and cfg.trajectory_profiling.enable and "PromptData" in tags
-    assert cfg.algorithm.estimator_options() == {"epsilon": cfg.algorithm.advantage_epsilon}
+    assert core_algos.estimator_options(cfg.algorithm) == {"epsilon": cfg.algorithm.advantage_epsilon}
 
 
 def test_overriding_a_seed_key_moves_its_alias_and_overriding_only_the_alias_is_refused(tiny_model_path):
@@ -94,5 +95,5 @@ def test_keys_that_would_have_no_effect_are_refused(raw, message):
     with pytest.raises(ValueError, match=message):
         load_config(raw)
     if "advantage_epsilon" in str(raw) and "gigpo" not in str(raw):  # read by the grpo family
-        assert load_config({**raw, "algorithm": {"advantage_epsilon": 1e-4, "adv_estimator": "grpo"}}
-                           ).algorithm.estimator_options() == {"epsilon": 1e-4}
+        loaded = load_config({**raw, "algorithm": {"advantage_epsilon": 1e-4, "adv_estimator": "grpo"}})
+        assert core_algos.estimator_options(loaded.algorithm) == {"epsilon": 1e-4}

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.config import load_config
+from agent_trainer.checks.load import load_config
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.main import CONFIG_DIR
 from agent_trainer.rollout import SyncMultiTurnRollout, screen_nonfinite

@@ -10,7 +10,7 @@ import pytest
 
 from agent_trainer.demonstrations import reply_text
 from agent_trainer.sft import SFTRow, collate, compose_sft, length_batches, split_held_out
-from agent_trainer.sft_config import DOCS_PAGE, render_docs
+from agent_trainer.config.docs import DOCS_PAGE, render_docs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,4 +109,4 @@ def test_collate_right_pads_with_masks_and_positions():
 
 def test_docs_config_table_is_current():
     page = (REPO / DOCS_PAGE).read_text()
-    assert render_docs(page) == page, "run: .venv/bin/python -m agent_trainer.sft_config"
+    assert render_docs(page) == page, "run: .venv/bin/python -m launch.config_docs"

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from agent_trainer.config import AgentTrainerConfig, load_config
+from agent_trainer.checks.load import load_config
+from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.tracking import WANDB_RUN_FILE, Tracking
 from agent_trainer.viewer.plots import write_curves
 

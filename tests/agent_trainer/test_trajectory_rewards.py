@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agent_trainer.checks.plugins import check_reward_computer
 from agent_trainer.condensers import TrajectorySoFar
 from agent_trainer.trajectory_rewards import (
     BatchTrajectoryRewardComputer,
@@ -159,7 +160,7 @@ def test_registry_and_config_errors_name_the_key():
     user = make_reward_computer(RewardComputationConfig(type=f"{__name__}:AlwaysHalf"))
     assert user.compute(traj("anything")).reward == 0.5
     with pytest.raises(ValueError, match=r"reward_computation.type = 'ppo' is unknown; known: \['grpo'\]"):
-        RewardComputationConfig(type="ppo")
+        check_reward_computer(RewardComputationConfig(type="ppo"))  # the start-up check (agent_trainer.checks)
     with pytest.raises(ValueError, match=r"reward_computation.domain = 'chess' is not one of \['general'"):
         RewardComputationConfig(domain="chess")
     with pytest.raises(ValueError, match="max_answer_chars = -1"):

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from agent_trainer import core_algos
+from agent_trainer.checks.rules import validate_algorithm_choices
 
 
 def _batch():
@@ -74,7 +75,7 @@ def test_compute_advantage_missing_key_and_bad_kwarg():
 def test_validate_algorithm_choices_messages_name_the_key():
     ok = dict(adv_estimator="gae", loss_agg_mode="token-mean", kl_loss_type="low_var_kl",
               policy_loss_mode="vanilla", kl_ctrl_type="fixed")
-    core_algos.validate_algorithm_choices(**ok)
+    validate_algorithm_choices(**ok)
     cases = {
         "adv_estimator": ("ppo", "algorithm.adv_estimator = 'ppo' is not one of"),
         "loss_agg_mode": ("mean", "actor_rollout_ref.actor.loss_agg_mode = 'mean' is not one of"),
@@ -84,12 +85,12 @@ def test_validate_algorithm_choices_messages_name_the_key():
     }
     for key, (bad, message) in cases.items():
         with pytest.raises(ValueError) as err:
-            core_algos.validate_algorithm_choices(**{**ok, key: bad})
+            validate_algorithm_choices(**{**ok, key: bad})
         assert message in str(err.value) and "set it to one of them" in str(err.value)
     with pytest.raises(ValueError, match="algorithm.bi_level_gae"):
-        core_algos.validate_algorithm_choices(**{**ok, "adv_estimator": "grpo"}, bi_level_gae=True)
+        validate_algorithm_choices(**{**ok, "adv_estimator": "grpo"}, bi_level_gae=True)
     with pytest.raises(ValueError, match="algorithm.high_level_gamma"):
-        core_algos.validate_algorithm_choices(**ok, high_level_gamma=1.5)
+        validate_algorithm_choices(**ok, high_level_gamma=1.5)
     assert core_algos.resolve_adv_estimator("gae", bi_level_gae=True) == "bi_level_gae"
     assert core_algos.resolve_adv_estimator("grpo") == "grpo"
 

@@ -2,12 +2,11 @@
 
 import pytest
 
+from agent_trainer.config.envs import EnvGroupsConfig, EsManagerConfig
 from agent_trainer.es_manager import (
     VAL_SEED_OFFSET,
-    EnvGroupsConfig,
     EnvInput,
     EnvStateManager,
-    EsManagerConfig,
     EpisodeSpec,
     group_seeds,
     plan_episodes,

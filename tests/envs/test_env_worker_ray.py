@@ -4,7 +4,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from agent_trainer.es_manager import (EnvInput, EnvStateManager, EsManagerConfig, group_seeds,  # noqa: E402
+from agent_trainer.config.envs import EsManagerConfig  # noqa: E402
+from agent_trainer.es_manager import (EnvInput, EnvStateManager, group_seeds,  # noqa: E402
                                       plan_episodes)
 from envs import load_env_tags  # noqa: E402
 

@@ -301,7 +301,7 @@ def test_the_trainer_builds_colocation_from_the_resolved_device(tiny_model_path)
 
 
 def test_weight_sync_keys_are_refused_before_ray_starts(tiny_model_path):
-    from agent_trainer.config_checks import WEIGHT_SYNC_TRANSPORTS
+    from agent_trainer.config.choices import WEIGHT_SYNC_TRANSPORTS
     from workers.weight_sync import TRANSPORTS
 
     assert WEIGHT_SYNC_TRANSPORTS == TRANSPORTS  # the config layer's copy of the sync's choices

@@ -89,7 +89,7 @@ def _loading_rank(rank: int, world: int, init_file: str, path: str, rm_path: str
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     import workers.fsdp_base as fsdp_base
-    from agent_trainer.reward_config import RewardModelConfig, RewardModelModelConfig
+    from agent_trainer.config.rewards import RewardModelConfig, RewardModelModelConfig
     from workers.actor import ActorWorker, frozen, load_causal_lm
     from workers.reward_model import RewardModelWorker, load_reward_model
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from agent_trainer import reward_model
 from agent_trainer.batch import TensorBatch
-from agent_trainer.reward_config import RewardModelConfig, RewardModelModelConfig
+from agent_trainer.config.rewards import RewardModelConfig, RewardModelModelConfig
 from launch.build_tiny_model import build_reward_model
 from workers.reward_model import RewardModelWorker
 

@@ -1,86 +1,17 @@
-"""Seed 004's multi-turn GRPO keys: their sections, the aliases they are of, and their start-up checks.
-
-Seed 004 (``config/multiturn_grpo_*.yaml``) spells several settings this project already
-has under another name. Each such seed key is an *alias*: null (the default) means "follows
-the project's key"; set, it must equal that key, else the run is refused before Ray starts
-with one line naming both keys and values. The seed configs make the project's key follow the
-alias by interpolation (``agent_proxy.max_turn: ${algorithm.multiturn_grpo.max_turns_per_trajectory}``),
-the way ``es_manager.seed`` follows ``trainer.seed``: one value, resolved once by OmegaConf.
-
-``ctx_manager.keep_last_n_turns`` and ``multiturn_trajectory.context_condenser.keep_last_n_steps``
-are both null by default: either one sets the other, both set must agree (2 when neither is).
-"""
+"""Start-up checks of seed 004's multi-turn GRPO keys: aliases agree with their keys; condenser, reward
+computation and profiling keys can take effect (the sections: agent_trainer.config.multiturn)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agent_trainer.condensers.base import ContextCondenserConfig
-
-if TYPE_CHECKING:
-    from agent_trainer.config import AgentTrainerConfig
-
-DEFAULT_KEEP_LAST_N = 2
-"""Past steps a recap shows when neither keep_last_n_turns nor keep_last_n_steps is set."""
-DEFAULT_EPSILON = 1e-6
-"""algorithm.advantage_epsilon's default (the estimators' own default)."""
-
-
-@dataclass
-class MultiturnGRPOConfig:
-    """``algorithm.multiturn_grpo`` (seed 004): aliases of the project's keys; null = follow them."""
-
-    n_trajectories_per_question: int | None = None
-    """Trajectories sampled per question (the GRPO group): alias of es_manager.train.group_size."""
-    max_turns_per_trajectory: int | None = None
-    """Most turns of a trajectory: alias of agent_proxy.max_turn."""
-    max_context_length: int | None = None
-    """Most tokens of one training row (condensed context + reply): alias of actor_rollout_ref.rollout.max_model_len."""
-
-
-@dataclass
-class GenerationConfig:
-    """``multiturn_trajectory.generation`` (seed 004): aliases of actor_rollout_ref.rollout keys; null = follow."""
-
-    max_sequence_length: int | None = None
-    """Alias of actor_rollout_ref.rollout.max_model_len."""
-    max_new_tokens: int | None = None
-    """Tokens one turn may generate: alias of actor_rollout_ref.rollout.response_length."""
-    temperature: float | None = None
-    """Alias of actor_rollout_ref.rollout.temperature."""
-    top_p: float | None = None
-    """Alias of actor_rollout_ref.rollout.top_p."""
-    top_k: int | None = None
-    """Alias of actor_rollout_ref.rollout.top_k."""
-    batch_size: int | None = None
-    """Trajectories generated per training step; must equal es_manager.train.env_groups x group_size."""
-
-
-@dataclass
-class MultiturnTrajectoryConfig:
-    """``multiturn_trajectory``: how each turn's context is built (read with ctx_manager.mode=condensed)."""
-
-    context_condenser: ContextCondenserConfig = field(
-        default_factory=lambda: ContextCondenserConfig(keep_last_n_steps=None, max_condensed_tokens=None))
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-
-
-@dataclass
-class TrajectoryProfilingConfig:
-    """``trajectory_profiling``: per-step timing and context-length metrics of the multi-turn rollout."""
-
-    enable: bool = False
-    """Log profile/* and timing_s/turn_* metrics every step (generation and env-step time per turn; the groups
-    below); see docs/multiturn_grpo.md."""
-    profile_reward_computation: bool = True
-    """With enable: timing_s/reward_computation and profile/reward_* (trajectory reward computers)."""
-    profile_context_condensation: bool = True
-    """With enable: timing_s/condensation, timing_s/summary_generate, profile/context_tokens_* per turn before and
-    after condensation, profile/tokens_saved."""
-
+from agent_trainer import core_algos
+from agent_trainer.config.multiturn import DEFAULT_EPSILON, MultiturnTrajectoryConfig
+from agent_trainer.config.rewards import TRAIN_TAG
+from agent_trainer.config.schema import AgentTrainerConfig, condenser_config
+from agent_trainer.trajectory_rewards import load_ground_truth
 
 ALIASES: tuple[tuple[str, str], ...] = (
     ("algorithm.multiturn_grpo.n_trajectories_per_question", "es_manager.train.group_size"),
@@ -100,22 +31,6 @@ def _get(cfg: Any, key: str) -> Any:
     return reduce(getattr, key.split("."), cfg)
 
 
-def keep_last_n(cfg: AgentTrainerConfig) -> int:
-    """The one value of ctx_manager.keep_last_n_turns / context_condenser.keep_last_n_steps (checked to agree)."""
-    steps = cfg.multiturn_trajectory.context_condenser.keep_last_n_steps
-    turns = cfg.ctx_manager.keep_last_n_turns
-    return next((v for v in (steps, turns) if v is not None), DEFAULT_KEEP_LAST_N)
-
-
-def condenser_config(cfg: AgentTrainerConfig) -> ContextCondenserConfig:
-    """``multiturn_trajectory.context_condenser`` with keep_last_n_steps and max_condensed_tokens resolved."""
-    rollout = cfg.actor_rollout_ref.rollout
-    cc = cfg.multiturn_trajectory.context_condenser
-    budget = cc.max_condensed_tokens if cc.max_condensed_tokens is not None \
-        else rollout.max_model_len - rollout.response_length
-    return dataclasses.replace(cc, keep_last_n_steps=keep_last_n(cfg), max_condensed_tokens=budget)
-
-
 def validate_multiturn(cfg: AgentTrainerConfig) -> None:
     """Aliases agree with their keys; condenser, reward computation and profiling keys can take effect.
 
@@ -124,11 +39,11 @@ def validate_multiturn(cfg: AgentTrainerConfig) -> None:
     _check_aliases(cfg)
     _check_condenser(cfg)
     _check_reward_computation(cfg)
-    eps, estimator = cfg.algorithm.advantage_epsilon, cfg.algorithm.estimator()
+    eps, estimator = cfg.algorithm.advantage_epsilon, core_algos.estimator(cfg.algorithm)
     _check(isinstance(eps, (int, float)) and 0 < eps < 1,
            f"algorithm.advantage_epsilon = {eps!r} must lie in (0, 1) (it keeps (S - mean) / (std + eps) finite "
            "for a group whose rewards are all equal); e.g. algorithm.advantage_epsilon=1e-6")
-    _check(eps == DEFAULT_EPSILON or "epsilon" in cfg.algorithm.estimator_options(),
+    _check(eps == DEFAULT_EPSILON or "epsilon" in core_algos.estimator_options(cfg.algorithm),
            f"algorithm.advantage_epsilon = {eps!r} is never read by algorithm.adv_estimator = {estimator!r} (only "
            "grpo, grpo_multiturn, rloo and reinforce_plus_plus_baseline; gigpo has algorithm.gigpo.epsilon); drop it")
     _check(eps == DEFAULT_EPSILON or estimator != "gigpo",
@@ -186,8 +101,6 @@ def _check_condenser(cfg: AgentTrainerConfig) -> None:
 
 
 def _check_reward_computation(cfg: AgentTrainerConfig) -> None:
-    from agent_trainer.reward_config import TRAIN_TAG
-
     rc = cfg.reward_computation
     if not rc.enable:
         changed = _changed(rc, type(rc)(), "reward_computation")
@@ -205,6 +118,4 @@ def _check_reward_computation(cfg: AgentTrainerConfig) -> None:
            "reward_computation.env_reward_weight and trajectory_reward_weight are both 0: every reward would be 0; "
            "set trajectory_reward_weight=1.0")
     if rc.ground_truth_file:
-        from agent_trainer.trajectory_rewards import load_ground_truth
-
         load_ground_truth(rc.ground_truth_file)  # a missing or malformed file fails here, naming the key

@@ -25,25 +25,6 @@ from omegaconf.nodes import ValueNode
 _UNSET = object()
 
 
-def check_known_keys(raw: Mapping, schema: DictConfig) -> None:
-    """Raise ValueError naming the first key of ``raw`` that the schema does not have."""
-    _check_keys(raw, schema, schema, "")
-
-
-def _check_keys(raw: Mapping, node: DictConfig, root: DictConfig, prefix: str) -> None:
-    for key, value in raw.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if not prefix and key == "hydra":
-            continue
-        if key not in node:
-            from agent_trainer import compat  # compat imports this module
-
-            raise ValueError(compat.unknown_key_message(path, value) or unknown_key_message(path, root, value))
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and isinstance(value, Mapping):
-            _check_keys(value, child, root, path)
-
-
 def all_keys(schema: DictConfig, prefix: str = "") -> list[str]:
     """Every dotted key of the schema, sections included, in definition order."""
     keys = []
@@ -168,3 +149,9 @@ def _override_value(key: str, overrides: Sequence[str]) -> str | None:
         if sep and name == key:
             return value
     return None
+
+
+def check_choice(key: str, value, choices) -> None:
+    """Raise ValueError naming the config ``key`` when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{key} = {value!r} is not one of {list(choices)}; set it to one of them")

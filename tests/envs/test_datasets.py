@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from agent_trainer.datasets import check_prompt_lengths, load_prompts, row_for_position
-from agent_trainer.reward_fns import default_compute_score, load_reward_fn, score
+from envs.datasets import check_prompt_lengths, load_prompts, row_for_position
+from envs.reward_fns import default_compute_score, load_reward_fn, score
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = [

@@ -1,0 +1,20 @@
+"""The closed sets of values single config keys take (checked before ``ray.init`` by ``agent_trainer.checks``).
+
+Choices that name a function registered by an algorithm (estimators, losses, KL penalties) live with
+those functions in ``agent_trainer.core_algos``.
+"""
+
+DTYPES = ("float32", "bfloat16", "float16")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+RESUME_MODES = ("auto", "disable", "resume_path")
+RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
+ROLLOUT_MODES = ("sync", "async")
+"""actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
+MIXED_PRECISIONS = ("none", "bf16")
+"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (workers.fsdp_base)."""
+CTX_MODES = ("full", "condensed")
+"""ctx_manager.mode: one row per episode, or one row per turn with a condensed prompt."""
+DATA_SOURCES = ("demonstrations", "jsonl")
+"""SFT data.source."""
+WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
+"""actor_rollout_ref.rollout.weight_sync (the same tuple as workers.weight_sync.TRANSPORTS; a test keeps them equal)."""

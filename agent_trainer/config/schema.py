@@ -1,0 +1,315 @@
+"""Typed configuration: one dataclass per component, defaults in one place.
+
+The YAML files under ``config/`` (hydra) are merged onto these dataclasses by
+:func:`agent_trainer.config.loading.merge_config`: an unknown key (also in hydra's ``+key=value`` form) or a
+value of the wrong type fails at start-up naming the key (``agent_trainer.config.errors``), and every
+value that cannot work is refused by ``agent_trainer.checks.rl.validate_config``, all before
+``ray.init``, each with one line giving the key, the value and the fix.
+
+Section names follow RAGEN's ``base.yaml``: ``model_path``,
+``actor_rollout_ref``, ``critic``, ``algorithm``, ``trainer``, ``agent_proxy``,
+``es_manager``, ``ctx_manager``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_trainer.config.envs import EsManagerConfig
+from agent_trainer.config.multiturn import (
+    DEFAULT_KEEP_LAST_N,
+    ContextCondenserConfig,
+    MultiturnGRPOConfig,
+     MultiturnTrajectoryConfig,
+    TrajectoryProfilingConfig,
+)
+from agent_trainer.config.rewards import DataConfig, RewardComputationConfig, RewardConfig, RewardModelConfig
+from agent_trainer.config.workers import ActorRolloutRefConfig, CriticConfig
+
+
+@dataclass
+class KLCtrlConfig:
+    """KL-in-reward coefficient controller."""
+
+    type: str = "fixed"
+    """fixed | adaptive."""
+    kl_coef: float = 0.001
+    """(Initial) coefficient."""
+    target_kl: float = 0.1
+    """Adaptive controller's target."""
+    horizon: int = 10000
+    """Adaptive controller's horizon."""
+
+
+@dataclass
+class GiGPOConfig:
+    """GiGPO's options (verl-agent's ``algorithm.gigpo``); used with adv_estimator=gigpo."""
+
+    step_advantage_w: float = 1.0
+    """Weight w of the step-level (anchor-state) advantage: A = A_episode + w * A_step."""
+    mode: str = "mean_norm"
+    """mean_norm (subtract the group mean, verl-agent's default) | mean_std_norm (also divide by the std),
+    at both the episode and the step level."""
+    epsilon: float = 1e-6
+    """Added to the std in mean_std_norm."""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling between the rollout engine and the trainer (verl's
+    ``algorithm.rollout_correction``; TRL's ``vllm_importance_sampling_correction``). docs/algorithms.md."""
+
+    rollout_is: str | None = None
+    """null (off) | token (one weight per generated token) | sequence (one per row): the policy loss of each token
+    is multiplied by min(pi_old / pi_rollout, rollout_is_threshold). Needs rollout temperature 1 (the engine
+    reports temperature-1 log-probs) and the trainer's old log-probs (recompute_old_log_prob auto keeps them)."""
+    rollout_is_threshold: float = 2.0
+    """C, the upper truncation of each weight (verl's default 2.0; TRL's vllm_importance_sampling_cap 3.0)."""
+    bypass_mode: bool = False
+    """true: the engine's log-probs (rollout_log_probs) are the old policy of PPO's ratio, which then clips against
+    the policy that sampled, and the old-log-prob forward (the log_prob phase) never runs (verl's bypass_mode).
+    Needs rollout temperature 1 and rollout_is null (the weights pi_old / pi_rollout would all be 1)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation and KL-in-reward."""
+
+    adv_estimator: str = "gae"
+    """gae | bi_level_gae | grpo | grpo_multiturn | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax | gigpo."""
+    bi_level_gae: bool = False
+    """RAGEN spelling: true with adv_estimator=gae selects bi_level_gae."""
+    gamma: float = 1.0
+    """Token-level discount."""
+    lam: float = 1.0
+    """GAE lambda."""
+    high_level_gamma: float = 0.95
+    """Turn-level discount of bi-level GAE."""
+    norm_adv_by_std_in_grpo: bool = True
+    """False gives Dr.GRPO (no division by the group std)."""
+    advantage_epsilon: float = 1e-6
+    """epsilon in (S - mean) / (std + epsilon) of grpo, grpo_multiturn, rloo and reinforce_plus_plus_baseline
+    (seed 004's key; gigpo has algorithm.gigpo.epsilon)."""
+    multiturn_grpo: MultiturnGRPOConfig = field(default_factory=MultiturnGRPOConfig)
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(policy || ref) from the token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator for KL-in-reward."""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    nonfinite_reward: str = "error"
+    """What a NaN or infinite episode reward does (checked right after each rollout, before shaping):
+    error (stop, naming the env tag, env_id and group seed) | drop (leave the episode, all its rows, out of
+    the step; counted in rollout/nonfinite_dropped). Non-finite advantages always stop the step."""
+
+
+@dataclass
+class RewardNormalizationConfig:
+    """RAGEN's episode-score normalisation, applied to training rollouts before the estimator."""
+
+    grouping: str = "state"
+    """Which episodes are normalised together: state (same initial state, i.e. env group) | batch (all) |
+    inductive (same env tag)."""
+    method: str = "identity"
+    """identity | mean (x - mean) | mean_std ((x - mean) / std) | asym_clip (mean_std clipped to [-1, 3]).
+    The difference between the normalised and the raw episode score is added on the episode's last generated
+    token, so per-turn rewards keep their place. Applied after rollout filtering, to the kept episodes."""
+
+
+@dataclass
+class AgentProxyConfig:
+    """The multi-turn loop."""
+
+    max_turn: int = 5
+    """Max policy turns per episode."""
+    enable_think: bool = True
+    """Ask for <think>..</think> before <answer>..</answer>."""
+    num_env_actors: int = 2
+    """Ray env actors per split; episodes are sharded across them."""
+    num_cpus_per_env_actor: float = 0.1
+    """Ray CPU accounting per env actor (they mostly wait)."""
+    agent_cls: str | None = None
+    """The agent: what turns env outputs into model inputs and replies into env actions. null = the context
+    manager of ctx_manager.mode; a registered name (full, condensed, tool_call: JSON tool calls in the chat
+    template's tool format) or an import path package.module.ClassName of an agent_trainer.agents.base.Agent
+    subclass whose layout matches ctx_manager.mode. See docs/agents.md."""
+    reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
+
+
+@dataclass
+class CtxManagerConfig:
+    """How an episode's context is laid out for the policy."""
+
+    mode: str = "full"
+    """full: every turn is appended to one token sequence (one training row per episode). condensed: each
+    turn's prompt is rebuilt from the instruction, a text summary of the last keep_last_n_turns turns and the
+    current observation; one training row per turn (needs algorithm.adv_estimator=grpo_multiturn or gigpo)."""
+    keep_last_n_turns: int | None = None
+    """condensed mode: how many previous turns (answer, reward, observation) the recap in each prompt keeps;
+    alias of multiturn_trajectory.context_condenser.keep_last_n_steps (set either; both set must agree; null in
+    both = 2)."""
+
+
+@dataclass
+class TrainerConfig:
+    """The fit loop, logging and checkpoints."""
+
+    project_name: str = "agent_trainer"
+    """Groups runs in the output folder and loggers."""
+    experiment_name: str = "frozenlake_ppo"
+    """This run's name."""
+    total_training_steps: int = 10
+    """Training steps (one rollout + one update each)."""
+    test_freq: int = 5
+    """Validate every N steps (and after the last); <= 0 disables (then the val split starts no env actors)."""
+    val_before_train: bool = False
+    """Validate once before the first step."""
+    save_freq: int = -1
+    """Save a full checkpoint every N steps (and after the last); <= 0 disables. See docs/checkpointing.md."""
+    resume_mode: str = "auto"
+    """auto: continue from the latest complete checkpoint in default_local_dir (a fresh start when there is
+    none) | disable: start from model_path (an earlier run's files in the folder are archived first, never
+    overwritten) | resume_path: continue from trainer.resume_from_path."""
+    resume_from_path: str | None = None
+    """A ``global_step_N`` checkpoint folder to resume from (with resume_mode=resume_path)."""
+    max_actor_ckpt_to_keep: int | None = None
+    """Keep at most this many checkpoints' actor states (oldest pruned first; None keeps all)."""
+    max_critic_ckpt_to_keep: int | None = None
+    """Keep at most this many checkpoints' critic states (oldest pruned first; None keeps all)."""
+    save_hf_model: bool = True
+    """Also write each checkpoint's actor (and critic) as a Hugging Face folder (``global_step_N/actor`` then
+    loads with ``from_pretrained``, as ``model_path`` and in ``vllm serve``). The sharded state a resume reads
+    (each rank's own shards, ``actor/shards/``) is written either way; the HF weights are assembled from it
+    by actor rank 0, one tensor at a time, and cost a second copy of the weights on disk and the time to write
+    it. Turn it off for large models (7B: 30 GB per checkpoint in float32) and export the checkpoint you want
+    with ``python -m agent_trainer.export <global_step_N> --out DIR``. See docs/checkpointing.md."""
+    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
+    """Run directory: metrics.jsonl, tensorboard events, checkpoints."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """console | jsonl | tensorboard | wandb (``pip install -e '.[wandb]'``; WANDB_MODE=offline works without
+    network; a resumed run continues the same wandb run). See docs/operations.md."""
+    device: str = "auto"
+    """auto | cpu | cuda, for every worker. auto picks cuda when the Ray cluster has GPUs (decided after ray.init,
+    from the cluster's resources: the driver, e.g. a `ray job submit` entrypoint on a GPU-less head node, needs
+    none); cuda on a cluster without GPUs is refused once joined."""
+    seed: int = 0
+    """Seeds everything random: python/numpy/torch on the driver and every worker rank, the rollout
+    engine's sampling (reseeded from (seed, step, turn) every turn, so a resumed run samples what an
+    uninterrupted one would) and the environments (es_manager.seed)."""
+    ray_num_cpus: float | None = None
+    """CPUs for a local Ray cluster (None = all). Ignored when joining RAY_ADDRESS."""
+    dashboard_host: str = "127.0.0.1"
+    """Interface the Ray dashboard of a local run listens on (127.0.0.1: this machine only; 0.0.0.0 exposes
+    it, and the job API, to the network). Ignored when joining RAY_ADDRESS. See docs/cluster.md."""
+    dashboard_port: int | None = None
+    """Port of the local run's Ray dashboard; None = 8265, or the next free port when it is taken.
+    Ignored when joining RAY_ADDRESS."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar over training steps."""
+    log_trajectories_freq: int = 10
+    """Every N training steps (and the last), write a sample of episodes to
+    ``<run dir>/trajectories/step_N.jsonl`` and regenerate ``trajectories/viewer.html``; 0 disables.
+    See docs/operations.md."""
+    log_trajectories_per_tag: int = 4
+    """Episodes per env tag in each trajectory sample: half successes, half failures when both exist."""
+    max_off_policy_steps: int = 0
+    """0: each step's rollout runs before its update, with the weights of the step before (on-policy) | 1:
+    one-step off-policy overlap (verl's one_step_off_policy): step t+1's rollout is generated while step t
+    trains, so every batch is at most one optimizer step old (rollout/policy_staleness); old log-probs are
+    then always recomputed, and algorithm.rollout_correction.rollout_is (token) corrects for the staleness.
+    Measured on 2 CPU cores: 1.52x per step on a 50-500 ms env (with rollout.mode=async), 1.15x on the main
+    job (docs/benchmarks.md, P6). docs/architecture.md, docs/algorithms.md."""
+    max_restarts: int = 0
+    """How often a run whose actor, critic or reference rank died is restarted in place: every worker is
+    torn down and started again, and training continues from the latest checkpoint in default_local_dir
+    (from model_path when there is none). 0: the run exits non-zero naming the group and rank."""
+    collective_timeout_s: float = 600.0
+    """Timeout of the FSDP ranks' torch.distributed collectives (gloo/NCCL process group): a peer lost
+    mid-collective fails its group after this long instead of blocking forever."""
+    placement_timeout_s: float = 120.0
+    """How long a worker group's Ray placement group may take to be placed before the run fails naming
+    every group's demand and what the cluster has (the demand is also checked up front)."""
+    save_on_signal: bool = True
+    """On SIGINT/SIGTERM save a checkpoint at the next step boundary before shutting down (exit 130/143);
+    false shuts down without saving. A second signal exits at once."""
+    gpu_memory_gib: float | None = None
+    """Memory of one GPU in GiB (e.g. 80 for an H100 80GB). Set, the run's memory plan (``python -m
+    agent_trainer.plan``: parameters, gradients, optimizer states, reference, critic, engine share and
+    activations per GPU and phase) is computed before ``ray.init`` from the model's config.json, and a run
+    whose peak exceeds it is refused naming the setting to turn (gradient checkpointing, offload, micro-batch,
+    more GPUs). null: no check. docs/cluster.md."""
+
+
+@dataclass
+class EvalConfig:
+    """``python -m agent_trainer.eval``: validation only, no optimizer or critic. See docs/operations.md."""
+
+    k: int = 4
+    """Sampled episodes per validation seed (actor_rollout_ref.rollout.temperature/top_p/top_k); pass@k counts
+    a seed solved when any of its k succeeds. 0 = greedy only."""
+    output_dir: str = "${trainer.default_local_dir}/eval"
+    """Where eval_report.json, the trajectories and their viewer.html go."""
+
+
+@dataclass
+class AgentTrainerConfig:
+    """The whole run."""
+
+    model_path: str = "models/tiny-qwen2"
+    """Default for every ``*.model.path``."""
+    micro_batch_size_per_gpu: int = 4
+    """Default micro batch for actor, ref and critic."""
+    ppo_mini_batch_size: int = 8
+    """Default mini batch for actor and critic."""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    agent_proxy: AgentProxyConfig = field(default_factory=AgentProxyConfig)
+    # One source of truth for the env seeds: es_manager.seed follows trainer.seed unless set.
+    es_manager: EsManagerConfig = field(
+        default_factory=lambda: EsManagerConfig(seed="${trainer.seed}"))  # type: ignore[arg-type]
+    ctx_manager: CtxManagerConfig = field(default_factory=CtxManagerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    multiturn_trajectory: MultiturnTrajectoryConfig = field(default_factory=MultiturnTrajectoryConfig)
+    """Multi-turn GRPO (seed 004): the context condenser of ctx_manager.mode=condensed. docs/multiturn_grpo.md."""
+    reward_computation: RewardComputationConfig = field(default_factory=RewardComputationConfig)
+    """Trajectory reward computers of multi-turn GRPO (off unless enable). docs/multiturn_grpo.md."""
+    trajectory_profiling: TrajectoryProfilingConfig = field(default_factory=TrajectoryProfilingConfig)
+    envs_file: str = ""
+    """YAML with the env tags (RAGEN's custom_envs); empty = config/envs.yaml of this project."""
+    train_cfgs: dict[str, Any] = field(default_factory=dict)
+    """align-anything's section (seed 002), accepted in config files and on the command line: each key is
+    rewritten onto this project's key with a one-line notice, or refused naming what to set
+    (docs/compatibility.md); a key the command line sets under this project's name wins over the file's."""
+    model_cfgs: dict[str, Any] = field(default_factory=dict)
+    """align-anything's section, rewritten like train_cfgs (e.g. use_reward_critic -> critic.enable)."""
+    env_cfgs: dict[str, Any] = field(default_factory=dict)
+    """align-anything's section, rewritten like train_cfgs (its keys are refused, naming what to set)."""
+
+    @property
+    def ref_enabled(self) -> bool:
+        """Whether a reference-policy worker is started."""
+        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+
+def keep_last_n(cfg: AgentTrainerConfig) -> int:
+    """The one value of ctx_manager.keep_last_n_turns / context_condenser.keep_last_n_steps (checked to agree)."""
+    steps = cfg.multiturn_trajectory.context_condenser.keep_last_n_steps
+    turns = cfg.ctx_manager.keep_last_n_turns
+    return next((v for v in (steps, turns) if v is not None), DEFAULT_KEEP_LAST_N)
+
+
+def condenser_config(cfg: AgentTrainerConfig) -> ContextCondenserConfig:
+    """``multiturn_trajectory.context_condenser`` with keep_last_n_steps and max_condensed_tokens resolved."""
+    rollout = cfg.actor_rollout_ref.rollout
+    cc = cfg.multiturn_trajectory.context_condenser
+    budget = cc.max_condensed_tokens if cc.max_condensed_tokens is not None \
+        else rollout.max_model_len - rollout.response_length
+    return dataclasses.replace(cc, keep_last_n_steps=keep_last_n(cfg), max_condensed_tokens=budget)
