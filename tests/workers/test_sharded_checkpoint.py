@@ -208,7 +208,9 @@ def test_sharded_round_trips_across_world_sizes(tiny_model_path, tmp_path, monke
     index = json.loads((two / "shards" / "index.json").read_text())
     assert index["world_size"] == 2 and index["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
     embed = index["tensors"]["model/model.embed_tokens.weight"]
-    assert embed["sharding"] == "dim0" and [p["rows"] for p in embed["pieces"]] == [[0, 895], [895, 1789]]
+    vocab = one.model.get_input_embeddings().weight.shape[0]
+    half = -(-vocab // 2)  # FSDP2's dim-0 shards: the first rank takes the larger half
+    assert embed["sharding"] == "dim0" and [p["rows"] for p in embed["pieces"]] == [[0, half], [half, vocab]]
     model_bytes = sum(p.numel() * p.element_size() for p in one.model.parameters())
     for rank in range(2):
         share = files[f"shards/model-rank{rank:05d}-of-00002.safetensors"] / model_bytes
