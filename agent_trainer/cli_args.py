@@ -69,3 +69,16 @@ def usage(prog: str, summary: str, args: Args, default_config: str, config_dir: 
     except Exception as err:  # noqa: BLE001 (a help text shows why the config does not compose, never raises)
         lines += [f"config/{args.config_name}.yaml does not compose: {' '.join(str(err).split())}"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def command_line(argv: Sequence[str], prog: str, summary: str, default_config: str, config_dir: Path) -> Args | None:
+    """An entry point's arguments; ``None`` after printing the ``--help`` text. A wrong option exits with one line
+    naming the entry (``agent-trainer <entry>: ...``)."""
+    try:
+        args = parse_args(argv, default_config)
+    except ValueError as err:
+        raise SystemExit(f"agent-trainer {prog.rsplit('.', 1)[-1]}: {err}") from None
+    if args.help:
+        print(usage(prog, summary, args, default_config, config_dir), end="")
+        return None
+    return args

@@ -132,13 +132,9 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     from agent_trainer.checks.rl import check_eval
     from agent_trainer.main import CONFIG_DIR, compose_and_prepare, refusal
 
-    try:
-        args = cli_args.parse_args(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG)
-    except ValueError as err:
-        raise SystemExit(f"agent-trainer eval: {err}") from None
-    if args.help:
-        print(cli_args.usage("python -m agent_trainer.eval", __doc__.splitlines()[0], args, DEFAULT_CONFIG, CONFIG_DIR),
-              end="")
+    args = cli_args.command_line(sys.argv[1:] if argv is None else argv, "python -m agent_trainer.eval",
+                                 __doc__.splitlines()[0], DEFAULT_CONFIG, CONFIG_DIR)
+    if args is None:
         return None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = args.overrides

@@ -420,13 +420,9 @@ def summary(history: list[dict[str, float]], run_dir: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m agent_trainer.sft --config-name NAME [key=value ...]`` (``agent_trainer.cli_args``, as the other
     entry points; ``--help`` prints the usage and the composed config): hydra's compose, then :func:`train`."""
-    try:
-        args = cli_args.parse_args(sys.argv[1:] if argv is None else argv, DEFAULT_CONFIG)
-    except ValueError as err:
-        raise SystemExit(f"agent-trainer sft: {err}") from None
-    if args.help:
-        print(cli_args.usage("python -m agent_trainer.sft", __doc__.splitlines()[0], args, DEFAULT_CONFIG, CONFIG_DIR),
-              end="")
+    args = cli_args.command_line(sys.argv[1:] if argv is None else argv, "python -m agent_trainer.sft",
+                                 __doc__.splitlines()[0], DEFAULT_CONFIG, CONFIG_DIR)
+    if args is None:
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
