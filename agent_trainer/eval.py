@@ -26,7 +26,6 @@ from pathlib import Path
 
 from agent_trainer import cli_args
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.worker_registry import worker_api
 
 logger = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     init_ray(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, default_local_dir=str(out))))
     engine_group = build_engines(cfg, resolve_device(cfg.trainer.device))
-    env_worker_cls = ray.remote(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
+    env_worker_cls = worker_api("env_actor_class")(cfg)
     try:
         report = {"model_path": cfg.actor_rollout_ref.model.path, "seeds": cfg.es_manager.val.env_groups,
                   "greedy": run_pass(greedy_config(cfg), tokenizer, engine_group.workers, env_worker_cls, env_tags, "greedy")}

@@ -50,7 +50,7 @@ from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
 from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
                                           play_demonstrations, read_jsonl, write_jsonl)
-from agent_trainer.es_manager import VAL_SEED_OFFSET, EnvStateManager
+from agent_trainer.es_manager import VAL_SEED_OFFSET
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
 from agent_trainer.tracking import Tracking, timer
 from agent_trainer.worker_registry import worker_api
@@ -252,25 +252,16 @@ class SFTTrainer:
 
     def init_workers(self) -> None:
         """The actor group (every rank loads and shards the model); engine and env actors for env success."""
-        import ray
-
         from agent_trainer.rollout import SyncMultiTurnRollout
-        ActorWorker, WorkerGroup = worker_api("ActorWorker"), worker_api("WorkerGroup")
-        build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
+        build_actor_group, build_engines = worker_api("build_actor_group"), worker_api("build_engines")
+        resolve_device = worker_api("resolve_device")
 
         device = resolve_device(self.rl.trainer.device)
-        actor = sft_actor_config(self.cfg, self.rl)
-        self.actor_wg = WorkerGroup(
-            ActorWorker, name="actor", world_size=actor.fsdp.world_size, num_cpus_per_rank=actor.fsdp.num_cpus_per_rank,
-            num_gpus_per_rank=1.0 if device == "cuda" else 0.0, distributed=True,
-            placement_timeout_s=self.rl.trainer.placement_timeout_s,
-            collective_timeout_s=self.rl.trainer.collective_timeout_s,
-            init_kwargs={"model": self.rl.actor_rollout_ref.model, "actor": actor, "device": device,
-                         "seed": self.cfg.trainer.seed})
+        self.actor_wg = build_actor_group(self.rl, device, sft_actor_config(self.cfg, self.rl), self.cfg.trainer.seed)
         self.actor_wg.execute_all("init_model")
         if self.cfg.eval.env_success:
             self.engines = build_engines(self.rl, device).workers
-            env_cls = ray.remote(num_cpus=self.rl.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
+            env_cls = worker_api("env_actor_class")(self.rl)
             self.val_rollout = SyncMultiTurnRollout(self.rl, self.run.tokenizer, self.engines, env_cls,
                                                     self.run.env_tags, split="val",
                                                     num_env_actors=self.rl.agent_proxy.num_env_actors,

@@ -18,6 +18,8 @@ WORKER_API: dict[str, str] = {
     "build_workers": "workers.build:build_workers",
     "actor_offloads": "workers.build:actor_offloads",
     "build_engines": "workers.build:build_engines",
+    "build_actor_group": "workers.build:build_actor_group",
+    "env_actor_class": "workers.build:env_actor_class",
     "resolve_device": "workers.build:resolve_device",
     "check_placement": "workers.build:check_placement",
     "resource_demands": "workers.build:resource_demands",

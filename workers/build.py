@@ -10,7 +10,7 @@ import ray
 
 from agent_trainer import core_algos
 from agent_trainer.checks.rl import check_offload
-from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, RefConfig
 from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.rollout import split_config, trainer_splits
 from workers.actor import ActorWorker, ReferenceWorker
@@ -111,12 +111,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     # Colocated: each actor bundle also holds one engine's CPUs and its share of the GPU.
     actor_gpus = gpus * (1 - HYBRID_ENGINE_GPU_SHARE) if hybrid else gpus
     guest = ({"CPU": arr.rollout.num_cpus_per_worker, "GPU": gpus - actor_gpus} if hybrid else None)
-    actor = WorkerGroup(
-        ActorWorker, name="actor", world_size=arr.actor.fsdp.world_size, num_cpus_per_rank=arr.actor.fsdp.num_cpus_per_rank,
-        num_gpus_per_rank=actor_gpus, bundle_extra=guest, distributed=True, **timeouts,
-        init_kwargs={"model": arr.model, "actor": arr.actor, "device": device, "seed": cfg.trainer.seed,
-                     "ref": arr.ref if colocate_ref else None, "critic": cfg.critic if colocate_critic else None},
-    )
+    actor = build_actor_group(cfg, device, arr.actor, cfg.trainer.seed, num_gpus_per_rank=actor_gpus, bundle_extra=guest,
+                              ref=arr.ref if colocate_ref else None, critic=cfg.critic if colocate_critic else None)
     critic = actor if colocate_critic else None  # the actor's ranks answer compute_values and update_critic
     if core_algos.critic_enabled(cfg) and not colocate_critic:
         critic = WorkerGroup(
@@ -147,12 +143,37 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
                           reward_model) if g is not None]
     for group, refs in [(g, g.execute_all_async("init_model")) for g in groups]:
         group.get(refs)
-    # A crashed env actor is restarted by Ray; the rollout reports the failure and resets it. The rollout
-    # names each one (``env_train_0``, ``env_val_0``, ...) with ``.options(name=...)``.
-    env_worker_cls = ray.remote(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor, max_restarts=3)(EnvStateManager)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
-                   env_worker_cls=env_worker_cls, reward_model=reward_model, device=device,
+                   env_worker_cls=env_actor_class(cfg), reward_model=reward_model, device=device,
                    sleep_mode=device == "cuda" and sleep_mode_on(cfg, device))
+
+
+ENV_ACTOR_MAX_RESTARTS = 3
+"""Ray restarts a crashed env actor this many times; the rollout reports the failure and resets the actor."""
+
+
+def env_actor_class(cfg: AgentTrainerConfig):
+    """The Ray actor class hosting an ``EnvStateManager``, the one RL, SFT and evaluation use: its CPU share
+    (``agent_proxy.num_cpus_per_env_actor``) and its restarts. The rollout names each actor (``env_train_0``,
+    ``env_val_0``, ...) with ``.options(name=...)``."""
+    return ray.remote(num_cpus=cfg.agent_proxy.num_cpus_per_env_actor,
+                      max_restarts=ENV_ACTOR_MAX_RESTARTS)(EnvStateManager)
+
+
+def build_actor_group(cfg: AgentTrainerConfig, device: str, actor: ActorConfig, seed: int, *,
+                      num_gpus_per_rank: float | None = None, bundle_extra: dict | None = None,
+                      ref: RefConfig | None = None, critic: CriticConfig | None = None) -> WorkerGroup:
+    """The FSDP actor group of RL and SFT: ``actor.fsdp.world_size`` ranks on ``device`` (one GPU each unless
+    ``num_gpus_per_rank``), the model of ``cfg``, the trainer's placement and collective timeouts. ``bundle_extra``:
+    what each rank's bundle also holds for a colocated engine; ``ref`` / ``critic``: hosted by the same ranks."""
+    return WorkerGroup(
+        ActorWorker, name="actor", world_size=actor.fsdp.world_size, num_cpus_per_rank=actor.fsdp.num_cpus_per_rank,
+        num_gpus_per_rank=(1.0 if device == "cuda" else 0.0) if num_gpus_per_rank is None else num_gpus_per_rank,
+        bundle_extra=bundle_extra, distributed=True, placement_timeout_s=cfg.trainer.placement_timeout_s,
+        collective_timeout_s=cfg.trainer.collective_timeout_s,
+        init_kwargs={"model": cfg.actor_rollout_ref.model, "actor": actor, "device": device, "seed": seed,
+                     "ref": ref, "critic": critic},
+    )
 
 
 def build_engines(cfg: AgentTrainerConfig, device: str, host: WorkerGroup | None = None) -> WorkerGroup:
