@@ -32,6 +32,7 @@ from agent_trainer.config.schema import AgentTrainerConfig
 from agent_trainer.config.workers import FSDPConfig
 from agent_trainer.ctx_manager import COLLATED_KEYS
 
+
 def validate_config(cfg: AgentTrainerConfig) -> None:
     """Every start-up rule; raises ValueError with one line naming the key, the value and the fix."""
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
