@@ -58,6 +58,11 @@ class TrainingRow:
     tag: str
 
 
+COLLATED_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "token_level_rewards",
+                 "rollout_log_probs", "turn_ids", "anchor_obs_ids", "uid", "traj_uid", "tag_ids")
+"""The keys :func:`collate_rows` makes (the start-up check of an estimator's batch keys reads them)."""
+
+
 def collate_rows(rows: list[TrainingRow], pad_id: int, uid_offset: int = 0) -> TensorBatch:
     """Right-pad ``rows`` into the batch contract of ``agent_trainer.batch``.
 

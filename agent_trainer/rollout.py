@@ -600,9 +600,11 @@ METRIC_PREFIX = {"train": "rollout", "val": "val", "remax_baseline": "remax_base
 
 def trainer_splits(cfg: AgentTrainerConfig) -> tuple[str, ...]:
     """The splits a training run plays, each with env actors of its own: train; val only when the run validates
-    (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; ReMax's baseline split."""
+    (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; the greedy baseline split
+    when the estimator reads ``reward_baselines`` (ReMax)."""
     return (("train",) + (("val",) if cfg.trainer.test_freq > 0 else ())
-            + (("remax_baseline",) if core_algos.estimator(cfg.algorithm) == "remax" else ()))
+            + (("remax_baseline",) if core_algos.estimator_spec(core_algos.estimator(cfg.algorithm)).greedy_baseline
+               else ()))
 
 
 def split_config(cfg: AgentTrainerConfig, split: str) -> EnvGroupsConfig:

@@ -43,11 +43,25 @@ def validate_multiturn(cfg: AgentTrainerConfig) -> None:
     _check(isinstance(eps, (int, float)) and 0 < eps < 1,
            f"algorithm.advantage_epsilon = {eps!r} must lie in (0, 1) (it keeps (S - mean) / (std + eps) finite "
            "for a group whose rewards are all equal); e.g. algorithm.advantage_epsilon=1e-6")
-    _check(eps == DEFAULT_EPSILON or "epsilon" in core_algos.estimator_options(cfg.algorithm),
-           f"algorithm.advantage_epsilon = {eps!r} is never read by algorithm.adv_estimator = {estimator!r} (only "
-           "grpo, grpo_multiturn, rloo and reinforce_plus_plus_baseline; gigpo has algorithm.gigpo.epsilon); drop it")
-    _check(eps == DEFAULT_EPSILON or estimator != "gigpo",
-           f"algorithm.advantage_epsilon = {eps!r} is not gigpo's: set algorithm.gigpo.epsilon instead")
+    _check_epsilon(eps, estimator)
+
+
+EPSILON_KEY = "algorithm.advantage_epsilon"
+
+
+def _check_epsilon(eps: float, estimator: str) -> None:
+    """algorithm.advantage_epsilon is read by the estimators whose spec names it as their ``epsilon`` option."""
+    specs = [core_algos.estimator_spec(name) for name in core_algos.estimator_names()]
+    readers = [s.name for s in specs if s.options.get("epsilon") == EPSILON_KEY]
+    others = [f"{s.name} has {s.options['epsilon']}" for s in specs
+              if s.options.get("epsilon", EPSILON_KEY) != EPSILON_KEY]
+    only = " and ".join(filter(None, (", ".join(readers[:-1]), readers[-1] if readers else "")))
+    own = core_algos.estimator_spec(estimator).options.get("epsilon")
+    _check(eps == DEFAULT_EPSILON or own is not None,
+           f"{EPSILON_KEY} = {eps!r} is never read by algorithm.adv_estimator = {estimator!r} (only "
+           f"{only or 'no estimator'}{'; ' if others else ''}{', '.join(others)}); drop it")
+    _check(eps == DEFAULT_EPSILON or own in (None, EPSILON_KEY),
+           f"{EPSILON_KEY} = {eps!r} is not {estimator}'s: set {own} instead")
 
 
 def _check(ok: bool, message: str) -> None:

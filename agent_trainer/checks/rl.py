@@ -30,13 +30,7 @@ from agent_trainer.config.errors import check_choice
 from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 from agent_trainer.config.schema import AgentTrainerConfig
 from agent_trainer.config.workers import FSDPConfig
-
-GROUP_ESTIMATORS = ("grpo", "grpo_multiturn", "rloo", "reinforce_plus_plus_baseline", "gigpo")
-"""Estimators whose baseline is the other episodes of a group (es_manager.train.group_size >= 2)."""
-CONDENSED_ESTIMATORS = ("grpo_multiturn", "gigpo")
-"""Estimators that read the per-turn rows of ``ctx_manager.mode=condensed`` as trajectories (via ``traj_uid``)."""
-MULTI_TURN_ESTIMATORS = ("gigpo",)
-"""Estimators that compare turns (anchor states) and so need episodes of several turns."""
+from agent_trainer.ctx_manager import COLLATED_KEYS
 
 
 def validate_config(cfg: AgentTrainerConfig) -> None:
@@ -218,26 +212,44 @@ def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:
               "awake")
 
 
+def batch_keys(cfg: AgentTrainerConfig) -> tuple[str, ...]:
+    """The keys a training batch of ``cfg`` holds when the advantage is computed: what the context manager collates
+    (``COLLATED_KEYS``), the critic's ``values``, the reference's ``ref_log_prob``, and ``reward_baselines`` from
+    the greedy baseline episodes the trainer plays for an estimator that reads them (ReMax)."""
+    spec = core_algos.estimator_spec(core_algos.estimator(cfg.algorithm))
+    return (*COLLATED_KEYS, *(("values",) if core_algos.critic_enabled(cfg) else ()),
+            *(("ref_log_prob",) if cfg.ref_enabled else ()), *(("reward_baselines",) if spec.greedy_baseline else ()))
+
+
 def _check_estimator(cfg: AgentTrainerConfig) -> None:
-    """The estimator's preconditions: groups to compare, turns to compare, values when it needs them."""
+    """The estimator's preconditions (its ``@register_estimator`` spec): groups to compare, turns to compare,
+    values when it needs them, every batch key it reads."""
     estimator = core_algos.estimator(cfg.algorithm)
+    spec = core_algos.estimator_spec(estimator)
     group_size = cfg.es_manager.train.group_size
-    check(estimator not in GROUP_ESTIMATORS or group_size >= 2,
+    check(not spec.compares_group or group_size >= 2,
           f"algorithm.adv_estimator = {estimator!r} compares the episodes of a group, but es_manager.train.group_size"
           f" = {group_size}: a group of one has nothing to compare with, so the estimator would silently become "
           "REINFORCE without a baseline; set es_manager.train.group_size >= 2 (e.g. 4) or pick a critic "
           "estimator such as gae")
-    check(estimator not in MULTI_TURN_ESTIMATORS or cfg.agent_proxy.max_turn >= 2,
+    check(not spec.compares_turns or cfg.agent_proxy.max_turn >= 2,
           f"algorithm.adv_estimator = {estimator!r} compares turns from the same state across episodes, but "
           f"agent_proxy.max_turn = {cfg.agent_proxy.max_turn} gives one-turn episodes (it would equal grpo); "
           "set agent_proxy.max_turn >= 2 or algorithm.adv_estimator=grpo")
-    needs_values = estimator in core_algos.CRITIC_ESTIMATORS
+    needs_values = spec.needs_critic
     check(cfg.critic.enable is not False or not needs_values,
           f"algorithm.adv_estimator = {estimator!r} needs values but critic.enable = False; set critic.enable=true "
           "(or null) or pick a critic-free estimator such as grpo")
+    critics = " / ".join(core_algos.CRITIC_ESTIMATORS)
     check(cfg.critic.enable is not True or needs_values,
           f"critic.enable = True trains a critic whose values algorithm.adv_estimator = {estimator!r} never reads; "
-          "set critic.enable=null (on exactly for gae / bi_level_gae) or algorithm.adv_estimator=gae")
+          f"set critic.enable=null (on exactly for {critics}) or algorithm.adv_estimator=gae")
+    made = batch_keys(cfg)
+    for key in spec.batch_keys:
+        check(key in made,
+              f"algorithm.adv_estimator = {estimator!r} reads batch[{key!r}], which no part of this run makes (a "
+              f"training batch holds {list(made)}); make it before the advantage step (docs/algorithms.md, "
+              "'Adding an estimator') or pick another algorithm.adv_estimator")
 
 
 def _validate_algorithm_options(cfg: AgentTrainerConfig) -> None:
@@ -253,8 +265,9 @@ def _validate_algorithm_options(cfg: AgentTrainerConfig) -> None:
           "advantage only); e.g. algorithm.gigpo.step_advantage_w=1.0")
     # The greedy episode's raw reward is the baseline; normalised episode rewards would sit on another scale.
     method = cfg.agent_proxy.reward_normalization.method
-    check(core_algos.estimator(alg) != "remax" or method == "identity",
-          f"algorithm.adv_estimator = 'remax' subtracts the raw reward of a greedy episode, but "
+    estimator = core_algos.estimator(alg)
+    check(not core_algos.estimator_spec(estimator).greedy_baseline or method == "identity",
+          f"algorithm.adv_estimator = {estimator!r} subtracts the raw reward of a greedy episode, but "
           f"agent_proxy.reward_normalization.method = {method!r} rescales the sampled episodes' rewards; set "
           "agent_proxy.reward_normalization.method=identity or pick algorithm.adv_estimator=grpo")
 
@@ -262,17 +275,20 @@ def _validate_algorithm_options(cfg: AgentTrainerConfig) -> None:
 def _validate_ctx_manager(cfg: AgentTrainerConfig) -> None:
     """Context mode and estimator must agree: per-turn rows need a trajectory-level estimator, and back."""
     mode, estimator = cfg.ctx_manager.mode, core_algos.estimator(cfg.algorithm)
+    layouts = core_algos.estimator_spec(estimator).layouts
     # Raise rather than fall back: with one row per episode grpo_multiturn computes exactly grpo, and a
     # verl/RAGEN user who picks it expects condensed per-turn rows; a silent equivalence hides the mistake.
-    check(not (estimator == "grpo_multiturn" and mode == "full"),
-          "algorithm.adv_estimator = 'grpo_multiturn' needs one training row per turn, but ctx_manager.mode = "
-          "'full' makes one row per episode (grpo_multiturn would silently equal grpo); set ctx_manager.mode="
-          "condensed (see config/frozenlake_grpo_multiturn.yaml) or algorithm.adv_estimator=grpo")
+    check(mode != "full" or "full" in layouts,
+          f"algorithm.adv_estimator = {estimator!r} needs one training row per turn, but ctx_manager.mode = "
+          f"'full' makes one row per episode ({estimator} would silently equal its one-row-per-episode counterpart, "
+          "e.g. grpo_multiturn = grpo); set ctx_manager.mode=condensed (see config/frozenlake_grpo_multiturn.yaml) "
+          "or algorithm.adv_estimator=grpo")
     # Per-turn rows of one episode only form a trajectory for estimators that group them by traj_uid:
     # GAE / bi-level GAE would lose the value bootstrap between rows, and per-row outcome estimators
     # (grpo, rloo, reinforce_plus_plus*, remax) would score each turn as if it were a whole episode.
-    check(mode != "condensed" or estimator in CONDENSED_ESTIMATORS,
-          f"ctx_manager.mode = 'condensed' makes one row per turn, which only {list(CONDENSED_ESTIMATORS)} reads as "
+    condensed = [n for n in core_algos.estimator_names() if "condensed" in core_algos.estimator_spec(n).layouts]
+    check(mode != "condensed" or "condensed" in layouts,
+          f"ctx_manager.mode = 'condensed' makes one row per turn, which only {condensed} reads as "
           f"trajectories, but algorithm.adv_estimator = {estimator!r} (critic estimators would lose the value "
           "bootstrap across rows; per-row outcome estimators would score each turn alone); set "
           "algorithm.adv_estimator=grpo_multiturn or ctx_manager.mode=full")
@@ -436,6 +452,8 @@ def _check_reward_model(cfg: AgentTrainerConfig) -> None:
                                            "reward_model.enable = False; set reward_model.enable=true or drop the path")
     check(rm.enable or not rm.dump_scores, "reward_model.dump_scores = True has nothing to dump: reward_model.enable "
                                             "= False; set reward_model.enable=true or drop dump_scores")
-    check(not (rm.enable and core_algos.estimator(cfg.algorithm) == "remax"),
-          "reward_model.enable = True with algorithm.adv_estimator = 'remax': the greedy baseline episodes are not "
-          "scored by the reward model, so the baseline would miss its reward; pick algorithm.adv_estimator=grpo")
+    estimator = core_algos.estimator(cfg.algorithm)
+    check(not (rm.enable and core_algos.estimator_spec(estimator).greedy_baseline),
+          f"reward_model.enable = True with algorithm.adv_estimator = {estimator!r}: the greedy baseline episodes "
+          "are not scored by the reward model, so the baseline would miss its reward; pick "
+          "algorithm.adv_estimator=grpo")

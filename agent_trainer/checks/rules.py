@@ -214,7 +214,7 @@ def validate_algorithm_choices(
     algorithm.kl_ctrl.type, and optionally algorithm.bi_level_gae and
     algorithm.gamma / lam / high_level_gamma (each must lie in [0, 1]).
     """
-    check_choice("algorithm.adv_estimator", adv_estimator, core_algos.ADV_ESTIMATOR_NAMES)
+    check_choice("algorithm.adv_estimator", adv_estimator, core_algos.estimator_names())
     check_choice("actor_rollout_ref.actor.loss_agg_mode", loss_agg_mode, core_algos.LOSS_AGG_MODES)
     check_choice("actor_rollout_ref.actor.kl_loss_type", kl_loss_type, core_algos.KL_PENALTY_TYPES)
     check_choice("actor_rollout_ref.actor.policy_loss_mode", policy_loss_mode, core_algos.POLICY_LOSS_MODES)

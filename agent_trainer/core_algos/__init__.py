@@ -9,8 +9,10 @@ so a verl user reads them at once.
 
 Modules: advantages (GAE, GRPO, RLOO, REINFORCE++, ReMax), multiturn (bi-level GAE,
 multi-turn GRPO), gigpo, losses, rollout_correction (truncated IS between engine and
-trainer), kl, shaping (RAGEN reward normalisation and rollout filtering), registry (name ->
-estimator, ``compute_advantage``, the estimator a config section selects).
+trainer), kl, shaping (RAGEN reward normalisation and rollout filtering), estimators
+(``@register_estimator``: each estimator's properties, recorded where it is defined), registry
+(``compute_advantage``, the name tables derived from the specs, the estimator a config section selects).
+A new estimator is one module with a decorated function, imported below (docs/algorithms.md).
 See docs/algorithms.md for the table of estimators and losses.
 """
 
@@ -46,10 +48,10 @@ from .losses import (
 )
 from .rollout_correction import ROLLOUT_IS_LEVELS, compute_rollout_is_weights
 from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage, turn_segments
+from .estimators import EstimatorSpec, estimator_names, estimator_spec, register_estimator
+from . import registry
 from .registry import (
-    ADV_ESTIMATOR_NAMES,
-    CRITIC_ESTIMATORS,
-    ESTIMATOR_OPTIONS,
+    DERIVED_TABLES,
     compute_advantage,
     critic_enabled,
     estimator,
@@ -78,5 +80,13 @@ __all__ = [
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
     "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
     "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "critic_enabled", "estimator", "estimator_options", "normalize_scores", "resolve_adv_estimator", "turn_segments",
+    "critic_enabled", "estimator", "estimator_options", "EstimatorSpec", "estimator_names", "estimator_spec",
+    "register_estimator", "normalize_scores", "resolve_adv_estimator", "turn_segments",
 ]
+
+
+def __getattr__(name: str):
+    """``ADV_ESTIMATOR_NAMES``, ``CRITIC_ESTIMATORS``, ``ESTIMATOR_OPTIONS``: derived from the specs on each read."""
+    if name in DERIVED_TABLES:
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

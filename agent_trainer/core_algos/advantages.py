@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ._masked import as_group_index, check_same_shape, group_mean_std, masked_whiten
+from .estimators import register_estimator
 
 
 def gae_scan(
@@ -53,6 +54,7 @@ def gae_scan(
     return advantages
 
 
+@register_estimator("gae", needs_critic=True, batch_keys=("values",), hyperparameters=("gamma", "lam"))
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -90,6 +92,8 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
+@register_estimator("grpo", batch_keys=("uid",), options={"epsilon": "algorithm.advantage_epsilon"},
+                    hyperparameters=("norm_adv_by_std_in_grpo",))
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -154,6 +158,7 @@ def _group_centred(scores: torch.Tensor, group_ids: torch.Tensor, valid: torch.T
     return out
 
 
+@register_estimator("rloo", batch_keys=("uid",), options={"epsilon": "algorithm.advantage_epsilon"})
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -178,6 +183,7 @@ def compute_rloo_outcome_advantage(
     return advantages, advantages
 
 
+@register_estimator("reinforce_plus_plus", hyperparameters=("gamma",))
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -199,6 +205,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return advantages, returns
 
 
+@register_estimator("reinforce_plus_plus_baseline", batch_keys=("uid",),
+                    options={"epsilon": "algorithm.advantage_epsilon"})
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -224,6 +232,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
+@register_estimator("remax", batch_keys=("reward_baselines",))
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     reward_baselines: torch.Tensor,

@@ -7,6 +7,7 @@ import torch
 from ._masked import as_group_index, check_same_shape, group_mean_std
 from .advantages import normalize_by_group
 from .multiturn import trajectory_scores, turn_summary
+from .estimators import register_estimator
 
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
 
@@ -38,6 +39,11 @@ def _per_step_rows_returns(row_rewards: torch.Tensor, row_to_traj: torch.Tensor,
     return returns
 
 
+@register_estimator("gigpo", batch_keys=("uid", "anchor_obs_ids"),
+                    optional_keys=("step_rewards", "traj_uid", "turn_ids"), layouts=("full", "condensed"),
+                    options={"epsilon": "algorithm.gigpo.epsilon", "mode": "algorithm.gigpo.mode",
+                             "step_advantage_w": "algorithm.gigpo.step_advantage_w"},
+                    hyperparameters=("gamma",))
 def compute_gigpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     step_rewards: torch.Tensor | None,

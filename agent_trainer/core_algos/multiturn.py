@@ -17,6 +17,7 @@ import torch
 
 from ._masked import as_group_index, check_same_shape, masked_whiten
 from .advantages import gae_scan, normalize_by_group
+from .estimators import register_estimator
 
 
 def turn_segments(response_mask: torch.Tensor, turn_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,6 +70,8 @@ def turn_summary(response_mask, token_level_rewards, turn_ids=None):
     return seg, turn_reward, first_pos.clamp(0, mask.shape[1] - 1), last_pos.clamp_min(0), valid
 
 
+@register_estimator("bi_level_gae", needs_critic=True, batch_keys=("values",), optional_keys=("turn_ids",),
+                    hyperparameters=("gamma", "lam", "high_level_gamma"))
 def compute_bi_level_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -156,6 +159,9 @@ def trajectory_scores(row_scores: torch.Tensor, index: torch.Tensor, traj_index:
     return traj_score, traj_group, traj_valid > 0, row_to_traj
 
 
+@register_estimator("grpo_multiturn", batch_keys=("uid", "traj_uid"), layouts=("condensed",),
+                    options={"epsilon": "algorithm.advantage_epsilon"},
+                    hyperparameters=("norm_adv_by_std_in_grpo",))
 def compute_grpo_multiturn_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -1,53 +1,41 @@
-"""Estimator registry, the trainer's single dispatch call, and the estimator a config section selects."""
+"""The trainer's single dispatch call, the name tables derived from the registered estimators
+(``estimator_spec``), and the estimator a config section selects."""
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from functools import reduce
+from typing import Any, Callable, Mapping
 
 import torch
 
 from agent_trainer.config.schema import AgentTrainerConfig, AlgorithmConfig
 
-from .advantages import (
-    compute_gae_advantage_return,
-    compute_grpo_outcome_advantage,
-    compute_reinforce_plus_plus_baseline_outcome_advantage,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
-    compute_rloo_outcome_advantage,
-)
-from .gigpo import compute_gigpo_outcome_advantage
-from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage
+from .estimators import ALWAYS_KEYS, ARGUMENT_NAMES, BATCH_KEY_DOCS, ESTIMATOR_SPECS, estimator_spec
 
-ADV_ESTIMATORS: dict[str, Callable] = {
-    "gae": compute_gae_advantage_return,
-    "bi_level_gae": compute_bi_level_gae_advantage_return,
-    "grpo": compute_grpo_outcome_advantage,
-    "grpo_multiturn": compute_grpo_multiturn_advantage,
-    "rloo": compute_rloo_outcome_advantage,
-    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
-    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
-    "remax": compute_remax_outcome_advantage,
-    "gigpo": compute_gigpo_outcome_advantage,
-}
-ADV_ESTIMATOR_NAMES = tuple(ADV_ESTIMATORS)
-CRITIC_ESTIMATORS = ("gae", "bi_level_gae")
-"""Estimators that need ``batch["values"]`` (and therefore a critic)."""
-ESTIMATOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "grpo": ("epsilon",),
-    "grpo_multiturn": ("epsilon",),
-    "rloo": ("epsilon",),
-    "reinforce_plus_plus_baseline": ("epsilon",),
-    "gigpo": ("epsilon", "step_advantage_w", "mode"),
-}
-"""Extra keyword options ``compute_advantage`` forwards to each estimator (others take none)."""
+BI_LEVEL_GAE_FROM = ("gae", "bi_level_gae")
+"""The estimators ``algorithm.bi_level_gae = True`` turns into bi_level_gae (RAGEN's spelling of it)."""
+
+
+def __getattr__(name: str) -> Any:
+    """The name tables, derived from the registered specs each time they are read (``@register_estimator``)."""
+    if name == "ADV_ESTIMATORS":  # name -> function
+        return {n: s.fn for n, s in ESTIMATOR_SPECS.items()}
+    if name == "ADV_ESTIMATOR_NAMES":
+        return tuple(ESTIMATOR_SPECS)
+    if name == "CRITIC_ESTIMATORS":  # estimators that need batch["values"] (and therefore a critic)
+        return tuple(n for n, s in ESTIMATOR_SPECS.items() if s.needs_critic)
+    if name == "ESTIMATOR_OPTIONS":  # extra keyword options compute_advantage forwards (others take none)
+        return {n: tuple(s.options) for n, s in ESTIMATOR_SPECS.items() if s.options}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+DERIVED_TABLES = ("ADV_ESTIMATORS", "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "ESTIMATOR_OPTIONS")
+"""The module attributes :func:`__getattr__` derives from the specs."""
 
 
 def get_adv_estimator_fn(name: str) -> Callable:
     """The estimator registered as ``name``; unknown names raise ValueError listing the known ones."""
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known estimators: {list(ADV_ESTIMATOR_NAMES)}")
-    return ADV_ESTIMATORS[name]
+    return estimator_spec(name).fn
 
 
 def _need(batch: Mapping[str, torch.Tensor], key: str, name: str, what: str) -> torch.Tensor:
@@ -85,48 +73,33 @@ def compute_advantage(
     gamma / lam go to the estimators that discount (gae, bi_level_gae,
     reinforce_plus_plus, gigpo's step returns); high_level_gamma to bi_level_gae;
     norm_adv_by_std_in_grpo to grpo and grpo_multiturn; ``estimator_kwargs``
-    (see ESTIMATOR_OPTIONS: epsilon; step_advantage_w and mode for gigpo) are
-    passed through; any other option raises ValueError.
+    (the spec's ``options``: epsilon; step_advantage_w and mode for gigpo) are
+    passed through; any other option raises ValueError. Which keys, hyperparameters and
+    options an estimator gets is its ``@register_estimator`` spec.
 
     Returns (advantages, returns), [B, T]. Estimators without a critic return
     returns = advantages (verl convention), except reinforce_plus_plus and remax,
     which return the discounted / undiscounted return-to-go as ``returns``.
     """
-    fn = get_adv_estimator_fn(adv_estimator)
-    accepted = ESTIMATOR_OPTIONS.get(adv_estimator, ())
+    spec = estimator_spec(adv_estimator)
+    accepted = tuple(spec.options)
     unknown = [k for k in estimator_kwargs if k not in accepted]
     if unknown:
         raise ValueError(f"adv_estimator {adv_estimator!r} does not take {unknown}; its options are {list(accepted)}")
-    name = adv_estimator
-    rewards = _need(batch, "token_level_rewards", name, "[B, T] float")
-    mask = _need(batch, "response_mask", name, "[B, T] 0/1")
-    if name == "gae":
-        return fn(rewards, _need(batch, "values", name, "[B, T] critic values"), mask, gamma, lam)
-    if name == "bi_level_gae":
-        values = _need(batch, "values", name, "[B, T] critic values")
-        return fn(rewards, values, mask, gamma, lam, high_level_gamma, turn_ids=batch.get("turn_ids"))
-    if name == "reinforce_plus_plus":
-        return fn(rewards, mask, gamma=gamma)
-    if name == "remax":
-        return fn(rewards, _need(batch, "reward_baselines", name, "[B] greedy-response reward"), mask)
-    uid = _need(batch, "uid", name, "[B] group id")
-    if name == "grpo":
-        return fn(rewards, mask, uid, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, **estimator_kwargs)
-    if name == "grpo_multiturn":
-        traj = _need(batch, "traj_uid", name, "[B] trajectory id")
-        return fn(rewards, mask, uid, traj, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, **estimator_kwargs)
-    if name == "gigpo":
-        anchors = _need(batch, "anchor_obs_ids", name, "int64 [B, T] or [B] hashed anchor observation")
-        return fn(rewards, batch.get("step_rewards"), mask, anchors, uid, batch.get("traj_uid"),
-                  gamma=gamma, turn_ids=batch.get("turn_ids"), **estimator_kwargs)
-    return fn(rewards, mask, uid, **estimator_kwargs)  # rloo, reinforce_plus_plus_baseline
+    hyper = {"gamma": gamma, "lam": lam, "high_level_gamma": high_level_gamma,
+             "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo}
+    kwargs = {ARGUMENT_NAMES.get(k, k): _need(batch, k, adv_estimator, BATCH_KEY_DOCS.get(k, f"read by {spec.name}"))
+              for k in (*ALWAYS_KEYS, *spec.batch_keys)}
+    kwargs.update({ARGUMENT_NAMES.get(k, k): batch.get(k) for k in spec.optional_keys})
+    kwargs.update({h: hyper[h] for h in spec.hyperparameters})
+    return spec.fn(**kwargs, **estimator_kwargs)
 
 
 def resolve_adv_estimator(adv_estimator: str, bi_level_gae: bool = False) -> str:
     """Map RAGEN-style ``algorithm.adv_estimator=gae`` + ``algorithm.bi_level_gae=True`` to "bi_level_gae"."""
     if not bi_level_gae:
         return adv_estimator
-    if adv_estimator not in CRITIC_ESTIMATORS:
+    if adv_estimator not in BI_LEVEL_GAE_FROM:
         raise ValueError(f"algorithm.bi_level_gae = True needs algorithm.adv_estimator = gae, got {adv_estimator!r}; "
                          "set algorithm.adv_estimator=gae or algorithm.bi_level_gae=False")
     return "bi_level_gae"
@@ -138,13 +111,9 @@ def estimator(algorithm: AlgorithmConfig) -> str:
 
 
 def estimator_options(algorithm: AlgorithmConfig) -> dict:
-    """Extra keyword options of the estimator in use (``ESTIMATOR_OPTIONS``), read from ``algorithm``."""
-    if estimator(algorithm) == "gigpo":
-        return {"step_advantage_w": algorithm.gigpo.step_advantage_w, "mode": algorithm.gigpo.mode,
-                "epsilon": algorithm.gigpo.epsilon}
-    if "epsilon" in ESTIMATOR_OPTIONS.get(estimator(algorithm), ()):
-        return {"epsilon": algorithm.advantage_epsilon}
-    return {}
+    """Extra keyword options of the estimator in use, each read from the config key its spec names."""
+    options = estimator_spec(estimator(algorithm)).options
+    return {name: reduce(getattr, key.split(".")[1:], algorithm) for name, key in options.items()}
 
 
 def critic_enabled(cfg: AgentTrainerConfig) -> bool:
@@ -152,4 +121,5 @@ def critic_enabled(cfg: AgentTrainerConfig) -> bool:
     values."""
     if cfg.critic.enable is not None:
         return cfg.critic.enable
-    return estimator(cfg.algorithm) in CRITIC_ESTIMATORS
+    spec = ESTIMATOR_SPECS.get(estimator(cfg.algorithm))  # an unknown name is refused by the checks, not here
+    return spec is not None and spec.needs_critic
