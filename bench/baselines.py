@@ -234,7 +234,8 @@ def verdict(summary: dict) -> str | None:
     gain = summary["rl_end"] - summary["rl_start"]
     blind = max((b for b in summary["baselines"] if not b["reads_observation"]), key=lambda b: b["success"],
                 default=None)
-    line = f"RL gain over its start: {gain:+.3f} ({'meets' if gain >= GOAL_GAIN else 'short of'} the goal of +{GOAL_GAIN:.3f})"
+    line = (f"RL gain over its start: {gain:+.3f} ({'meets' if gain >= GOAL_GAIN else 'short of'} the goal of "
+            f"+{GOAL_GAIN:.3f})")
     if blind is not None:
         margin = summary["rl_end"] - blind["success"]
         line += (f"; RL end {margin:+.3f} against the best policy that ignores the observation ({blind['name']}, "
@@ -243,16 +244,16 @@ def verdict(summary: dict) -> str | None:
     return line + "."
 
 
-def report(cfg, env_tags: dict, sft_dir: Path | None, rl_dir: Path | None, repeats: int = 8,
+def report(cfg, env_tags: dict, sft_dir: Path | None, records: list[dict], repeats: int = 8,
            scores: dict[str, Score] | None = None) -> str:
-    """The comparison table: model runs (greedy, held-out) and baselines on the same seeds."""
+    """The comparison table: model runs (greedy, held-out; ``records``: the RL run's metrics) and baselines on the
+    same seeds."""
     seeds = val_seeds(cfg)
     rows: list[tuple[str, str, str]] = []
     if sft_dir is not None:
         sft = val_points(read_metrics(sft_dir))
         if sft:
             rows.append((f"SFT (its own evaluation after step {sft[-1][0]})", f"{sft[-1][1]:.3f}", ""))
-    records = read_metrics(rl_dir) if rl_dir is not None else []
     success, reward = val_points(records), dict(val_points(records, "val/episode_reward_mean"))
     if success:
         (s0, v0), (s1, v1) = success[0], success[-1]
@@ -287,8 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg, env_tags = compose_and_prepare(args.overrides, config_name=args.config_name)
     rl_dir = args.rl_dir or Path(cfg.trainer.default_local_dir)
     scores = baseline_scores(cfg, env_tags, args.repeats)
-    print(report(cfg, env_tags, args.sft_dir, rl_dir, args.repeats, scores), flush=True)
     records = read_metrics(rl_dir)
+    print(report(cfg, env_tags, args.sft_dir, records, args.repeats, scores), flush=True)
     if records:
         wall = None if args.started_at is None else time.time() - args.started_at
         path = rl_dir / "learning_summary.json"

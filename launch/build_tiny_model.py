@@ -415,26 +415,48 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
 
 
 @torch.no_grad()
+def _replies(model, tokenizer, user_messages: list[str], *, sample: bool, max_new_tokens: int) -> list[str]:
+    """The model's first-turn reply to each user message (system prompt first), decoded without special tokens:
+    sampled at temperature 1 (no top-k/top-p) or greedy, in one left-padded batch."""
+    prompt_ids = [tokenizer.apply_chat_template([{"role": "system", "content": prompts.SYSTEM_PROMPT},
+                                                 {"role": "user", "content": text}],
+                                                add_generation_prompt=True, return_dict=False)
+                  for text in user_messages]
+    width = max(map(len, prompt_ids))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])  # left padding
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
+    out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                         pad_token_id=pad, eos_token_id=tokenizer.eos_token_id, **sampling)
+    return tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+
+
 def format_ok_rate(model, tokenizer, episodes: list[EpisodeSample], *, n_samples: int = 32,
                    seed: int = 0, max_new_tokens: int = 48) -> float:
     """Fraction of temperature-1 samples (first turn) that ``prompts.parse_response`` accepts."""
     rng = random.Random(seed + 1)
     torch.manual_seed(seed + 1)
-    prompt_ids = []
+    messages = []
     for _ in range(n_samples):
         ep = rng.choice(episodes)
-        msgs = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
-                {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0])}]
-        prompt_ids.append(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
-    width = max(map(len, prompt_ids))
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])  # left padding
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
-    out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
-                         top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad,
-                         eos_token_id=tokenizer.eos_token_id)
-    replies = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        messages.append(prompts.first_user_message(ep.instruction, ep.observations[0]))
+    replies = _replies(model, tokenizer, messages, sample=True, max_new_tokens=max_new_tokens)
     return sum(prompts.parse_response(r).format_ok for r in replies) / n_samples
+
+
+def reading_accuracy(model, tokenizer, n: int = 128, seed: int = 0, seen: set[str] | None = None,
+                     batch_size: int = 32) -> float:
+    """The reading probe: greedy exact-match accuracy on ``n`` held-out reading exercises
+    (``launch.reading_corpus``; a prompt in ``seen`` is never asked)."""
+    pairs = reading_corpus.held_out_exercises(n, seed, seen or set())
+    right = 0
+    for first in range(0, n, batch_size):
+        batch = pairs[first:first + batch_size]
+        replies = _replies(model, tokenizer, [prompt for prompt, _ in batch], sample=False, max_new_tokens=12)
+        right += sum(prompts.parse_response(reply, enable_think=False).answer == answer
+                     for (_, answer), reply in zip(batch, replies))
+    return right / n
 
 
 # --------------------------------------------------------------------------- build
@@ -505,7 +527,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 loss, seen = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
                                     batch_size=batch_size, lr=lr, reading_fraction=reading_fraction)
             rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
-            reading = reading_corpus.reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
+            reading = reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
             model.save_pretrained(tmp, safe_serialization=True)
             info = {
                 "seed": seed, "vocab_size": len(tokenizer), "bpe_vocab_size": vocab_size,

@@ -7,8 +7,8 @@ that name the value asked for. No environment's policy is in these exercises (no
 reward, no goal): the FrozenLake keys and words appear among others, and the questions ask for any of them.
 
 Each exercise is a one-turn chat in the rollout's own prompt layout (``agent_trainer.prompts``), answered as
-``<answer>KEY</answer>`` (or the value). :func:`reading_accuracy` is the probe: greedy exact-match accuracy
-on exercises the build did not train on.
+``<answer>KEY</answer>`` (or the value). ``launch.build_tiny_model.reading_accuracy`` is the probe: greedy
+exact-match accuracy on exercises the build did not train on (:func:`held_out_exercises`).
 """
 
 from __future__ import annotations
@@ -100,27 +100,3 @@ def corpus_texts(seed: int, n: int = 200) -> list[str]:
     word (``Down``, not only `` Down``) must be a token too."""
     words = [word for keys in KEY_SETS for word in keys] + list(VALUES)
     return [m["content"] for chat in exercise_chats(n, seed) for m in chat[1:]] + words * 20
-
-
-def reading_accuracy(model, tokenizer, n: int = 128, seed: int = 0, seen: set[str] | None = None,
-                     batch_size: int = 32) -> float:
-    """Greedy exact-match accuracy on ``n`` held-out exercises (a prompt in ``seen`` is never asked)."""
-    import torch
-
-    pairs = held_out_exercises(n, seed, seen or set())
-    right = 0
-    pad = tokenizer.pad_token_id
-    for first in range(0, n, batch_size):
-        batch = pairs[first:first + batch_size]
-        ids = [tokenizer.apply_chat_template([{"role": "system", "content": prompts.SYSTEM_PROMPT},
-                                              {"role": "user", "content": prompt}],
-                                             add_generation_prompt=True, return_dict=False) for prompt, _ in batch]
-        width = max(map(len, ids))
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in ids])  # left padding
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=False, max_new_tokens=12,
-                                 pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
-        for (_, answer), reply in zip(batch, tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)):
-            right += prompts.parse_response(reply, enable_think=False).answer == answer
-    return right / n

@@ -52,7 +52,7 @@ def test_report_puts_the_runs_beside_the_baselines(tmp_path):
     with (rl / "metrics.jsonl").open("a") as f:  # training steps: sampled success 0.1 ... 1.0
         f.writelines(json.dumps({"step": s, "rollout/success_rate": s / 10}) + "\n" for s in range(1, 11))
     cfg, tags = compose_and_prepare(["es_manager.val.env_groups=16", "es_manager.val.env_configs.n_groups=[16]"])
-    text = bl.report(cfg, tags, sft, rl, repeats=1)
+    text = bl.report(cfg, tags, sft, bl.read_metrics(rl), repeats=1)
     lines = text.splitlines()
     assert lines[0].startswith("Held-out greedy success on 16 validation seeds (FrozenLakeDescribed, 6 turns)")
     assert any("SFT (its own evaluation after step 58)" in line and "0.200" in line for line in lines)
