@@ -1,4 +1,4 @@
-"""Rollout time with and without the turn barrier on a slow env (issue 12 P6; a benchmark, not a test).
+"""Rollout time with and without the turn barrier on a slow env (benchmark P6 of docs/benchmarks.md, not a test).
 
 Plays the training split of ``config/frozenlake.yaml`` (8 groups x 4 episodes, up to 6 turns)
 against one vLLM engine on the tiny model, with FrozenLake steps that sleep a seeded 50-500 ms

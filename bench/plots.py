@@ -64,7 +64,7 @@ def ratios(rows: list[tuple[str, float, float | None, bool]], path: Path, title:
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
     ax.grid(axis="x", which="both", alpha=0.2)
-    ax.set_xlabel("measured ratio, log scale (black bar: issue 12's target; green met, red not)")
+    ax.set_xlabel("measured ratio, log scale (black bar: the target; green met, red not)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -66,7 +66,7 @@ def render(r: dict, asset_prefix: str) -> str:
            f"and command is in [`{asset_prefix}results.json`]({asset_prefix}results.json).", ""]
     rows = ratio_rows(r)
     if rows:
-        out += [render_table(["figure", "measured", "issue 12 target"],
+        out += [render_table(["figure", "measured", "target"],
                              [[label, value, "-" if t is None else (f">= {t}" if hi else f"<= {t}")]
                               for label, value, t, hi in rows]), "", f"![ratios]({asset_prefix}ratios.png)", ""]
     out += _main_section(r)

@@ -1,4 +1,4 @@
-"""``make bench``: issue 12's benchmark suite in one command, results in a folder of their own.
+"""``make bench``: the benchmark suite (P1-P7 and the main job) in one command, results in a folder of their own.
 
     python bench/run.py                        # full suite -> bench/results/<UTC stamp>/
     python bench/run.py --quick                # smoke run: fewer steps, tiny model only, no P7

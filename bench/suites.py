@@ -1,4 +1,4 @@
-"""The parts of ``make bench`` (issue 12's P1-P7 and the main job), each returning plain JSON.
+"""The parts of ``make bench`` (P1-P7 and the main job), each returning plain JSON.
 
 Every figure is a ratio of two things measured in this invocation, one after the
 other on the same machine. Runs are shared through :class:`Bench` (one trainer run
