@@ -48,3 +48,18 @@ def ray_cluster():
                  _system_config=local_cluster_system_config(WORKERS_AT_NORMAL_PRIORITY))
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_process_group_left_behind():
+    """A module that leaves torch.distributed's default group initialized breaks whichever module runs next
+    in the same xdist worker ("initialize the default process group twice"), so which test fails would depend
+    on the split. Fail the module that leaked instead, and clean up after it."""
+    yield
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("this module left torch.distributed's default process group initialized; "
+                    "destroy it (or shut the in-process vLLM engine down) before the module ends")

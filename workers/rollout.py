@@ -270,6 +270,21 @@ class VLLMRolloutWorker(EngineWeightSync):
         """
         return self.load_full_weights(state_dict)
 
+    def shutdown(self) -> None:
+        """Stop the engine and undo its process-wide state: the in-process CPU engine leaves torch.distributed's
+        default group (and vLLM's parallel groups) initialized in the calling process, so a later process group
+        there would fail with "initialize the default process group twice". Idempotent."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory between rollouts when colocated (vLLM sleep mode, ``enable_sleep_mode``).
 

@@ -24,8 +24,12 @@ def hf_model(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def vllm_worker(tiny_model_path):
-    """One in-process vLLM engine for the module, with a tiny KV cache."""
-    return VLLMRolloutWorker(tiny_model_path, kv_cache_space_gib=0.125, max_model_len=512, seed=0)
+    """One in-process vLLM engine for the module, with a tiny KV cache; shut down after the module, so the
+    process group it opened in this process does not reach the next module's tests."""
+    worker = VLLMRolloutWorker(tiny_model_path, kv_cache_space_gib=0.125, max_model_len=512, seed=0)
+    yield worker
+    worker.shutdown()
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.fixture(scope="module")
