@@ -8,7 +8,9 @@ would be appended (the text's ids, then eos), so the sequence and its ``response
 are those of an RL episode whose policy happened to answer like the expert.
 
 ``noise`` makes a warm start deliberately imperfect: each turn, with that probability
-(seeded per episode), the action is a uniformly random valid action instead.
+(seeded per episode), the action is a uniformly random valid action instead (or one of
+``noise_actions``; noise 1.0 with a subset is a format-only warm start). A ``demonstrator``
+other than the expert is a scripted policy ``function(env, rng) -> action`` named by import path.
 
 A demonstration is stored as chat messages (one JSONL record per episode)::
 
@@ -28,11 +30,12 @@ JSONL files are untrusted data: parsed with ``json.loads`` only, every field typ
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from agent_trainer import prompts
 from agent_trainer.ctx_manager import ContextManager, EpisodeContext, _as_ids
@@ -95,8 +98,38 @@ def has_expert(env: BaseEnv) -> bool:
     return type(env).expert_action is not BaseEnv.expert_action
 
 
-def check_demo_tags(tags: list[str], env_tags: Mapping) -> None:
-    """Raise ValueError naming a tag that is unknown, cannot be built, or whose environment has no expert solver."""
+Demonstrator = Callable[[BaseEnv, random.Random], str]
+"""A scripted policy: the env (after reset or step) and the episode's seeded RNG -> the action to take."""
+
+
+def resolve_demonstrator(name: str) -> Demonstrator | None:
+    """``data.demonstrator``: None for "expert" (each env's ``expert_action``), else the function at
+    "package.module:function". Raises ValueError naming the key, the value and the fix."""
+    if name == "expert":
+        return None
+    module_name, _, attr = str(name).partition(":")
+    fix = "give expert or an import path 'package.module:function', e.g. envs.frozen_lake:step_into_holes"
+    if not module_name or not attr:
+        raise ValueError(f"data.demonstrator = {name!r} is neither expert nor an import path; {fix}")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"data.demonstrator = {name!r} could not be imported ({exc}); {fix}") from None
+    if not callable(function):
+        raise ValueError(f"data.demonstrator = {name!r} is not callable; {fix}")
+    return function
+
+
+def valid_actions(env: BaseEnv) -> list[str]:
+    """The actions an env lists in ``action_description`` ("Left | Down | ..."); [] when it describes them in prose."""
+    description = env.action_description()
+    return [a.strip() for a in description.split("|") if a.strip()] if "|" in description else []
+
+
+def check_demo_tags(tags: list[str], env_tags: Mapping, *, expert: bool = True,
+                    noise_actions: list[str] | tuple = ()) -> None:
+    """Raise ValueError naming a tag that is unknown, cannot be built, whose environment has no expert solver
+    (when the expert demonstrates), or whose valid actions lack one of ``noise_actions``."""
     for tag in tags:
         if tag not in env_tags:
             raise ValueError(f"demonstration tag {tag!r} is not an env tag; known tags: {sorted(env_tags)}")
@@ -105,22 +138,30 @@ def check_demo_tags(tags: list[str], env_tags: Mapping) -> None:
         except Exception as err:  # noqa: BLE001 - a missing optional package or data set
             raise ValueError(f"demonstration tag {tag!r} cannot be built: {' '.join(str(err).split())[:300]}") from None
         try:
-            if not has_expert(env):
+            if expert and not has_expert(env):
                 raise ValueError(f"demonstration tag {tag!r} ({type(env).__name__}) has no expert solver "
                                  "(expert_action); use a FrozenLake or Sokoban tag")
+            env.reset(seed=0)
+            unknown = [a for a in noise_actions if a not in valid_actions(env)]
+            if unknown:
+                raise ValueError(f"data.noise_actions = {list(noise_actions)}: {unknown} not among tag {tag!r}'s "
+                                 f"actions {valid_actions(env)}; e.g. data.noise_actions={valid_actions(env)[:2]}")
         finally:
             env.close()
 
 
 def play_demonstrations(ctx_mgr: ContextManager, env_tags: Mapping, episodes: list[DemoEpisode], *,
                         max_turn: int, turn_budget: Mapping[str, int], noise: float = 0.0, noise_seed: int = 0,
-                        format_penalty: float = -0.1, max_actions_per_turn: int = 1) -> list[Demonstration]:
+                        format_penalty: float = -0.1, max_actions_per_turn: int = 1,
+                        noise_actions: list[str] | tuple = (), demonstrator: Demonstrator | None = None,
+                        ) -> list[Demonstration]:
     """Play ``episodes`` with the expert, turn by turn, exactly like the RL rollout's loop.
 
     ``turn_budget[tag]`` is the most tokens one turn may generate in RL
     (``min(max_tokens, response_length)``); a demonstration reply longer than that could
     never be generated by the policy, so it raises. ``noise`` in [0, 1]: the probability
-    that a turn's action is a random valid action (seeded by ``noise_seed``, tag and seed).
+    that a turn's action is a random valid action (seeded by ``noise_seed``, tag and seed), drawn from
+    ``noise_actions`` when given. ``demonstrator`` (default: each env's expert) picks the other turns' actions.
     """
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise = {noise!r} must lie in [0, 1] (the fraction of turns with a random action)")
@@ -139,7 +180,8 @@ def play_demonstrations(ctx_mgr: ContextManager, env_tags: Mapping, episodes: li
             active = [d for d in demos if not d.ctx.done]
             if not active:
                 break
-            inputs = [_expert_turn(ctx_mgr, manager, d, noise, turn_budget[d.spec.tag]) for d in active]
+            inputs = [_expert_turn(ctx_mgr, manager, d, noise, turn_budget[d.spec.tag], noise_actions, demonstrator)
+                      for d in active]
             for out in manager.step(inputs):
                 _after_step(ctx_mgr, demos[out.env_id], out, turn_budget[out.tag])
         return [_finish(ctx_mgr, d) for d in demos]
@@ -161,18 +203,20 @@ class _Playing:
 
 
 def _expert_turn(ctx_mgr: ContextManager, manager: EnvStateManager, demo: _Playing, noise: float,
-                 budget: int) -> EnvInput:
-    """Pick the turn's action (expert, or random with probability ``noise``) and append its reply."""
+                 budget: int, noise_actions: list[str] | tuple = (), demonstrator: Demonstrator | None = None,
+                 ) -> EnvInput:
+    """Pick the turn's action (the demonstrator's, or random with probability ``noise``) and append its reply."""
     env = manager.episodes[demo.ctx.env_id].env
-    description = env.action_description()
-    valid = [a.strip() for a in description.split("|") if a.strip()]
-    if noise > 0 and "|" not in description:
+    valid = list(noise_actions) or valid_actions(env)
+    if noise > 0 and not valid:
         raise ValueError(f"data.noise = {noise} needs a list of valid actions to draw from, but {demo.spec.tag} "
-                         f"describes its actions in prose ({description[:80]!r}); use noise 0 for this tag")
+                         f"describes its actions in prose ({env.action_description()[:80]!r}); use noise 0 for "
+                         "this tag")
     action, from_expert = None, False
     if demo.rng.random() >= noise:
         try:
-            action, from_expert = env.expert_action(), True
+            action = env.expert_action() if demonstrator is None else demonstrator(env, demo.rng)
+            from_expert = True
         except RuntimeError:  # no solution from here (e.g. a noisy push stuck a Sokoban box): act randomly
             action = None
     if action is None:

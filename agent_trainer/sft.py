@@ -49,7 +49,8 @@ from agent_trainer.config import errors as config_errors
 from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
 from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
-                                          play_demonstrations, read_jsonl, write_jsonl)
+                                          play_demonstrations, read_jsonl, resolve_demonstrator,
+                                          write_jsonl)
 from agent_trainer.es_manager import VAL_SEED_OFFSET
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
 from agent_trainer.tracking import Tracking, timer
@@ -170,7 +171,8 @@ def build_data(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, tokenizer
 def make_demonstrations(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, ctx) -> list[Demonstration]:
     """Play ``data.num_episodes`` expert episodes per tag, as the RL rollout would lay them out."""
     tags = list(cfg.data.tags or rl.es_manager.train.tags)
-    check_demo_tags(tags, env_tags)
+    demonstrator = resolve_demonstrator(cfg.data.demonstrator)
+    check_demo_tags(tags, env_tags, expert=demonstrator is None, noise_actions=list(cfg.data.noise_actions))
     tag_cfgs = normalize_tags(env_tags)
     response_length = rl.actor_rollout_ref.rollout.response_length
     episodes = [DemoEpisode(tag, cfg.data.seed + i) for tag in tags for i in range(cfg.data.num_episodes)]
@@ -178,7 +180,8 @@ def make_demonstrations(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, 
         ctx, env_tags, episodes, max_turn=rl.agent_proxy.max_turn,
         turn_budget={tag: min(tag_cfgs[tag].max_tokens, response_length) for tag in tags},
         noise=cfg.data.noise, noise_seed=cfg.data.seed, format_penalty=rl.es_manager.format_penalty,
-        max_actions_per_turn=rl.es_manager.max_actions_per_turn)
+        max_actions_per_turn=rl.es_manager.max_actions_per_turn, noise_actions=list(cfg.data.noise_actions),
+        demonstrator=demonstrator)
 
 
 def split_held_out(items: list, val_fraction: float, seed: int) -> tuple[list, list]:

@@ -136,6 +136,22 @@ def describe_surroundings(desc: list[str], row: int, col: int) -> str:
     return f"{', '.join(around)}. The goal is {' and '.join(ways) or 'here'}."
 
 
+def step_into_holes(env: "FrozenLakeEnv", rng) -> str:
+    """A scripted demonstrator that reads the map with the opposite aim: Down or Right onto an adjacent hole
+    when there is one (Down first), else Down or Right at random (staying on the map when it can).
+
+    SFT on its episodes (``data.demonstrator=envs.frozen_lake:step_into_holes``) gives a warm start that reads
+    the surroundings but wants the wrong thing; RL from the task's reward must re-aim it (docs/tiny_model.md)."""
+    row, col = env.position
+    size = len(env.desc)
+    inside = [name for name in ("Down", "Right")
+              if 0 <= row + MOVES[name][0] < size and 0 <= col + MOVES[name][1] < size]
+    holes = [name for name in inside if env.desc[row + MOVES[name][0]][col + MOVES[name][1]] == "H"]
+    if holes:
+        return holes[0]
+    return rng.choice(inside or ["Down", "Right"])
+
+
 class FrozenLakeEnv(GymnasiumTextEnv):
     """FrozenLake on a random solvable map per seed, rendered as a text grid."""
 

@@ -51,9 +51,13 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     if data.source == "demonstrations" and (data.train_files or data.val_files):
         raise ValueError(f"data.train_files = {data.train_files} / data.val_files = {data.val_files} are read only "
                          "with data.source=jsonl; set data.source=jsonl or drop the files")
-    if data.source == "jsonl" and (data.tags or data.noise):
-        raise ValueError(f"data.tags = {data.tags} / data.noise = {data.noise} apply to data.source=demonstrations "
-                         "only; drop them with data.source=jsonl")
+    if data.source == "jsonl" and (data.tags or data.noise or data.noise_actions or data.demonstrator != "expert"):
+        raise ValueError(f"data.tags = {data.tags} / data.noise = {data.noise} / data.noise_actions = "
+                         f"{data.noise_actions} / data.demonstrator = {data.demonstrator!r} apply to "
+                         "data.source=demonstrations only; drop them with data.source=jsonl")
+    if data.noise_actions and not data.noise:
+        raise ValueError(f"data.noise_actions = {list(data.noise_actions)} is what noisy turns draw from, but "
+                         "data.noise = 0 makes none; set data.noise (1.0 = a format-only warm start) or drop it")
 
 
 def check_against_rl(cfg: SFTConfig, world_size: int, ctx_mode: str, val_seeds: range) -> None:

@@ -37,6 +37,14 @@ class SFTDataConfig:
     noise: float = 0.0
     """demonstrations: the fraction of turns whose action is a random valid action instead of the expert's
     (seeded), for a deliberately imperfect warm start."""
+    noise_actions: list[str] = field(default_factory=list)
+    """demonstrations: the actions a noisy turn draws from (each must be one of the tag's valid actions);
+    [] = all of them. With noise 1.0 this is a format-only warm start: replies in format, moves drawn from
+    these actions, nothing learned about the maps (e.g. [Down, Right] on FrozenLake)."""
+    demonstrator: str = "expert"
+    """demonstrations: who picks the non-noisy moves: expert (the environment's ``expert_action``) or the
+    import path "package.module:function" of a scripted policy ``function(env, rng) -> action`` (e.g.
+    ``envs.frozen_lake:step_into_holes``, a policy that reads the map with the opposite aim)."""
     seed: int = 0
     """First demonstration seed; also seeds the noise and the train/held-out split. Demonstration seeds must stay
     out of the RL config's validation seeds (es_manager.seed + 2**30 + group)."""

@@ -8,7 +8,8 @@ import pytest
 
 from agent_trainer.ctx_manager import ContextManager
 from agent_trainer.demonstrations import (DemoEpisode, check_demo_tags, check_messages, encode_conversation,
-                                          play_demonstrations, read_jsonl, reply_text, write_jsonl)
+                                          play_demonstrations, read_jsonl, reply_text, resolve_demonstrator,
+                                          write_jsonl)
 from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
 from envs import load_env_tags, make_env
 from envs.experts import sokoban_solve
@@ -174,3 +175,50 @@ def test_a_custom_system_prompt_keeps_the_reply_mask(ctx_mgr, tokenizer):
     assert text == reply_text("Down") + "<|im_end|>" + reply_text("Right") + "<|im_end|>"
     assert tokenizer.decode(ids).startswith("<|im_start|>system\nBe brief.<|im_end|>")
 
+
+
+def test_a_format_only_start_replies_in_format_with_only_the_configured_actions(ctx_mgr, tokenizer):
+    """noise 1.0 + noise_actions [Down, Right]: every reply is the answer format around one of the two moves, so
+    the warm start learns the format and the goal's rough direction, nothing about the maps."""
+    demos = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("FrozenLakeNoDeadEnds", s) for s in range(12)],
+                                max_turn=6, turn_budget={"FrozenLakeNoDeadEnds": 64}, noise=1.0,
+                                noise_actions=["Down", "Right"])
+    actions = [a for d in demos for a in d.actions]
+    assert set(actions) == {"Down", "Right"} and not any(e for d in demos for e in d.expert)
+    replies = [m["content"] for d in demos for m in d.messages if m["role"] == "assistant"]
+    assert replies == [reply_text(a) for a in actions]
+
+
+def test_noise_actions_outside_the_tags_actions_are_refused():
+    with pytest.raises(ValueError, match=r"data.noise_actions = \['Down', 'Jump'\]: \['Jump'\] not among"):
+        check_demo_tags(["FrozenLake3x3"], TAGS, noise_actions=["Down", "Jump"])
+
+
+def test_a_scripted_demonstrator_reads_the_map_with_its_own_aim(ctx_mgr):
+    """envs.frozen_lake:step_into_holes steps onto an adjacent Down/Right hole whenever there is one."""
+    demonstrator = resolve_demonstrator("envs.frozen_lake:step_into_holes")
+    demos = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("FrozenLakeNoDeadEnds", s) for s in range(16)],
+                                max_turn=6, turn_budget={"FrozenLakeNoDeadEnds": 64}, demonstrator=demonstrator)
+    for demo in demos:
+        env = make_env("FrozenLakeNoDeadEnds", TAGS)
+        env.reset(seed=demo.seed)
+        for action in demo.actions:
+            row, col = env.position
+            below = row + 1 < len(env.desc) and env.desc[row + 1][col] == "H"
+            right = col + 1 < len(env.desc) and env.desc[row][col + 1] == "H"
+            assert action in ("Down", "Right")
+            if below:
+                assert action == "Down"
+            elif right:
+                assert action == "Right"
+            env.step(action)
+
+
+@pytest.mark.parametrize("name, match", [
+    ("envs.frozen_lake:no_such_policy", "could not be imported"),
+    ("nobody", "neither expert nor an import path"),
+    ("envs.frozen_lake:ACTIONS", "is not callable"),
+])
+def test_a_bad_demonstrator_is_refused_naming_the_key(name, match):
+    with pytest.raises(ValueError, match=rf"data.demonstrator = {name!r} .*{match}"):
+        resolve_demonstrator(name)

@@ -46,9 +46,13 @@ def test_the_frozenlake_config_plays_demonstrations_in_the_rl_format(tiny_model_
     ("data.seed=1073741820", "reaches the RL validation seeds [1073741824, 1073741952)"),
     ("data.tags=[Countdown]", "data.noise = 0.3 needs a list of valid actions"),
     ('rl_overrides=["es_manager.train.env_configs.tags=[Bandit]"]', None),
+    ("data.noise=0 data.noise_actions=[Down,Right]", "data.noise_actions = ['Down', 'Right'] is what noisy turns draw from, "
+                                        "but data.noise = 0 makes none"),
+    ("data.demonstrator=envs.frozen_lake:nothing", "data.demonstrator = 'envs.frozen_lake:nothing' could not be "
+                                                   "imported"),
 ])
 def test_mistakes_are_refused_in_one_line(tiny_model_path, override, expected):
-    overrides = [override] + (["data.noise=0.3"] if "Countdown" in override else [])
+    overrides = override.split(" ") + (["data.noise=0.3"] if "Countdown" in override else [])
     if expected is None:  # Bandit has an expert: a warm start for it is allowed
         assert _compose(tiny_model_path, *overrides).data.demos["train"][0].tag == "Bandit"
         return
