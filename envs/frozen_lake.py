@@ -205,6 +205,31 @@ class FrozenLakeEnv(GymnasiumTextEnv):
             lines.append(describe_surroundings(self.desc, row, col))
         return "\n".join(lines)
 
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        """The gymnasium step, plus the reading diagnostic ``chose_hole`` on the turns that test reading.
+
+        When exactly one of the Down and Right neighbours is a hole and the other is on the map and safe, the
+        info carries ``chose_hole`` = 1.0 if the move went onto that hole, else 0.0 (absent on other turns). Its
+        mean is logged as ``env/<tag>/chose_hole`` (``val/env/<tag>/chose_hole`` at validation): about 0.5 for
+        a policy blind to the map, 0 for one that reads the surroundings and avoids holes, 1 for one that
+        seeks them."""
+        hole = self._the_one_down_right_hole()
+        observation, reward, done, info = super().step(action)
+        if hole is not None:
+            info["chose_hole"] = float(self.position == hole)
+        return observation, reward, done, info
+
+    def _the_one_down_right_hole(self) -> tuple[int, int] | None:
+        """The Down or Right neighbour that is a hole when exactly one of the two is (both on the map)."""
+        if self._gym is None or self._done:
+            return None
+        row, col = self.position
+        size = len(self.desc)
+        if row + 1 >= size or col + 1 >= size or self.desc[row][col] in "HG":
+            return None
+        holes = [(r, c) for r, c in ((row + 1, col), (row, col + 1)) if self.desc[r][c] == "H"]
+        return holes[0] if len(holes) == 1 else None
+
     def legend(self) -> str:
         """Symbols used by render()."""
         return LEGEND

@@ -111,6 +111,7 @@ def test_render_legend_and_rewards():
     assert env.action_description() == "Left | Down | Right | Up"
     # Moving left from the start corner hits the wall: valid but not effective.
     _, reward, done, info = env.step("Left")
+    info.pop("chose_hole", None)  # the reading diagnostic, tested below
     assert info == {"success": False, "action_is_valid": True, "action_is_effective": False}
     assert (reward, done) == (0.0, False)
     success, _ = run_expert(env, 0)
@@ -201,3 +202,28 @@ def test_describe_surroundings_is_off_by_default_and_validated_by_the_tag():
     env = envs.make_env("FrozenLakeDescribed", tags)
     assert env.config.describe_surroundings and env.config.size == 4 and not env.config.is_slippery
     assert "Left: wall" in env.reset(seed=1)
+
+
+def test_chose_hole_is_reported_exactly_where_one_of_down_and_right_is_a_hole():
+    """The reading diagnostic: on every state of many maps, a move Down and a move Right report chose_hole only
+    when exactly one of the two neighbours is a hole, with 1.0 for the move onto it."""
+    seen = {0.0: 0, 1.0: 0}
+    for seed in range(60):
+        probe = FrozenLakeEnv(FrozenLakeConfig(size=4, p=0.7))
+        probe.reset(seed=seed)
+        desc = probe.desc
+        for row, col in itertools.product(range(3), range(3)):
+            if desc[row][col] in "HG":
+                continue
+            below, right = desc[row + 1][col] == "H", desc[row][col + 1] == "H"
+            for action, onto_hole in (("Down", below), ("Right", right)):
+                env = FrozenLakeEnv(FrozenLakeConfig(size=4, p=0.7, map_seed=seed))
+                env.reset(seed=seed)
+                env._gym.unwrapped.s = row * 4 + col  # stand on (row, col)
+                info = env.step(action)[3]
+                if below != right:
+                    assert info["chose_hole"] == float(onto_hole)
+                    seen[float(onto_hole)] += 1
+                else:
+                    assert "chose_hole" not in info
+    assert min(seen.values()) > 20
