@@ -96,19 +96,21 @@ chromium:
 	      || echo "apt-get could not install chromium; the viewer's browser tests are skipped"; \
 	  else echo "chromium missing (apt-get install chromium); the viewer's browser tests are skipped"; fi; }
 
-# make train: SFT warm start on deliberately imperfect expert demonstrations (reused once it exists;
-# delete $(SFT_RUN) to redo it), then PPO + GAE from it, then the held-out comparison table
-# (SFT start, RL end, baselines computed by bench/baselines.py on the same seeds).
-SFT_RUN := outputs/agent_trainer/sft_frozenlake
+# make train: a warm start that knows the reply format but steps into holes (SFT on a careless walker's moves;
+# reused once it exists, delete $(SFT_RUN) to redo it), then GiGPO from the task's reward alone on FrozenLake maps
+# where reading the map pays, then the held-out comparison table (start, RL end, baselines computed by
+# bench/baselines.py on the same seeds) and learning_summary.json in the RL run's folder.
+SFT_RUN := outputs/agent_trainer/sft_frozenlake_nodeadends
+TRAIN_CONFIG := frozenlake_nodeadends
 
-$(SFT_RUN)/final/config.json: $(MODEL)/build_info.json config/sft_frozenlake.yaml
-	$(PY) -m agent_trainer.sft --config-name sft_frozenlake
+$(SFT_RUN)/final/config.json: $(MODEL)/build_info.json config/sft_frozenlake_nodeadends.yaml config/sft_frozenlake.yaml
+	$(PY) -m agent_trainer.sft --config-name sft_frozenlake_nodeadends
 
 # The clock of learning_summary.json's wall_s starts after the venv install (train-clock runs after install).
 train: install train-clock model $(SFT_RUN)/final/config.json
-	$(PY) -m agent_trainer.main --config-name frozenlake model_path=$(SFT_RUN)/final trainer.resume_mode=disable \
+	$(PY) -m agent_trainer.main --config-name $(TRAIN_CONFIG) model_path=$(SFT_RUN)/final trainer.resume_mode=disable \
 	  trainer.val_before_train=true $(ARGS)
-	$(PY) bench/baselines.py --config-name frozenlake --sft-dir $(SFT_RUN) --started-at "$$(cat $(VENV)/.train-started)" $(ARGS)
+	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --sft-dir $(SFT_RUN) --started-at "$$(cat $(VENV)/.train-started)" $(ARGS)
 
 train-clock: install
 	@date +%s > $(VENV)/.train-started
