@@ -67,7 +67,7 @@ class Demonstration:
     actions: list[str]
     """The action of each turn's answer."""
     expert: list[bool]
-    """Per turn: True when the action was the expert's, False when ``noise`` replaced it."""
+    """Per turn: True when the action was the demonstrator's (the expert's by default), False when ``noise`` replaced it."""
     success: bool
     reward: float
     """The episode's total reward (env rewards and format penalties)."""

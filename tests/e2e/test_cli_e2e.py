@@ -22,7 +22,8 @@ TINY = ["trainer.total_training_steps=1", "trainer.test_freq=0", "agent_proxy.ma
         "actor_rollout_ref.rollout.response_length=16"]
 
 
-def check_records(records: list[dict], extra: list[str], expect_critic: bool) -> None:
+def check_records(records: list[dict], extra: list[str], expect_critic: bool,
+                  env_tag: str = "FrozenLakeDescribed") -> None:
     """The run's metrics: every step logged once, finite, from the algorithm and env tag the config names."""
     record = records[-1]
     steps = 2 if "trainer.total_training_steps=2" in extra else 1
@@ -30,8 +31,8 @@ def check_records(records: list[dict], extra: list[str], expect_critic: bool) ->
     assert all(math.isfinite(r["critic/advantages_mean"]) and r["rollout/nonfinite_dropped"] == 0 for r in records)
     assert ("critic/vf_loss" in record) == expect_critic
     assert "actor/kl_loss" not in record and "actor/reward_kl_penalty" not in record  # no KL term in these configs
-    tags = [t for t in ("FrozenLakeDescribed", "GuessNumber") if f"env/{t}/num_actions" in record]
-    assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else ["FrozenLakeDescribed"])
+    tags = [t for t in ("FrozenLakeDescribed", "FrozenLakeNoDeadEnds", "GuessNumber") if f"env/{t}/num_actions" in record]
+    assert tags == (["GuessNumber"] if any("GuessNumber" in e for e in extra) else [env_tag])
 
 
 @pytest.mark.e2e
@@ -51,6 +52,8 @@ def check_records(records: list[dict], extra: list[str], expect_critic: bool) ->
         # two steps each by config only
         ("frozenlake_gigpo", ["trainer.total_training_steps=2"], False),
         ("frozenlake_remax", ["trainer.total_training_steps=2"], False),
+        # make train's RL config (GiGPO, 8 episodes per map, on the maps without dead ends)
+        ("frozenlake_nodeadends", ["trainer.total_training_steps=2"], False),
     ],
 )
 def test_config_trains(tiny_model_path, tmp_path, config_name, extra, expect_critic):
@@ -58,7 +61,8 @@ def test_config_trains(tiny_model_path, tmp_path, config_name, extra, expect_cri
     (bi-level GAE with the GSPO loss: test_rewards_e2e's align-anything config file)."""
     train_here(config_name, tiny_model_path, tmp_path / "run", *TINY, *extra)
     records = metrics_records(tmp_path / "run")
-    check_records(records, extra, expect_critic)
+    check_records(records, extra, expect_critic,
+                  "FrozenLakeNoDeadEnds" if config_name == "frozenlake_nodeadends" else "FrozenLakeDescribed")
     record = records[-1]
     if config_name == "frozenlake_grpo_multiturn":
         assert record["rollout/filter_kept_ratio"] == 0.5
