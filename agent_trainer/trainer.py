@@ -14,6 +14,7 @@ to a whole number of that group's mini-batches (:func:`pad_for_update`).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -176,7 +177,7 @@ class AgentTrainer:
             logger.warning("%s already holds step %d of %d: nothing to train (raise trainer.total_training_steps, "
                            "or start over with trainer.resume_mode=disable)", self.run_dir, self.global_step,
                            cfg.total_training_steps)
-        bar = tqdm(steps, desc="training", disable=not cfg.progress_bar, dynamic_ncols=True,
+        bar = tqdm(steps, desc="training", disable=not show_progress_bar(cfg.progress_bar), dynamic_ncols=True,
                    initial=self.global_step, total=cfg.total_training_steps)
         for step in bar:
             self.global_step = step
@@ -460,6 +461,14 @@ class AgentTrainer:
             self.tracking.ensure_logged(state.metrics, step=state.global_step)
         logger.info("resumed from %s: step %d done, continuing at step %d of %d", path, state.global_step,
                     state.global_step + 1, self.cfg.trainer.total_training_steps)
+
+
+def show_progress_bar(wanted: bool, stream=None) -> bool:
+    """Whether the step bar is drawn: ``trainer.progress_bar`` and tqdm's stream (stderr) is a terminal. Written to
+    a file (``make train > log``, ``ray job submit`` logs), the log gets the console logger's one line per step
+    (``tracking.format_metrics``) and no bar redraws."""
+    stream = sys.stderr if stream is None else stream
+    return bool(wanted) and hasattr(stream, "isatty") and stream.isatty()
 
 
 def make_kl_ctrl(cfg: AgentTrainerConfig) -> core_algos.AdaptiveKLController | core_algos.FixedKLController | None:
