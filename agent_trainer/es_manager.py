@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from agent_trainer.config.envs import EnvGroupsConfig
+from agent_trainer.config.splits import Split
 from envs import BaseEnv, EnvTagConfig, make_env
 from envs.registry import normalize_tags
 
@@ -61,11 +62,11 @@ def plan_episodes(split_cfg: EnvGroupsConfig) -> list[EpisodeSpec]:
     ]
 
 
-def group_seeds(split: str, num_groups: int, reset_index: int, base_seed: int) -> list[int]:
+def group_seeds(split: Split | str, num_groups: int, reset_index: int, base_seed: int) -> list[int]:
     """One seed per group: training seeds advance with reset_index, validation seeds are fixed."""
-    if split == "val":
+    if split == Split.VAL:
         return [base_seed + VAL_SEED_OFFSET + g for g in range(num_groups)]
-    if split != "train":
+    if split != Split.TRAIN:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     last = (reset_index + 1) * num_groups
     if reset_index < 0 or last > VAL_SEED_OFFSET:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from agent_trainer import cli_args
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config.splits import Split
 from agent_trainer.worker_registry import worker_api
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def run_pass(cfg: AgentTrainerConfig, tokenizer, engines, env_worker_cls, env_ta
     from agent_trainer.rollout import SyncMultiTurnRollout
     from agent_trainer.trajectories import write_step
 
-    rollout = SyncMultiTurnRollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split="val",
+    rollout = SyncMultiTurnRollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split=Split.VAL,
                                    num_env_actors=cfg.agent_proxy.num_env_actors)
     try:
         result = rollout.rollout(0)

@@ -64,6 +64,7 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.envs import EnvGroupsConfig
+from agent_trainer.config.splits import Split
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.env_pool import EnvActorPool, PendingCall
 from agent_trainer.es_manager import EnvInput, EpisodeSpec, group_seeds, plan_episodes
@@ -71,9 +72,8 @@ from envs.registry import normalize_tags
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "remax_baseline")
-"""Which episodes a rollout plays: the training groups, the validation groups, or one greedy
-episode per training group replaying the training step's group seeds (ReMax's baseline)."""
+SPLITS: tuple[Split, ...] = tuple(Split)
+"""Every :class:`~agent_trainer.config.splits.Split`, in the order :func:`episode_seed` numbers them."""
 
 
 @dataclass
@@ -111,14 +111,14 @@ class SyncMultiTurnRollout:
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
-                 split: str = "train", num_env_actors: int = 2, on_engine_restart: Callable[[], object] | None = None,
-                 agent_cls: type[Agent] | None = None):
+                 split: Split | str = Split.TRAIN, num_env_actors: int = 2,
+                 on_engine_restart: Callable[[], object] | None = None, agent_cls: type[Agent] | None = None):
         self.cfg = cfg
-        self.split = split
+        self.split_cfg = split_config(cfg, split)
+        self.split = Split(split)
         self.engines = engines
         self.on_engine_restart = on_engine_restart
         """Called after an engine died (Ray restarts it from the checkpoint on disk): re-sync the weights."""
-        self.split_cfg = split_config(cfg, split)
         tag_cfgs = normalize_tags(env_tags)
         response_length = cfg.actor_rollout_ref.rollout.response_length
         self.turn_budget: dict[str, int] = {tag: min(tag_cfgs[tag].max_tokens, response_length)
@@ -138,7 +138,7 @@ class SyncMultiTurnRollout:
         shards = [s for s in shards if s]
         es = cfg.es_manager
         self.env_pool = EnvActorPool(
-            env_worker_cls, split, [[self.episodes[i] for i in shard] for shard in shards],
+            env_worker_cls, self.split, [[self.episodes[i] for i in shard] for shard in shards],
             dict(tags=env_tags, format_penalty=es.format_penalty, action_sep=es.action_sep,
                  max_actions_per_turn=es.max_actions_per_turn, max_observation_chars=es.max_observation_chars),
             max_concurrency=max(len(g) for g in group_shards) if self.barrier_free else 1)
@@ -148,7 +148,7 @@ class SyncMultiTurnRollout:
         """(env tag, exception type) pairs already logged with their text: each is logged once per run."""
         self.num_resets = 0
         """Resets this split's rollouts have used (a prefetched one counts once its rollout takes it)."""
-        self.prefetch_reset = es.prefetch_reset and split == "train"
+        self.prefetch_reset = es.prefetch_reset and self.split is Split.TRAIN
         """Reset the env actors for the next rollout as soon as this one is done (``es_manager.prefetch_reset``)."""
         self._pending_reset: tuple[list[int], PendingCall] | None = None
         """The next rollout's reset, started at the end of the last one: (group seeds, the call)."""
@@ -162,9 +162,9 @@ class SyncMultiTurnRollout:
     def sampling_params(self) -> SamplingParams:
         """Training sampling, the ``val_kwargs`` for the val split, greedy for the ReMax baseline."""
         r = self.cfg.actor_rollout_ref.rollout
-        if self.split == "train":
+        if self.split is Split.TRAIN:
             return SamplingParams(max_tokens=r.response_length, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
-        if self.split == "remax_baseline":
+        if self.split is Split.REMAX_BASELINE:
             return SamplingParams(max_tokens=r.response_length, temperature=0.0)
         return SamplingParams(max_tokens=r.response_length, temperature=r.val_kwargs.temperature,
                               top_p=r.val_kwargs.top_p)
@@ -177,7 +177,7 @@ class SyncMultiTurnRollout:
 
     def upcoming_group_seeds(self) -> list[int]:
         """The seeds :meth:`next_group_seeds` returns next, without counting them (a prefetched reset's)."""
-        if self.split == "remax_baseline":
+        if self.split is Split.REMAX_BASELINE:
             raise ValueError("the remax_baseline split replays the training groups' initial states; "
                              "call rollout(step, seeds=<the training rollout's group_seeds>)")
         return group_seeds(self.split, self.split_cfg.env_groups, self.num_resets, self.cfg.es_manager.seed)
@@ -241,7 +241,7 @@ class SyncMultiTurnRollout:
         check_batch_contract(batch, self.last_generations, type(self.ctx).__qualname__, self.describe_episode)
         batch.meta["temperature"] = sampling.temperature if sampling.temperature > 0 else 1.0
         batch.meta["group_seeds"] = list(seeds)
-        prefix = METRIC_PREFIX[self.split]
+        prefix = self.split.metric_prefix
         metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
         metrics.update(self.faults.metrics(prefix))
         metrics[f"{prefix}/engine_failures"] = float(self.engine_failures)
@@ -594,26 +594,22 @@ def get_or_kill(refs: list, engines: list, timeout_s: float) -> list:
     return ray.get(refs)
 
 
-METRIC_PREFIX = {"train": "rollout", "val": "val", "remax_baseline": "remax_baseline"}
-"""Metric prefix of each split (the trainer reports the ReMax baseline as ``rollout/remax_baseline_*``)."""
-
-
-def trainer_splits(cfg: AgentTrainerConfig) -> tuple[str, ...]:
+def trainer_splits(cfg: AgentTrainerConfig) -> tuple[Split, ...]:
     """The splits a training run plays, each with env actors of its own: train; val only when the run validates
     (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; the greedy baseline split
     when the estimator reads ``reward_baselines`` (ReMax)."""
-    return (("train",) + (("val",) if cfg.trainer.test_freq > 0 else ())
-            + (("remax_baseline",) if core_algos.estimator_spec(core_algos.estimator(cfg.algorithm)).greedy_baseline
+    return ((Split.TRAIN,) + ((Split.VAL,) if cfg.trainer.test_freq > 0 else ())
+            + ((Split.REMAX_BASELINE,) if core_algos.estimator_spec(core_algos.estimator(cfg.algorithm)).greedy_baseline
                else ()))
 
 
-def split_config(cfg: AgentTrainerConfig, split: str) -> EnvGroupsConfig:
+def split_config(cfg: AgentTrainerConfig, split: Split | str) -> EnvGroupsConfig:
     """The groups a split plays; remax_baseline: the training groups with one episode each."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    if split == "remax_baseline":
+    if split == Split.REMAX_BASELINE:
         return dataclasses.replace(cfg.es_manager.train, group_size=1)
-    return cfg.es_manager.train if split == "train" else cfg.es_manager.val
+    return cfg.es_manager.train if split == Split.TRAIN else cfg.es_manager.val
 
 
 def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]) -> tuple[list, int]:
@@ -645,13 +641,13 @@ def make_context_manager(cfg: AgentTrainerConfig, tokenizer, agent_cls: type[Age
     return resolve_agent_cls(cfg, agent_cls).from_config(cfg, tokenizer)
 
 
-def sampling_seed(base_seed: int, split: str, step: int, turn: int) -> int:
+def sampling_seed(base_seed: int, split: Split | str, step: int, turn: int) -> int:
     """The engines' sampling seed for one turn: a pure function of (base seed, split, step, turn)."""
-    key = [base_seed, 0 if split == "train" else 1, step, turn]
+    key = [base_seed, 0 if split == Split.TRAIN else 1, step, turn]
     return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x3FFFFFFF)
 
 
-def episode_seed(base_seed: int, split: str, step: int, env_id: int, turn: int) -> int:
+def episode_seed(base_seed: int, split: Split | str, step: int, env_id: int, turn: int) -> int:
     """One episode's sampling seed for one turn (``rollout.mode=async``): a pure function of its arguments."""
     key = [base_seed, SPLITS.index(split), step, turn, env_id]
     return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x3FFFFFFF)

@@ -28,6 +28,7 @@ from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.overlap import RolloutPrefetch
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
@@ -273,7 +274,7 @@ class AgentTrainer:
         if self.cfg.trainer.max_off_policy_steps and step <= self.cfg.trainer.total_training_steps:
             self.prefetch.start(step, self.collect, resets=self.train_rollout.num_resets)
 
-    def score_with_reward_model(self, batch: TensorBatch, split: str = "train",
+    def score_with_reward_model(self, batch: TensorBatch, split: Split = Split.TRAIN,
                                 step: int | None = None) -> dict[str, float]:
         """Add ``reward_model.reward_weight x score`` on every episode's last generated token (before shaping).
 
@@ -291,7 +292,7 @@ class AgentTrainer:
         if rm_cfg.dump_scores:
             reward_model.dump_scores(self.run_dir / reward_model.dump_name(split),
                                      self.global_step if step is None else step, texts, scores)
-        return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == "train" else
+        return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == Split.TRAIN else
                                           f"{split}/reward_model")
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
@@ -402,7 +403,7 @@ class AgentTrainer:
         """Greedy rollouts on the held-out validation seeds, scored by the reward model when it is on."""
         result = self.val_rollout.rollout(self.global_step)
         if self.rm_wg is not None:
-            result.metrics.update(self.score_with_reward_model(result.batch, split="val"))
+            result.metrics.update(self.score_with_reward_model(result.batch, split=Split.VAL))
         return result.metrics
 
     def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
@@ -437,12 +438,12 @@ class AgentTrainer:
         checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
         return final
 
-    def env_resets(self) -> dict[str, int]:
+    def env_resets(self) -> dict[Split, int]:
         """Each split's reset counter as of the steps trained so far: a prefetched rollout's draw is not counted,
         so a run resumed from here plays that step from the same initial states."""
         resets = {split: rollout.num_resets for split, rollout in self.rollouts.items()}
         if self.prefetch.pending is not None:
-            resets["train"] = self.prefetch.pending.resets
+            resets[Split.TRAIN] = self.prefetch.pending.resets
         return resets
 
     def load_checkpoint(self, path: Path) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_trainer.batch import TensorBatch
+from agent_trainer.config.splits import Split
 from agent_trainer.viewer import write_viewer
 
 
@@ -52,7 +53,7 @@ class EpisodeRecord:
     """One episode of one step, as the viewer shows it."""
 
     step: int
-    split: str
+    split: Split
     tag: str
     env_id: int
     group_id: int
@@ -67,6 +68,7 @@ class EpisodeRecord:
         """Parse one JSONL line."""
         data = json.loads(line)
         data["turns"] = [TurnRecord(**t) for t in data["turns"]]
+        data["split"] = Split(data["split"])
         return cls(**data)
 
 
@@ -156,7 +158,7 @@ def write_step(run_dir: str | Path, step: int, split: str, states: list[dict], b
     rows = rows_by_episode(batch, fallback)
     records = [episode_record(s, rows.get(int(s["env_id"]), []), tokenizer, step, split)
                for s in sample_states(states, per_tag)]
-    path = folder / (f"step_{step}.jsonl" if split == "train" else f"{split}_step_{step}.jsonl")
+    path = folder / (f"step_{step}.jsonl" if split == Split.TRAIN else f"{split}_step_{step}.jsonl")
     path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))
     write_viewer(folder, read_records(folder))
     return path
