@@ -136,6 +136,7 @@ class MultiTurnRollout:
         episodes whose first prompt already overflows ``max_model_len``, have no turn to
         train on and are left out too (``<prefix>/reset_failures``, ``<prefix>/context_overflow_rate``).
         """
+        self.resets.cfg = self.cfg  # the config as it is now (a caller may have swapped it since the last rollout)
         seeds = self.next_group_seeds() if seeds is None else list(seeds)
         sampling = self.sampling_params()
         self.last_generations = defaultdict(list)
