@@ -378,7 +378,7 @@ class AgentTrainer:
             row = int(bad.nonzero()[0])
             raise RuntimeError(
                 f"non-finite advantages or returns in {int(bad.sum())} of {len(batch)} rows, the first in "
-                f"{self.train_rollout.describe_episode(int(batch['traj_uid'][row]), batch.meta.get('group_seeds'))}; "
+                f"{self.train_rollout.describe_episode(int(batch['traj_uid'][row]), batch.meta.group_seeds or None)}; "
                 "every reward was finite after the rollout, so look at the critic's values, the KL-in-reward term "
                 "and the estimator's inputs")
 

@@ -80,8 +80,8 @@ def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int
     episodes, dropped = screen_nonfinite(played, cfg.algorithm.nonfinite_reward, describe)
     batch = agent.build_update_batch(episodes)
     check_batch_contract(batch, generations, type(agent).__qualname__, describe)
-    batch.meta["temperature"] = temperature if temperature > 0 else 1.0
-    batch.meta["group_seeds"] = list(seeds)
+    batch.meta.temperature = temperature if temperature > 0 else 1.0
+    batch.meta.group_seeds = list(seeds)
     prefix = split.metric_prefix
     metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
     metrics.update(faults.metrics(prefix))

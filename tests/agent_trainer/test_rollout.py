@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.batch import BatchMeta, TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.checks.load import load_config
 from agent_trainer.ctx_manager import EpisodeContext
@@ -63,7 +63,7 @@ def test_nonfinite_advantages_stop_the_step_naming_the_episode():
     trainer = SimpleNamespace(train_rollout=SimpleNamespace(
         describe_episode=lambda env_id, seeds: f"env_id {env_id} (group seed {seeds[0]})"))
     batch = TensorBatch({"response_mask": torch.tensor([[0, 1, 1], [0, 1, 0]]), "traj_uid": torch.tensor([4, 9])},
-                        meta={"group_seeds": [7]})
+                        meta=BatchMeta(group_seeds=[7]))
     finite = torch.zeros(2, 3)
     AgentTrainer.check_finite(trainer, batch, finite, finite)
     outside_mask = finite.clone()
