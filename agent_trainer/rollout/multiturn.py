@@ -149,7 +149,7 @@ class MultiTurnRollout:
         faults.count_call(call)
         if self.resets.prefetch and step < self.cfg.trainer.total_training_steps:
             self.resets.start_next()  # the env actors reset while the batch is built and the step trains
-        states = [s for s in call.results if s["env_id"] in ctxs]
+        states = [s for s in call.results if s.env_id in ctxs]
         return assemble(self.cfg, self.ctx, self.split, ctxs, states, seeds=seeds, temperature=sampling.temperature,
                         faults=faults, reset_prefetched=self.resets.was_prefetched,
                         generations=self.last_generations, timings=loop.timings, describe=self.describe_episode,

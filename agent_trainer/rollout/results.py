@@ -19,6 +19,7 @@ from agent_trainer.condensed_ctx import CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.ctx_manager import EpisodeContext
+from agent_trainer.es_manager import EpisodeState
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class RolloutResult:
 
     batch: TensorBatch
     metrics: dict[str, float]
-    states: list[dict]
+    states: list[EpisodeState]
     group_seeds: list[int] = field(default_factory=list)
     """The seed each group (``uid``) was reset with; the remax_baseline split replays them."""
 
@@ -67,7 +68,7 @@ class RolloutFaults:
 
 
 def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int, EpisodeContext | CondensedEpisode],
-             states: list[dict], *, seeds: list[int], temperature: float, faults: RolloutFaults,
+             states: list[EpisodeState], *, seeds: list[int], temperature: float, faults: RolloutFaults,
              reset_prefetched: bool, generations: dict[int, list[list[int]]], timings: profiling.TurnTimings,
              describe: Callable[[int], str], num_episodes: int) -> RolloutResult:
     """The batch of the episodes that played a turn (``algorithm.nonfinite_reward`` screens them,
@@ -114,7 +115,7 @@ def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]
     return kept, len(bad)
 
 
-def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[dict],
+def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[EpisodeState],
                     prefix: str) -> dict[str, float]:
     """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics.
 
@@ -133,13 +134,13 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
     m[f"{prefix}/truncated_rate"] = float(np.mean([e.truncated for e in episodes]))
     m[f"{prefix}/context_overflow_rate"] = float(np.mean([e.context_overflow for e in episodes]))
     m[f"{prefix}/format_error_rate"] = float(sum(e.format_errors for e in episodes) / max(1, sum(turns)))
-    success = [bool(s.get("metrics", {}).get("success", False)) for s in states]
+    success = [bool(s.metrics.get("success", False)) for s in states]
     m[f"{prefix}/success_rate"] = float(np.mean(success)) if success else 0.0
     by_tag: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in states:
-        for key, value in s.get("metrics", {}).items():
+        for key, value in s.metrics.items():
             if isinstance(value, (bool, int, float)):
-                by_tag[s["tag"]][key].append(float(value))
+                by_tag[s.tag][key].append(float(value))
     env_prefix = "env" if prefix == "rollout" else f"{prefix}/env"
     for tag, values in by_tag.items():
         for key, vals in values.items():
