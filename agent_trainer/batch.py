@@ -27,23 +27,44 @@ vocabulary (``workers.fsdp_base.target_logits``). Column 0 is 0.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass
-class TensorBatch:
-    """Named tensors with a common first dimension, plus small ``meta`` info.
+class BatchMeta:
+    """A batch's values that are not per-row data; they travel with it to the workers (pickled by Ray), and are
+    never written to disk. A batch's slices and copies carry a copy (:meth:`copy`)."""
 
-    ``meta`` carries per-batch scalars (temperature, the global step, ...)
-    that are not per-row data.
-    """
+    temperature: float = 1.0
+    """The rollout's sampling temperature (1.0 for a greedy rollout): the actor's log-probs divide the logits by
+    it, as the engine did."""
+    group_seeds: list[int] = field(default_factory=list)
+    """The seed each group (``uid``) of the rollout was reset with, for error messages naming an episode;
+    empty for a batch no rollout built."""
+    seq_len: int | None = None
+    """A micro-batch's uncut width (``workers.fsdp_base.plan_micro_batches``): the sequence length the loss
+    normalises by (``seq-mean-token-sum-norm``); None on a whole batch."""
+    two_calls: bool | None = None
+    """Whether every rank runs this micro-batch in two model calls (a shared prompt prefix), agreed over the
+    ranks; None: decided on the rank alone."""
+
+    def copy(self) -> BatchMeta:
+        return dataclasses.replace(self, group_seeds=list(self.group_seeds))
+
+
+@dataclass
+class TensorBatch:
+    """Named tensors with a common first dimension, plus the batch's :class:`BatchMeta` (``meta``)."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
+    meta: BatchMeta = field(default_factory=BatchMeta)
 
     def __post_init__(self) -> None:
+        if isinstance(self.meta, Mapping):  # a plain mapping names BatchMeta's fields
+            self.meta = BatchMeta(**self.meta)
         sizes = {k: v.shape[0] for k, v in self.tensors.items()}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"TensorBatch tensors must share their first dimension, got {sizes}")
@@ -70,7 +91,7 @@ class TensorBatch:
 
     def select(self, keys: Iterable[str]) -> TensorBatch:
         """A batch with only ``keys`` (the tensors are shared, not copied)."""
-        return TensorBatch({k: self.tensors[k] for k in keys}, dict(self.meta))
+        return TensorBatch({k: self.tensors[k] for k in keys}, self.meta.copy())
 
     def update(self, other: TensorBatch | Mapping[str, torch.Tensor]) -> TensorBatch:
         """Add (or overwrite) the tensors of ``other``; returns ``self``."""
@@ -82,7 +103,7 @@ class TensorBatch:
     def index(self, rows: torch.Tensor | list[int]) -> TensorBatch:
         """The rows ``rows`` (an index list or a boolean mask), in that order."""
         rows = torch.as_tensor(rows)
-        return TensorBatch({k: v[rows] for k, v in self.tensors.items()}, dict(self.meta))
+        return TensorBatch({k: v[rows] for k, v in self.tensors.items()}, self.meta.copy())
 
     def split(self, size: int) -> list[TensorBatch]:
         """Consecutive chunks of ``size`` rows (the last may be shorter)."""
@@ -103,7 +124,7 @@ class TensorBatch:
         for b in batches[1:]:
             if list(b.tensors) != keys:
                 raise ValueError(f"cannot concat batches with keys {keys} and {list(b.tensors)}")
-        return TensorBatch({k: torch.cat([b.tensors[k] for b in batches]) for k in keys}, dict(batches[0].meta))
+        return TensorBatch({k: torch.cat([b.tensors[k] for b in batches]) for k in keys}, batches[0].meta.copy())
 
     def pad_to_multiple(self, multiple: int) -> tuple[TensorBatch, int]:
         """Append copies of the first rows until the length is a multiple of ``multiple``.
@@ -121,4 +142,4 @@ class TensorBatch:
 
     def to(self, device: torch.device | str) -> TensorBatch:
         """A copy with every tensor on ``device``."""
-        return TensorBatch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
+        return TensorBatch({k: v.to(device) for k, v in self.tensors.items()}, self.meta.copy())

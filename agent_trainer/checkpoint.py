@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agent_trainer.config.splits import Split
+
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -58,8 +60,9 @@ class TrainerState:
 
     global_step: int
     """The last finished training step."""
-    env_resets: dict[str, int] = field(default_factory=dict)
-    """Resets done per split ("train", "val"): the env seed counters (``es_manager.group_seeds``)."""
+    env_resets: dict[Split, int] = field(default_factory=dict)
+    """Resets done per split (train, val): the env seed counters (``es_manager.group_seeds``); JSON holds the
+    split's text, read back as a :class:`~agent_trainer.config.splits.Split`."""
     kl_coef: float | None = None
     """The KL-in-reward controller's current coefficient (None without KL-in-reward)."""
     rng: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +73,9 @@ class TrainerState:
     """The saved step's metrics (re-logged on resume when the run died between saving and logging)."""
     saved_at: float = 0.0
     """Unix time of the save."""
+
+    def __post_init__(self):
+        self.env_resets = {Split(split): int(n) for split, n in self.env_resets.items()}
 
     def save(self, folder: Path) -> None:
         write_json(folder / STATE_FILE, asdict(self))

@@ -1,7 +1,7 @@
 """Expert demonstrations in exactly the prompt format of the RL rollout, and their SFT tokens.
 
 An expert episode is played through the same :class:`EnvStateManager` and the same
-:class:`ContextManager` the RL rollout uses (``SyncMultiTurnRollout._play``): the
+:class:`ContextManager` the RL rollout uses (``agent_trainer.rollout.turns.TurnLoop.play``): the
 expert's action (``envs`` ``expert_action``, backed by ``envs/experts.py``) becomes the
 reply text ``<think>...</think><answer>Action</answer>``, tokenized as the engine's output
 would be appended (the text's ids, then eos), so the sequence and its ``response_mask``

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from agent_trainer.config.envs import EnvGroupsConfig
+from agent_trainer.config.splits import Split
 from envs import BaseEnv, EnvTagConfig, make_env
 from envs.registry import normalize_tags
 
@@ -61,11 +62,11 @@ def plan_episodes(split_cfg: EnvGroupsConfig) -> list[EpisodeSpec]:
     ]
 
 
-def group_seeds(split: str, num_groups: int, reset_index: int, base_seed: int) -> list[int]:
+def group_seeds(split: Split | str, num_groups: int, reset_index: int, base_seed: int) -> list[int]:
     """One seed per group: training seeds advance with reset_index, validation seeds are fixed."""
-    if split == "val":
+    if split == Split.VAL:
         return [base_seed + VAL_SEED_OFFSET + g for g in range(num_groups)]
-    if split != "train":
+    if split != Split.TRAIN:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     last = (reset_index + 1) * num_groups
     if reset_index < 0 or last > VAL_SEED_OFFSET:
@@ -104,6 +105,44 @@ class EnvOutput:
 
 
 @dataclass
+class EnvTurn:
+    """One turn of an episode as its env actor recorded it (``EpisodeState.history``)."""
+
+    observation: str
+    """The observation shown before the turn."""
+    llm_response: str
+    actions: list[str]
+    """The actions executed (parsed from the reply; an invalid one is not executed)."""
+    reward: float
+    """The turn's reward, the format penalty included."""
+    info: dict
+    """The env's info of the turn (action_is_valid, action_is_effective, num_actions, truncated, ...)."""
+
+
+@dataclass
+class EpisodeState:
+    """One episode at the end of a rollout, as an env actor returns it (``get_rollout_states``, across Ray)."""
+
+    env_id: int
+    group_id: int
+    tag: str
+    history: list[EnvTurn]
+    penalty: float
+    """The episode's format penalty (added to the turns' rewards in its total)."""
+    final_observation: str
+    metrics: dict[str, float]
+    """success (final), num_actions, num_turns, the mean of every numeric info key over executed actions,
+    error, truncated and pass@group (any member of the group on this actor succeeded)."""
+    error: str | None = None
+    """The exception text that ended the episode, if one did."""
+
+    @property
+    def total_reward(self) -> float:
+        """The turns' rewards plus the penalty: what the env paid the episode."""
+        return float(sum(t.reward for t in self.history)) + float(self.penalty or 0.0)
+
+
+@dataclass
 class _Episode:
     """Mutable state of one episode slot (internal)."""
 
@@ -114,7 +153,7 @@ class _Episode:
     done: bool = False
     penalty: float = 0.0
     num_actions: int = 0
-    history: list = field(default_factory=list)
+    history: list[EnvTurn] = field(default_factory=list)
     action_infos: list = field(default_factory=list)
     last_info: dict = field(default_factory=dict)
     error: str | None = None
@@ -243,10 +282,8 @@ class EnvStateManager:
         )
         if ep.truncated:
             turn_info["truncated"] = True
-        ep.history.append({
-            "observation": obs_before, "llm_response": inp.llm_response, "actions": executed,
-            "reward": reward, "info": turn_info,
-        })
+        ep.history.append(EnvTurn(observation=obs_before, llm_response=inp.llm_response, actions=executed,
+                                  reward=reward, info=turn_info))
         return self._output(ep, reward, turn_info)
 
     def _observation(self, obs, method: str) -> str:
@@ -269,10 +306,10 @@ class EnvStateManager:
                          done=ep.done, info=info)
 
     # ---------------------------------------------------------------- results
-    def get_rollout_states(self) -> list[dict]:
-        """Per episode: env_id, group_id, tag, history, penalty, final_observation, metrics.
+    def get_rollout_states(self) -> list[EpisodeState]:
+        """Per episode: env_id, group_id, tag, history, penalty, final_observation, metrics (:class:`EpisodeState`).
 
-        ``history`` has one dict per turn: the observation shown before the
+        ``history`` has one :class:`EnvTurn` per turn: the observation shown before the
         turn, llm_response, executed actions, reward (incl. format penalty) and
         info. ``metrics``: success (final), num_actions, num_turns, the mean of
         every numeric info key over executed actions (action_is_valid and
@@ -295,12 +332,9 @@ class EnvStateManager:
                 truncated=float(ep.truncated),
             )
             metrics["pass@group"] = float(group_success[ep.spec.group_id])
-            state = {"env_id": ep.spec.env_id, "group_id": ep.spec.group_id, "tag": ep.spec.tag,
-                     "history": list(ep.history), "penalty": ep.penalty,
-                     "final_observation": ep.observation, "metrics": metrics}
-            if ep.error is not None:
-                state["error"] = ep.error
-            states.append(state)
+            states.append(EpisodeState(env_id=ep.spec.env_id, group_id=ep.spec.group_id, tag=ep.spec.tag,
+                                       history=list(ep.history), penalty=ep.penalty,
+                                       final_observation=ep.observation, metrics=metrics, error=ep.error))
         return states
 
     def close(self) -> None:
@@ -349,24 +383,24 @@ def _mean_info(infos: list[dict]) -> dict[str, float]:
     return out
 
 
-def summarize_rollout_states(states: list[dict]) -> dict[str, float]:
+def summarize_rollout_states(states: list[EpisodeState]) -> dict[str, float]:
     """Aggregate rollout states (from all env actors) into ``env/<tag>/<metric>`` means.
 
     ``pass@group`` here is recomputed over all states, so it is correct even
     when a group's episodes were spread over several managers.
     """
-    by_tag: dict[str, list[dict]] = {}
+    by_tag: dict[str, list[EpisodeState]] = {}
     for st in states:
-        by_tag.setdefault(st["tag"], []).append(st)
+        by_tag.setdefault(st.tag, []).append(st)
     out: dict[str, float] = {}
     for tag, sts in by_tag.items():
-        keys = sorted({k for st in sts for k in st["metrics"]} - {"pass@group"})
+        keys = sorted({k for st in sts for k in st.metrics} - {"pass@group"})
         for key in keys:
-            vals = [st["metrics"][key] for st in sts if key in st["metrics"]]
+            vals = [st.metrics[key] for st in sts if key in st.metrics]
             out[f"env/{tag}/{key}"] = sum(vals) / len(vals)
         groups: dict[int, bool] = {}
         for st in sts:
-            groups[st["group_id"]] = groups.get(st["group_id"], False) or st["metrics"]["success"] > 0
+            groups[st.group_id] = groups.get(st.group_id, False) or st.metrics["success"] > 0
         out[f"env/{tag}/pass@group"] = sum(groups.values()) / len(groups)
-        out[f"env/{tag}/penalty"] = sum(st["penalty"] for st in sts) / len(sts)
+        out[f"env/{tag}/penalty"] = sum(st.penalty for st in sts) / len(sts)
     return out

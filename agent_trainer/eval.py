@@ -23,10 +23,15 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent_trainer import cli_args
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config.splits import Split
 from agent_trainer.worker_registry import worker_api
+
+if TYPE_CHECKING:
+    from agent_trainer.es_manager import EpisodeState
 
 logger = logging.getLogger(__name__)
 
@@ -35,25 +40,23 @@ DEFAULT_CONFIG = "frozenlake"
 REPORT = "eval_report.json"
 
 
-def summarize(states: list[dict], pass_key: str | None = None) -> dict:
+def summarize(states: list[EpisodeState], pass_key: str | None = None) -> dict:
     """Success rate and mean episode reward, overall and per env tag; with ``pass_key`` also pass@group under it.
 
     pass@group of an episode: any episode of its group (same seed) succeeded; its mean over
     episodes is the fraction of seeds solved, every group being the same size.
     """
-    def stats(group: list[dict]) -> dict:
+    def stats(group: list[EpisodeState]) -> dict:
         n = max(1, len(group))
-        rewards = [sum(float(t.get("reward", 0.0)) for t in s.get("history", [])) + float(s.get("penalty", 0.0) or 0)
-                   for s in group]
-        out = {"episodes": len(group), "success_rate": sum(s["metrics"].get("success", 0.0) for s in group) / n,
-               "episode_reward_mean": sum(rewards) / n}
+        out = {"episodes": len(group), "success_rate": sum(s.metrics.get("success", 0.0) for s in group) / n,
+               "episode_reward_mean": sum(s.total_reward for s in group) / n}
         if pass_key:
-            out[pass_key] = sum(s["metrics"].get("pass@group", 0.0) for s in group) / n
+            out[pass_key] = sum(s.metrics.get("pass@group", 0.0) for s in group) / n
         return out
 
-    by_tag: dict[str, list[dict]] = defaultdict(list)
+    by_tag: dict[str, list[EpisodeState]] = defaultdict(list)
     for s in states:
-        by_tag[s["tag"]].append(s)
+        by_tag[s.tag].append(s)
     return {**stats(states), "per_tag": {tag: stats(group) for tag, group in sorted(by_tag.items())}}
 
 
@@ -81,7 +84,7 @@ def run_pass(cfg: AgentTrainerConfig, tokenizer, engines, env_worker_cls, env_ta
     from agent_trainer.rollout import SyncMultiTurnRollout
     from agent_trainer.trajectories import write_step
 
-    rollout = SyncMultiTurnRollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split="val",
+    rollout = SyncMultiTurnRollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split=Split.VAL,
                                    num_env_actors=cfg.agent_proxy.num_env_actors)
     try:
         result = rollout.rollout(0)

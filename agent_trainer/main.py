@@ -26,6 +26,7 @@ from agent_trainer.checks.load import load_config
 from agent_trainer.config import AgentTrainerConfig, config_schema
 from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
+from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.prompt_data import check_datasets, dataset_env_tags
 from agent_trainer.worker_registry import worker_api
 from envs import load_env_tags
@@ -47,7 +48,7 @@ LOCAL_PATH_PREFIXES = ("/", "./", "../", "~", "models/")
 
 def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
     """Checks that need the file system, the model's config.json or the env tags, still before Ray starts."""
-    for split in ("train", "val"):
+    for split in CONFIG_SPLITS:
         for tag in getattr(cfg.es_manager, split).env_configs.tags:
             if tag not in env_tags:
                 raise ValueError(f"es_manager.{split}.env_configs.tags names {tag!r}, which is not a tag in "

@@ -38,9 +38,8 @@ def rollout_rates(result: RolloutResult, metrics: dict[str, float], prefix: str 
     rewards: dict[str, list[float]] = {}
     actions = 0.0
     for s in result.states:
-        total = sum(float(t.get("reward", 0.0)) for t in s.get("history", [])) + float(s.get("penalty", 0.0) or 0.0)
-        rewards.setdefault(s["tag"], []).append(total)
-        actions += float(s.get("metrics", {}).get("num_actions", 0.0))
+        rewards.setdefault(s.tag, []).append(s.total_reward)
+        actions += float(s.metrics.get("num_actions", 0.0))
     out = {f"{env_prefix}/{tag}/episode_reward_mean": sum(v) / len(v) for tag, v in rewards.items()}
     if prefix == "rollout":
         seconds = max(metrics.get("timing_s/rollout", 0.0), 1e-9)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from agent_trainer.batch import TensorBatch
+from agent_trainer.config.splits import Split
 
 
 def last_rows(batch: TensorBatch) -> list[int]:
@@ -90,7 +91,7 @@ def score_metrics(batch: TensorBatch, rows: list[int], scores: torch.Tensor,
 
 def dump_name(split: str) -> str:
     """The run-dir file ``reward_model.dump_scores`` writes a split's scores to."""
-    return "reward_model_scores.jsonl" if split == "train" else f"reward_model_scores_{split}.jsonl"
+    return "reward_model_scores.jsonl" if split == Split.TRAIN else f"reward_model_scores_{split}.jsonl"
 
 
 def dump_scores(path: Path, step: int, texts: list[str], scores: torch.Tensor) -> None:

@@ -48,6 +48,7 @@ from agent_trainer.config import config_schema
 from agent_trainer.config import errors as config_errors
 from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
+from agent_trainer.config.splits import Split
 from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
                                           play_demonstrations, read_jsonl, resolve_demonstrator,
                                           write_jsonl)
@@ -89,8 +90,8 @@ class SFTData:
 
     train: list[SFTRow]
     val: list[SFTRow]
-    demos: dict[str, list[Demonstration]] = field(default_factory=dict)
-    """"train" / "val": the played demonstrations (written to the run folder as JSONL)."""
+    demos: dict[Split, list[Demonstration]] = field(default_factory=dict)
+    """Train / val: the played demonstrations (written to the run folder as ``demonstrations_<split>.jsonl``)."""
 
 
 @dataclass
@@ -149,12 +150,12 @@ def build_data(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, tokenizer
         demos = make_demonstrations(cfg, rl, env_tags, ctx)
         train, val = split_held_out(demos, cfg.data.val_fraction, cfg.data.seed)
         rows = {name: [SFTRow(d.token_ids, d.response_mask) for d in part] for name, part in
-                (("train", train), ("val", val))}
-        return SFTData(train=rows["train"], val=rows["val"], demos={"train": train, "val": val})
+                ((Split.TRAIN, train), (Split.VAL, val))}
+        return SFTData(train=rows[Split.TRAIN], val=rows[Split.VAL], demos={Split.TRAIN: train, Split.VAL: val})
     convs = {name: [(path, k, c) for path in files for k, c in enumerate(read_jsonl(path))]
-             for name, files in (("train", cfg.data.train_files), ("val", cfg.data.val_files))}
-    if not convs["val"]:
-        convs["train"], convs["val"] = split_held_out(convs["train"], cfg.data.val_fraction, cfg.data.seed)
+             for name, files in ((Split.TRAIN, cfg.data.train_files), (Split.VAL, cfg.data.val_files))}
+    if not convs[Split.VAL]:
+        convs[Split.TRAIN], convs[Split.VAL] = split_held_out(convs[Split.TRAIN], cfg.data.val_fraction, cfg.data.seed)
     limit = rl.actor_rollout_ref.rollout.max_model_len
     rows = {}
     for name, items in convs.items():
@@ -165,7 +166,7 @@ def build_data(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, tokenizer
                 raise ValueError(f"{path}: conversation {k + 1} has {len(ids)} tokens, more than the RL config's "
                                  f"actor_rollout_ref.rollout.max_model_len = {limit}; shorten it or raise that length")
             rows[name].append(SFTRow(ids, mask))
-    return SFTData(train=rows["train"], val=rows["val"])
+    return SFTData(train=rows[Split.TRAIN], val=rows[Split.VAL])
 
 
 def make_demonstrations(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, ctx) -> list[Demonstration]:
@@ -266,7 +267,7 @@ class SFTTrainer:
             self.engines = build_engines(self.rl, device).workers
             env_cls = worker_api("env_actor_class")(self.rl)
             self.val_rollout = SyncMultiTurnRollout(self.rl, self.run.tokenizer, self.engines, env_cls,
-                                                    self.run.env_tags, split="val",
+                                                    self.run.env_tags, split=Split.VAL,
                                                     num_env_actors=self.rl.agent_proxy.num_env_actors,
                                                     on_engine_restart=self.sync_weights)
 

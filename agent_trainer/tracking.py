@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from agent_trainer.checkpoint import truncate_metrics
+from agent_trainer.config.splits import Split
 from agent_trainer.metrics_export import RayMetrics, rollout_rates
 from agent_trainer.trajectories import write_step
 from agent_trainer.viewer.plots import write_curves
@@ -144,7 +145,7 @@ class Tracking:
         freq = trainer.log_trajectories_freq if trainer else 0
         if freq > 0 and (step % freq == 0 or step == trainer.total_training_steps):
             with timer("trajectories", metrics):
-                write_step(self.run_dir, step, "train", result.states, batch, self.tokenizer,
+                write_step(self.run_dir, step, Split.TRAIN, result.states, batch, self.tokenizer,
                            trainer.log_trajectories_per_tag, fallback=result.batch)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ to a whole number of that group's mini-batches (:func:`pad_for_update`).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.overlap import RolloutPrefetch
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
@@ -176,7 +178,7 @@ class AgentTrainer:
             logger.warning("%s already holds step %d of %d: nothing to train (raise trainer.total_training_steps, "
                            "or start over with trainer.resume_mode=disable)", self.run_dir, self.global_step,
                            cfg.total_training_steps)
-        bar = tqdm(steps, desc="training", disable=not cfg.progress_bar, dynamic_ncols=True,
+        bar = tqdm(steps, desc="training", disable=not show_progress_bar(cfg.progress_bar), dynamic_ncols=True,
                    initial=self.global_step, total=cfg.total_training_steps)
         for step in bar:
             self.global_step = step
@@ -272,7 +274,7 @@ class AgentTrainer:
         if self.cfg.trainer.max_off_policy_steps and step <= self.cfg.trainer.total_training_steps:
             self.prefetch.start(step, self.collect, resets=self.train_rollout.num_resets)
 
-    def score_with_reward_model(self, batch: TensorBatch, split: str = "train",
+    def score_with_reward_model(self, batch: TensorBatch, split: Split = Split.TRAIN,
                                 step: int | None = None) -> dict[str, float]:
         """Add ``reward_model.reward_weight x score`` on every episode's last generated token (before shaping).
 
@@ -290,7 +292,7 @@ class AgentTrainer:
         if rm_cfg.dump_scores:
             reward_model.dump_scores(self.run_dir / reward_model.dump_name(split),
                                      self.global_step if step is None else step, texts, scores)
-        return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == "train" else
+        return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == Split.TRAIN else
                                           f"{split}/reward_model")
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
@@ -376,7 +378,7 @@ class AgentTrainer:
             row = int(bad.nonzero()[0])
             raise RuntimeError(
                 f"non-finite advantages or returns in {int(bad.sum())} of {len(batch)} rows, the first in "
-                f"{self.train_rollout.describe_episode(int(batch['traj_uid'][row]), batch.meta.get('group_seeds'))}; "
+                f"{self.train_rollout.describe_episode(int(batch['traj_uid'][row]), batch.meta.group_seeds or None)}; "
                 "every reward was finite after the rollout, so look at the critic's values, the KL-in-reward term "
                 "and the estimator's inputs")
 
@@ -401,7 +403,7 @@ class AgentTrainer:
         """Greedy rollouts on the held-out validation seeds, scored by the reward model when it is on."""
         result = self.val_rollout.rollout(self.global_step)
         if self.rm_wg is not None:
-            result.metrics.update(self.score_with_reward_model(result.batch, split="val"))
+            result.metrics.update(self.score_with_reward_model(result.batch, split=Split.VAL))
         return result.metrics
 
     def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
@@ -436,12 +438,12 @@ class AgentTrainer:
         checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
         return final
 
-    def env_resets(self) -> dict[str, int]:
+    def env_resets(self) -> dict[Split, int]:
         """Each split's reset counter as of the steps trained so far: a prefetched rollout's draw is not counted,
         so a run resumed from here plays that step from the same initial states."""
         resets = {split: rollout.num_resets for split, rollout in self.rollouts.items()}
         if self.prefetch.pending is not None:
-            resets["train"] = self.prefetch.pending.resets
+            resets[Split.TRAIN] = self.prefetch.pending.resets
         return resets
 
     def load_checkpoint(self, path: Path) -> None:
@@ -460,6 +462,14 @@ class AgentTrainer:
             self.tracking.ensure_logged(state.metrics, step=state.global_step)
         logger.info("resumed from %s: step %d done, continuing at step %d of %d", path, state.global_step,
                     state.global_step + 1, self.cfg.trainer.total_training_steps)
+
+
+def show_progress_bar(wanted: bool, stream=None) -> bool:
+    """Whether the step bar is drawn: ``trainer.progress_bar`` and tqdm's stream (stderr) is a terminal. Written to
+    a file (``make train > log``, ``ray job submit`` logs), the log gets the console logger's one line per step
+    (``tracking.format_metrics``) and no bar redraws."""
+    stream = sys.stderr if stream is None else stream
+    return bool(wanted) and hasattr(stream, "isatty") and stream.isatty()
 
 
 def make_kl_ctrl(cfg: AgentTrainerConfig) -> core_algos.AdaptiveKLController | core_algos.FixedKLController | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_trainer.batch import TensorBatch
+from agent_trainer.config.splits import Split
+from agent_trainer.es_manager import EpisodeState
 from agent_trainer.viewer import write_viewer
 
 
@@ -52,7 +54,7 @@ class EpisodeRecord:
     """One episode of one step, as the viewer shows it."""
 
     step: int
-    split: str
+    split: Split
     tag: str
     env_id: int
     group_id: int
@@ -67,15 +69,16 @@ class EpisodeRecord:
         """Parse one JSONL line."""
         data = json.loads(line)
         data["turns"] = [TurnRecord(**t) for t in data["turns"]]
+        data["split"] = Split(data["split"])
         return cls(**data)
 
 
-def sample_states(states: list[dict], per_tag: int) -> list[dict]:
+def sample_states(states: list[EpisodeState], per_tag: int) -> list[EpisodeState]:
     """Up to ``per_tag`` episodes per tag in env_id order: half successes, half failures (the rest when one side is short)."""
-    chosen: list[dict] = []
-    for tag in sorted({s["tag"] for s in states}):
-        of_tag = sorted((s for s in states if s["tag"] == tag), key=lambda s: s["env_id"])
-        wins = [s for s in of_tag if s.get("metrics", {}).get("success", 0.0) > 0]
+    chosen: list[EpisodeState] = []
+    for tag in sorted({s.tag for s in states}):
+        of_tag = sorted((s for s in states if s.tag == tag), key=lambda s: s.env_id)
+        wins = [s for s in of_tag if s.metrics.get("success", 0.0) > 0]
         losses = [s for s in of_tag if s not in wins]
         n_win = min(len(wins), max(per_tag - len(losses), per_tag // 2 + per_tag % 2))
         n_win = min(n_win, per_tag)
@@ -98,15 +101,15 @@ def row_spans(mask: list[int]) -> list[tuple[range, range]]:
     return spans
 
 
-def episode_record(state: dict, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
+def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
     """Join one episode's env history with its training rows (``rows``: ids, mask, advantage lists, in order)."""
     spans = [(row, prompt, reply) for row in rows for prompt, reply in row_spans(row["mask"]) if len(reply)]
-    history = state.get("history", [])
+    history = state.history
     turns = []
     for k, turn in enumerate(history):
-        record = TurnRecord(turn=k + 1, observation=str(turn.get("observation", "")), prompt="",
-                            reply=str(turn.get("llm_response", "")), actions=[str(a) for a in turn.get("actions", [])],
-                            reward=float(turn.get("reward", 0.0)), done=k == len(history) - 1)
+        record = TurnRecord(turn=k + 1, observation=str(turn.observation), prompt="", reply=str(turn.llm_response),
+                            actions=[str(a) for a in turn.actions], reward=float(turn.reward),
+                            done=k == len(history) - 1)
         if k < len(spans):
             row, prompt, reply = spans[k]
             idx = list(prompt) + list(reply)
@@ -116,12 +119,10 @@ def episode_record(state: dict, rows: list[dict], tokenizer, step: int, split: s
             record.advantage = [round(row["adv"][i], 4) for i in idx] if row["adv"] else []
             record.prompt = tokenizer.decode([row["ids"][i] for i in prompt])
         turns.append(record)
-    metrics = state.get("metrics", {})
-    return EpisodeRecord(step=step, split=split, tag=state["tag"], env_id=int(state["env_id"]),
-                         group_id=int(state["group_id"]), success=bool(metrics.get("success", 0.0) > 0),
-                         total_reward=float(sum(t.reward for t in turns)) + float(state.get("penalty", 0.0) or 0.0),
-                         final_observation=str(state.get("final_observation", "")), turns=turns,
-                         error=state.get("error"))
+    return EpisodeRecord(step=step, split=split, tag=state.tag, env_id=int(state.env_id),
+                         group_id=int(state.group_id), success=bool(state.metrics.get("success", 0.0) > 0),
+                         total_reward=float(sum(t.reward for t in turns)) + float(state.penalty or 0.0),
+                         final_observation=str(state.final_observation), turns=turns, error=state.error)
 
 
 def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> dict[int, list[dict]]:
@@ -148,15 +149,15 @@ def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> 
     return out
 
 
-def write_step(run_dir: str | Path, step: int, split: str, states: list[dict], batch: TensorBatch, tokenizer,
+def write_step(run_dir: str | Path, step: int, split: str, states: list[EpisodeState], batch: TensorBatch, tokenizer,
                per_tag: int, fallback: TensorBatch | None = None) -> Path:
     """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer."""
     folder = Path(run_dir) / "trajectories"
     folder.mkdir(parents=True, exist_ok=True)
     rows = rows_by_episode(batch, fallback)
-    records = [episode_record(s, rows.get(int(s["env_id"]), []), tokenizer, step, split)
+    records = [episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split)
                for s in sample_states(states, per_tag)]
-    path = folder / (f"step_{step}.jsonl" if split == "train" else f"{split}_step_{step}.jsonl")
+    path = folder / (f"step_{step}.jsonl" if split == Split.TRAIN else f"{split}_step_{step}.jsonl")
     path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))
     write_viewer(folder, read_records(folder))
     return path

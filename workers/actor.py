@@ -80,7 +80,7 @@ class ReferenceWorker(FSDPWorker):
         """Log-probs [B, T] of ``batch``'s generated tokens (``response_mask``; 0 elsewhere) under ``model``
         at the rollout temperature, micro-batched. A batch without ``response_mask`` (plain sequences to
         score) gets every attended token's."""
-        temperature = float(batch.meta.get("temperature", 1.0))
+        temperature = float(batch.meta.temperature)
 
         def per_token(micro: TensorBatch) -> torch.Tensor:
             return self._target_logits(model, micro).log_probs(temperature)
@@ -189,7 +189,7 @@ class ActorWorker(ReferenceWorker):
         so padding rows dilute nothing (``micro_weight``).
         """
         cfg = self.config
-        temperature = float(batch.meta.get("temperature", 1.0))
+        temperature = float(batch.meta.temperature)
         mini_size = cfg.ppo_mini_batch_size // self.world_size
         if "old_log_probs" not in batch:
             if cfg.ppo_epochs != 1:
@@ -261,7 +261,7 @@ class ActorWorker(ReferenceWorker):
     def _micro_loss(self, micro: TensorBatch, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
         (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
-        scale = micro.meta.get("seq_len")  # the uncut width: seq-mean-token-sum-norm divides by it
+        scale = micro.meta.seq_len  # the uncut width: seq-mean-token-sum-norm divides by it
         mask = micro["response_mask"].to(self.device).float()
         logits = self._target_logits(self.model, micro)
         log_prob = logits.log_probs(temperature)

@@ -93,7 +93,7 @@ class CriticWorker(FSDPWorker):
             response_mask=mask,
             cliprange_value=self.config.cliprange_value,
             loss_agg_mode=self.config.loss_agg_mode,
-            loss_scale_factor=micro.meta.get("seq_len"),
+            loss_scale_factor=micro.meta.seq_len,
         )
         return vf_loss, {"critic/vf_loss": scalar(vf_loss), "critic/vf_clipfrac": scalar(vf_clipfrac),
                          "critic/vpred_mean": core_algos.masked_mean(vpreds.detach(), mask).item()}

@@ -429,7 +429,7 @@ class FSDPWorker:
         differ between ranks; FSDP needs every rank to run the same number of forwards
         (each all-gathers the shards), so the count is agreed on with an all-reduce (max)
         and ranks below it split their costliest micro-batches. Each micro-batch carries
-        ``meta["seq_len"]``, the uncut width, the sequence length the loss normalises by.
+        ``meta.seq_len``, the uncut width, the sequence length the loss normalises by.
         A row counts up to its last generated token (:func:`scored_lengths`).
         Fixed-size micro-batches take the rows longest first, or one prompt's rows together when
         that runs fewer token positions (:func:`forward_positions`: their shared prompt runs once).
@@ -453,13 +453,13 @@ class FSDPWorker:
         for group in groups:
             rows = torch.tensor(sorted(group))
             micro = trim_padding(batch.index(rows), max(max(lengths[i] for i in group), 1))
-            micro.meta["seq_len"] = full
+            micro.meta.seq_len = full
             plan.append((rows, micro))
         if self.world_size > 1 and prefix_sharing_supported(self.model):
             # FSDP gathers each unit once per model call: micro-batch k runs two calls on every rank or on none
             wanted = [float(self.layout(micro, two_calls=True).model_calls == 2) for _, micro in plan]
             for (_, micro), agreed in zip(plan, self._over_ranks(wanted, dist.ReduceOp.MIN)):
-                micro.meta["two_calls"] = bool(agreed)
+                micro.meta.two_calls = bool(agreed)
         return plan
 
     def _max_over_ranks(self, value: int) -> int:
@@ -568,11 +568,11 @@ class FSDPWorker:
 
     def layout(self, batch: TensorBatch, two_calls: bool | None = None) -> Layout:
         """:func:`choose_layout` for right-padded rows; two model calls (``two_calls`` None) only where every
-        rank's micro-batch allows them (``meta["two_calls"]``, from :meth:`plan_micro_batches`), or on one rank."""
+        rank's micro-batch allows them (``meta.two_calls``, from :meth:`plan_micro_batches`), or on one rank."""
         if not prefix_sharing_supported(self.model):
             return Layout()
         if two_calls is None:
-            two_calls = batch.meta.get("two_calls", self.world_size == 1)
+            two_calls = self.world_size == 1 if batch.meta.two_calls is None else batch.meta.two_calls
         return choose_layout(self.model.config, batch["input_ids"], scored_mask(batch), two_calls)
 
 
@@ -953,7 +953,7 @@ def trim_padding(batch: TensorBatch, width: int) -> TensorBatch:
     """The batch with every per-token tensor ([B, T, ...]) cut to its first ``width`` columns."""
     full = batch["input_ids"].shape[1]
     tensors = {k: v[:, :width] if v.dim() >= 2 and v.shape[1] == full else v for k, v in batch.tensors.items()}
-    return TensorBatch(tensors, dict(batch.meta))
+    return TensorBatch(tensors, batch.meta.copy())
 
 
 def pad_columns(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ from agent_trainer.config.choices import LOGGERS
 from agent_trainer.config.errors import check_choice
 from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 from agent_trainer.config.schema import AgentTrainerConfig
+from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.config.workers import FSDPConfig
 from agent_trainer.ctx_manager import COLLATED_KEYS
 
@@ -169,7 +170,7 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
     check(r.mode != "async" or r.name == "vllm",
           f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
           "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
-    for split in ("train", "val"):
+    for split in CONFIG_SPLITS:
         groups = getattr(cfg.es_manager, split).env_groups
         check(cfg.agent_proxy.num_env_actors <= groups,
               f"agent_proxy.num_env_actors = {cfg.agent_proxy.num_env_actors} is more than es_manager.{split}."

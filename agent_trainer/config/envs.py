@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from agent_trainer.config.splits import CONFIG_SPLITS, Split
+
 
 def plain(obj: Any) -> Any:
     """An OmegaConf container as plain dicts and lists (anything else unchanged)."""
@@ -45,7 +47,8 @@ class EnvGroupsConfig:
     env_configs: EnvConfigsSpec = field(default_factory=EnvConfigsSpec)
     """Tag assignment; ``sum(env_configs.n_groups) == env_groups``."""
     split: str = "train"
-    """"train" or "val": picks the seed scheme and names the config in errors."""
+    """"train" or "val" (:data:`~agent_trainer.config.splits.CONFIG_SPLITS`): picks the seed scheme and names the
+    config in errors."""
 
     def __post_init__(self):
         if isinstance(self.env_configs, Mapping) or not dataclasses.is_dataclass(self.env_configs):
@@ -65,7 +68,7 @@ class EnvGroupsConfig:
     def validate(self) -> None:
         """Check sizes and that n_groups matches tags and sums to env_groups."""
         where = f"es_manager.{self.split}"
-        if self.split not in ("train", "val"):
+        if self.split not in CONFIG_SPLITS:
             raise ValueError(f"{where}.split must be 'train' or 'val', got {self.split!r}")
         for key in ("env_groups", "group_size"):
             value = getattr(self, key)
@@ -145,7 +148,7 @@ class EsManagerConfig:
             )
         if not isinstance(self.action_sep, str) or not self.action_sep:
             raise ValueError(f"es_manager.action_sep must be a non-empty string, got {self.action_sep!r}")
-        if self.train.split != "train" or self.val.split != "val":
+        if self.train.split != Split.TRAIN or self.val.split != Split.VAL:
             raise ValueError("es_manager.train/val must have split 'train'/'val'; use EsManagerConfig.from_dict")
 
     @classmethod
@@ -156,7 +159,7 @@ class EsManagerConfig:
         unknown = sorted(set(values) - set(allowed))
         if unknown:
             raise ValueError(f"es_manager: unknown field(s) {unknown}; allowed fields: {allowed}")
-        for split in ("train", "val"):
+        for split in CONFIG_SPLITS:
             if split in values:
-                values[split] = EnvGroupsConfig.from_dict(values[split], split=split)
+                values[split] = EnvGroupsConfig.from_dict(values[split], split=split.value)
         return cls(**values)

@@ -208,7 +208,9 @@ class TrainerConfig:
     """Port of the local run's Ray dashboard; None = 8265, or the next free port when it is taken.
     Ignored when joining RAY_ADDRESS."""
     progress_bar: bool = True
-    """Show a tqdm progress bar over training steps."""
+    """Show a tqdm progress bar over training steps, only when stderr is a terminal. When the output goes to a
+    file (``make train > log``, ``ray job submit`` logs) there is no bar and no redraw: the console logger's line
+    per step (``trainer.logger`` console) is the progress."""
     log_trajectories_freq: int = 10
     """Every N training steps (and the last), write a sample of episodes to
     ``<run dir>/trajectories/step_N.jsonl`` and regenerate ``trajectories/viewer.html``; 0 disables.

@@ -128,8 +128,8 @@ def test_each_row_carries_the_anchor_of_the_observation_its_turn_answered(tokeni
     ctx_mgr = CondensedContextManager(tokenizer, max_model_len=4096)
     played = play_mixed(ctx_mgr)
     batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
-    history = {s["env_id"]: s["history"] for s in mixed_manager.get_rollout_states()}
-    expected = [anchor_id(history[env_id][k]["observation"]) for env_id, k in _rows_in_order(played)]
+    history = {s.env_id: s.history for s in mixed_manager.get_rollout_states()}
+    expected = [anchor_id(history[env_id][k].observation) for env_id, k in _rows_in_order(played)]
     assert batch["anchor_obs_ids"].shape == (len(batch),)  # one row per step: GiGPO's verl-agent layout
     assert batch["anchor_obs_ids"].tolist() == expected
     adv, _ = core_algos.compute_advantage(batch.tensors, "gigpo", gamma=0.9, step_advantage_w=1.0)

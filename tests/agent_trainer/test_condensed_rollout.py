@@ -49,7 +49,7 @@ class ScriptedSummaries:
 
 
 def drive(tokenizer, ctx_mgr, manager, replies: dict[int, list[str]], max_turn: int, summaries=None):
-    """The rollout's turn loop: summaries first (as ``_play`` does), then generate and step."""
+    """The rollout's turn loop: summaries first (as ``TurnLoop.play`` does), then generate and step."""
     episodes = {o.env_id: ctx_mgr.start(o) for o in manager.reset({0: 0})}
     timings = profiling.TurnTimings()
     for turn in range(max_turn):

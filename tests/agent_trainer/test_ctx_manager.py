@@ -128,7 +128,7 @@ def test_full_rows_carry_each_turns_anchor_on_all_its_tokens(tokenizer, play_mix
     ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
     played = play_mixed(ctx_mgr)
     batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
-    history = {s["env_id"]: s["history"] for s in mixed_manager.get_rollout_states()}
+    history = {s.env_id: s.history for s in mixed_manager.get_rollout_states()}
     assert batch["anchor_obs_ids"].shape == batch["input_ids"].shape
     for row, env_id in enumerate(sorted(played.episodes)):
         turns, anchors = batch["turn_ids"][row], batch["anchor_obs_ids"][row]
@@ -136,7 +136,7 @@ def test_full_rows_carry_each_turns_anchor_on_all_its_tokens(tokenizer, play_mix
         assert (anchors[:n][turns[:n] == 0] == 0).all() and (anchors[n:] == 0).all()  # prompt, padding
         assert len(history[env_id]) == int(turns.max()) >= 1
         for k, turn in enumerate(history[env_id], start=1):  # turn k: the observation it answered
-            assert set(anchors[:n][turns[:n] == k].tolist()) == {anchor_id(turn["observation"])}
+            assert set(anchors[:n][turns[:n] == k].tolist()) == {anchor_id(turn.observation)}
     # episodes 0 and 1 share their group's seed, so their first turns answered the same state
     first = [int(batch["anchor_obs_ids"][row][batch["turn_ids"][row] == 1][0]) for row in (0, 1)]
     assert first[0] == first[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from agent_trainer.es_manager import EnvTurn, EpisodeState
 from agent_trainer.eval import greedy_config, sampled_config, summarize
 from agent_trainer.main import compose_and_prepare
 
@@ -23,8 +24,9 @@ def test_the_sampled_config(tiny_model_path):
 
 def test_summary_per_tag_with_pass_at_group():
     def state(tag, success, group_ok, rewards):
-        return {"tag": tag, "metrics": {"success": float(success), "pass@group": float(group_ok)},
-                "history": [{"reward": r} for r in rewards], "penalty": 0.0}
+        return EpisodeState(env_id=0, group_id=0, tag=tag, history=[EnvTurn("", "", [], r, {}) for r in rewards],
+                            penalty=0.0, final_observation="",
+                            metrics={"success": float(success), "pass@group": float(group_ok)})
 
     states = [state("A", 1, 1, [0.0, 1.0]), state("A", 0, 1, [-0.1]), state("B", 0, 0, [0.0])]
     report = summarize(states, "pass@2")

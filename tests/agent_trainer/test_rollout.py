@@ -13,7 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.batch import BatchMeta, TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.checks.load import load_config
 from agent_trainer.ctx_manager import EpisodeContext
@@ -63,7 +63,7 @@ def test_nonfinite_advantages_stop_the_step_naming_the_episode():
     trainer = SimpleNamespace(train_rollout=SimpleNamespace(
         describe_episode=lambda env_id, seeds: f"env_id {env_id} (group seed {seeds[0]})"))
     batch = TensorBatch({"response_mask": torch.tensor([[0, 1, 1], [0, 1, 0]]), "traj_uid": torch.tensor([4, 9])},
-                        meta={"group_seeds": [7]})
+                        meta=BatchMeta(group_seeds=[7]))
     finite = torch.zeros(2, 3)
     AgentTrainer.check_finite(trainer, batch, finite, finite)
     outside_mask = finite.clone()
@@ -139,7 +139,7 @@ def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path,
         rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_worker_cls, load_env_tags(), split="train",
                                        num_env_actors=2)
         results = [rollout.rollout(step=1)]
-        assert rollout.num_resets == 1 and (rollout._pending_reset is not None) == prefetch
+        assert rollout.num_resets == 1 and (rollout.resets.pending is not None) == prefetch
         results.append(rollout.rollout(step=2))
         batches[prefetch] = [r.batch for r in results]
         assert [r.metrics["rollout/reset_prefetched"] for r in results] == [0.0, float(prefetch)]
@@ -151,7 +151,7 @@ def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path,
             assert torch.equal(plain[key], prefetched[key]), key
 
     # Env actor 0 dies after its prefetched reset finished; Ray restarts it with episodes never reset.
-    pending = rollout._pending_reset[1]
+    pending = rollout.resets.pending[1]
     ray.wait(list(pending.refs.values()), num_returns=len(pending.refs), timeout=60)
     ray.kill(rollout.env_actors[0], no_restart=False)
     time.sleep(1.0)  # Ray notices the death ...
@@ -185,7 +185,7 @@ def test_an_env_actor_killed_during_its_prefetched_reset_is_reset_again(ray_clus
     rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_worker_cls, tags, split="train", num_env_actors=2)
     try:
         rollout.rollout(step=1)
-        pending = rollout._pending_reset[1]
+        pending = rollout.resets.pending[1]
         time.sleep(0.3)  # actor 0 resets 4 episodes of 0.5 s: its prefetched reset is running
         assert not ray.wait([pending.refs[0]], timeout=0)[0]
         ray.kill(rollout.env_actors[0], no_restart=False)

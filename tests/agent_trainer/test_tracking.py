@@ -1,4 +1,4 @@
-"""Metric sinks: JSONL lines per step, TensorBoard event files, the console line, the phase timer."""
+"""Metric sinks: JSONL lines per step, TensorBoard event files, the console line, the phase timer, the progress bar."""
 
 import json
 import time
@@ -59,3 +59,42 @@ def test_timer_accumulates_seconds():
         with timer("phase", metrics):
             time.sleep(0.01)
     assert metrics["timing_s/phase"] >= 0.02
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path):
+    """The bar is drawn when stderr is a terminal and the key is on; a file or a pipe gets none."""
+    import os
+
+    from agent_trainer.trainer import show_progress_bar
+
+    primary, secondary = os.openpty()
+    try:
+        with os.fdopen(secondary, "w", closefd=False) as tty:
+            assert show_progress_bar(True, tty)
+            assert not show_progress_bar(False, tty)
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    with (tmp_path / "log").open("w") as log:
+        assert not show_progress_bar(True, log)
+
+
+def test_output_to_a_file_gets_one_line_per_step_and_no_bar(tmp_path, capfd):
+    """``fit_steps`` with stdout and stderr captured (not a terminal): exactly one console line per step, no bar."""
+    from types import SimpleNamespace
+
+    from agent_trainer.config import AgentTrainerConfig
+    from agent_trainer.trainer import AgentTrainer
+
+    cfg = AgentTrainerConfig()
+    cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.trainer.save_freq = 3, 0, 0
+    cfg.trainer.progress_bar = True
+    trainer = AgentTrainer.__new__(AgentTrainer)
+    trainer.cfg, trainer.global_step = cfg, 0
+    trainer.tracking = Tracking(tmp_path, ["console"], cfg=cfg)
+    trainer.train_step = lambda: {"rollout/success_rate": 0.5, "timing_s/step": 1.0}
+    history = trainer.fit_steps(stop=SimpleNamespace(signum=None))
+    assert len(history) == 3
+    out, err = capfd.readouterr()
+    assert out.splitlines() == [format_metrics(history[0], step, 3) for step in (1, 2, 3)]
+    assert "training" not in err and "\r" not in out + err

@@ -17,6 +17,7 @@ import torch
 
 from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.es_manager import EpisodeState
 from agent_trainer.trajectories import EpisodeRecord, read_records, row_spans, sample_states, write_step
 from agent_trainer.viewer import embed_json, render_html
 
@@ -70,11 +71,11 @@ def test_jsonl_turns_join_env_history_and_tokens(tokenizer, play_mixed, mixed_ma
 
 
 def test_sample_keeps_successes_and_failures_per_tag():
-    states = [{"tag": t, "env_id": i, "metrics": {"success": float(i % 3 == 0)}} for i, t in
-              enumerate(["A"] * 6 + ["B"] * 3)]
+    states = [EpisodeState(env_id=i, group_id=i, tag=t, history=[], penalty=0.0, final_observation="",
+                           metrics={"success": float(i % 3 == 0)}) for i, t in enumerate(["A"] * 6 + ["B"] * 3)]
     picked = sample_states(states, per_tag=2)
-    assert [(s["tag"], s["metrics"]["success"]) for s in picked] == [("A", 1.0), ("A", 0.0), ("B", 1.0), ("B", 0.0)]
-    assert [s["env_id"] for s in sample_states(states, per_tag=5) if s["tag"] == "B"] == [6, 7, 8]
+    assert [(s.tag, s.metrics["success"]) for s in picked] == [("A", 1.0), ("A", 0.0), ("B", 1.0), ("B", 0.0)]
+    assert [s.env_id for s in sample_states(states, per_tag=5) if s.tag == "B"] == [6, 7, 8]
     assert row_spans([0, 0, 1, 1, 0, 1, 0]) == [(range(0, 2), range(2, 4)), (range(4, 5), range(5, 6)),
                                                 (range(6, 7), range(7, 7))]
 

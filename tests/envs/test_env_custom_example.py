@@ -33,7 +33,7 @@ def test_example_registered_by_config_and_run_by_the_env_manager(garbage_actions
     while not mgr.step([EnvInput(0, "", [expert.expert_action()])])[0].done:
         pass
     states = mgr.get_rollout_states()
-    assert states[0]["metrics"]["success"] == 1.0 and states[0]["metrics"]["num_actions"] <= 7
+    assert states[0].metrics["success"] == 1.0 and states[0].metrics["num_actions"] <= 7
     fuzz(envs.make_env("GuessNumber"), garbage_actions)
 
 

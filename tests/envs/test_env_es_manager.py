@@ -10,6 +10,8 @@ from agent_trainer.es_manager import (
     EpisodeSpec,
     group_seeds,
     plan_episodes,
+    EnvTurn,
+    EpisodeState,
     summarize_rollout_states,
 )
 from envs import BaseEnv, load_env_tags, make_info, register_env
@@ -131,16 +133,15 @@ def test_turns_penalties_caps_and_rollout_states(tags):
         if out.done:
             break
     assert out.info.get("truncated") or out.info["success"] is False
-    states = {s["env_id"]: s for s in mgr.get_rollout_states()}
+    states = {s.env_id: s for s in mgr.get_rollout_states()}
     s0, s1 = states[0], states[1]
-    assert set(s0) >= {"env_id", "history", "group_id", "tag", "penalty", "metrics"}
-    assert s0["tag"] == "FrozenLake" and s0["group_id"] == 0 and s0["penalty"] == 0.0
-    assert s0["metrics"]["success"] == 1.0 and s0["metrics"]["action_is_valid"] == 1.0
-    assert s0["metrics"]["pass@group"] == 1.0 and s1["metrics"]["pass@group"] == 1.0
-    turn = s0["history"][0]
-    assert set(turn) == {"observation", "llm_response", "actions", "reward", "info"}
-    assert s1["metrics"]["num_actions"] <= 10 and s1["penalty"] == pytest.approx(-0.1 * (1 + n_turns))
-    assert s1["metrics"]["action_is_valid"] < 0.6
+    assert isinstance(s0, EpisodeState) and isinstance(s0.history[0], EnvTurn)
+    assert s0.tag == "FrozenLake" and s0.group_id == 0 and s0.penalty == 0.0
+    assert s0.metrics["success"] == 1.0 and s0.metrics["action_is_valid"] == 1.0
+    assert s0.metrics["pass@group"] == 1.0 and s1.metrics["pass@group"] == 1.0
+    assert s0.total_reward == sum(t.reward for t in s0.history)
+    assert s1.metrics["num_actions"] <= 10 and s1.penalty == pytest.approx(-0.1 * (1 + n_turns))
+    assert s1.metrics["action_is_valid"] < 0.6
     summary = summarize_rollout_states(list(states.values()))
     assert summary["env/FrozenLake/pass@group"] == 0.5  # group 0 solved, group 1 not
     assert "env/SlipperyFrozenLake/success" in summary
@@ -154,7 +155,7 @@ def test_cap_reached_mid_turn_ends_episode(tags):
     assert not mgr.step([EnvInput(0, "", ["Right", "Right"])])[0].done
     out = mgr.step([EnvInput(0, "", ["Right", "Right"])])[0]
     assert out.done and out.info["truncated"] and out.info["num_actions"] == 1
-    assert mgr.get_rollout_states()[0]["metrics"]["num_actions"] == 3
+    assert mgr.get_rollout_states()[0].metrics["num_actions"] == 3
 
 
 def test_env_exception_ends_only_that_episode(tags):
@@ -164,8 +165,8 @@ def test_env_exception_ends_only_that_episode(tags):
     assert outs[0].done and "kaboom" in outs[0].info["error"] and outs[0].reward == pytest.approx(0.5 - 0.1)
     assert not outs[1].done and outs[1].reward == 0.5
     states = mgr.get_rollout_states()
-    assert states[0]["metrics"]["error"] == 1.0 and states[1]["metrics"]["error"] == 0.0
-    assert states[0]["metrics"]["num_actions"] == 2 and "RuntimeError: kaboom" in states[0]["error"]
+    assert states[0].metrics["error"] == 1.0 and states[1].metrics["error"] == 0.0
+    assert states[0].metrics["num_actions"] == 2 and "RuntimeError: kaboom" in states[0].error
 
 
 def test_garbage_inputs_never_raise(tags, garbage_actions):

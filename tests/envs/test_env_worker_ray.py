@@ -31,9 +31,9 @@ def test_two_tags_across_two_actors(ray_cluster):
     outs = ray.get(actors[0].step.remote([EnvInput(0, "r", ["Down", "Right"]), EnvInput(1, "r", [])]))
     assert outs[1].reward == pytest.approx(cfg.format_penalty)
     states = sum(ray.get([a.get_rollout_states.remote() for a in actors]), [])
-    assert [s["env_id"] for s in states] == [0, 1, 2, 3]
-    assert states[1]["penalty"] == pytest.approx(cfg.format_penalty)
-    assert states[0]["metrics"]["num_actions"] in (1.0, 2.0)
+    assert [s.env_id for s in states] == [0, 1, 2, 3]
+    assert states[1].penalty == pytest.approx(cfg.format_penalty)
+    assert states[0].metrics["num_actions"] in (1.0, 2.0)
 
 
 def test_a_call_deadline_starts_once_the_actor_has_started(ray_cluster):

@@ -86,14 +86,14 @@ def test_the_hung_env_actors_are_gone_and_replaced(run):
 def test_env_errors_end_their_episodes_with_the_error_text(run):
     trainer, _, _ = run
     result = trainer.train_rollout.rollout(step=3)
-    errors = {s["tag"]: s.get("error", "") for s in result.states}
+    errors = {s.tag: s.error or "" for s in result.states}
     assert "injected step failure" in errors["FaultyRaiseStep"]  # every reply acts (fault_runs.EveryReplyActs)
     assert "observation of type int" in errors["FaultyWrongTypes"]
     assert "FaultyRaiseReset" not in errors and "FaultyHangReset" not in errors  # dropped from the step
-    by_tag = {s["tag"]: s for s in result.states}
-    surrogate_obs = by_tag["FaultySurrogates"]["final_observation"]
+    by_tag = {s.tag: s for s in result.states}
+    surrogate_obs = by_tag["FaultySurrogates"].final_observation
     assert "\ufffd" in surrogate_obs and "\x00" not in surrogate_obs
-    assert len(by_tag["FaultyMegabytes"]["final_observation"]) < 21_000  # es_manager.max_observation_chars
+    assert len(by_tag["FaultyMegabytes"].final_observation) < 21_000  # es_manager.max_observation_chars
     logged = trainer.train_rollout.logged_errors  # each logged once with its text (over the whole run)
     assert {("FaultyRaiseStep", "RuntimeError"), ("FaultyWrongTypes", "TypeError"),
             ("FaultyRaiseReset", "RuntimeError")} <= logged
@@ -131,11 +131,11 @@ def test_context_overflow_ends_episodes_as_truncated_keeping_their_rewards(run, 
     assert result.metrics["rollout/truncated_rate"] >= result.metrics["rollout/context_overflow_rate"]
     batch = result.batch
     for state in result.states:  # every episode's batch rewards equal what its env paid (nothing lost)
-        rows = (batch["traj_uid"] == state["env_id"]).nonzero()
+        rows = (batch["traj_uid"] == state.env_id).nonzero()
         if len(rows):
-            earned = sum(turn["reward"] for turn in state["history"])
+            earned = sum(turn.reward for turn in state.history)
             assert torch.isclose(batch["token_level_rewards"][rows[0, 0]].sum(), torch.tensor(float(earned)),
-                                 atol=1e-4), state["tag"]
+                                 atol=1e-4), state.tag
 
 
 def _engine_vs_actor_logprob_diff(trainer) -> float:
@@ -187,7 +187,7 @@ def test_a_killed_env_actor_and_a_killed_engine_mid_rollout_end_only_what_they_t
     m = result.metrics
     assert m["rollout/env_actor_failures"] == 1 and m["rollout/engine_failures"] == 1
     assert m["rollout/reset_failures"] == 4  # the restarted actor hung again (timeout) and RaiseReset raised
-    assert {s["tag"] for s in result.states} == set(TAGS) - {"FaultyHangReset", "FaultyRaiseReset"}
+    assert {s.tag for s in result.states} == set(TAGS) - {"FaultyHangReset", "FaultyRaiseReset"}
     assert max(len(turns) for turns in rollout.last_generations.values()) >= 2  # later turns were generated
     wait_until_ready(trainer.engines)
     assert _engine_vs_actor_logprob_diff(trainer) < 1e-3  # re-synced after the restart

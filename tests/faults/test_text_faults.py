@@ -67,7 +67,7 @@ def test_a_broken_step_ends_the_episode_with_its_error(fault, message):
     out = manager.step([EnvInput(env_id=0, llm_response="", actions=["go"])])[0]
     assert out.done and message in out.info["error"]
     state = manager.get_rollout_states()[0]
-    assert state["metrics"]["error"] == 1.0 and message in state["error"]
+    assert state.metrics["error"] == 1.0 and message in state.error
 
 
 def test_a_str_reward_is_an_error_and_a_nan_reward_passes_to_the_rollout_screen():

@@ -369,12 +369,12 @@ def _long_episodes(rank: int) -> TensorBatch:
 
 def _disagreeing_ranks(worker: ActorWorker) -> tuple[list[bool], torch.Tensor]:
     """FSDP gathers each unit once per model call: where one rank's micro-batch would cache its prefix (two calls)
-    and the other's runs in one call, both run one (``meta["two_calls"]``); without it this would hang."""
+    and the other's runs in one call, both run one (``meta.two_calls``); without it this would hang."""
     from workers.fsdp_base import MicroBatching
 
     batch, batching = _long_episodes(worker.rank), MicroBatching(rows=4)
     alone = worker.layout(batch, two_calls=True).model_calls
-    agreed = [micro.meta["two_calls"] for _, micro in worker.plan_micro_batches(batch, batching)]
+    agreed = [micro.meta.two_calls for _, micro in worker.plan_micro_batches(batch, batching)]
     return [alone == 2, *agreed], worker._log_probs(batch, worker.model, batching)
 
 
@@ -519,7 +519,7 @@ def test_tokens_after_the_last_reply_are_cut_and_change_nothing(tiny_model_path)
     bare["attention_mask"][:, 8:] = 0
     actor = _actor(tiny_model_path, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
     plan = actor.plan_micro_batches(tailed, actor.batching)
-    assert [m["input_ids"].shape[1] for _, m in plan] == [8] and plan[0][1].meta["seq_len"] == 16
+    assert [m["input_ids"].shape[1] for _, m in plan] == [8] and plan[0][1].meta.seq_len == 16
     log_probs = actor.compute_log_prob(tailed)["old_log_probs"]
     assert torch.equal(log_probs, actor.compute_log_prob(bare)["old_log_probs"])
     critic = CriticWorker(rank=0, world_size=1, device="cpu", critic=CriticConfig(

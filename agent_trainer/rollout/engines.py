@@ -1,0 +1,90 @@
+"""The rollout engines, called from the turn loops: one turn's prompts fanned out over the engines
+(:func:`generate`), an engine that dies or stalls restarted and the turn generated once more."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+from agent_trainer.rollout.splits import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def generate(engines: list, prompts: list[list[int]], sampling: SamplingParams, seed: int, timeout_s: float,
+             on_engine_restart: Callable[[], object] | None, on_failure: Callable[[], object],
+             budgets: list[int] | None = None,
+             prompt_seeds: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
+    """Split prompts across the engines, generate, keep the order.
+
+    ``budgets[k]`` is prompt k's max new tokens (``sampling.max_tokens`` for all when
+    None). Each engine gets one call per distinct budget; call j of engine i samples
+    with ``seed + i + j * len(engines)``, so with one budget engine i samples with ``seed + i``.
+
+    An engine that dies mid-turn is restarted by Ray (``max_restarts``) from the
+    checkpoint on disk; one that misses ``timeout_s`` (``rollout.generate_timeout_s``) is killed and
+    restarted the same way. ``on_failure`` counts it, ``on_engine_restart`` re-syncs the policy weights and the
+    turn is generated once more. A second failure raises.
+
+    ``prompt_seeds`` (one per prompt) seeds each request instead (vLLM only): a prompt then
+    samples the same tokens whichever prompts share its call (``rollout.mode=async``).
+    """
+    budgets = budgets or [sampling.max_tokens] * len(prompts)
+    calls = []  # (engine, prompt indices, sampling, seed)
+    for j, budget in enumerate(sorted(set(budgets))):
+        same_budget = [k for k, b in enumerate(budgets) if b == budget]
+        for i, chunk in enumerate(np.array_split(same_budget, len(engines))):
+            if len(chunk):
+                calls.append((engines[i], chunk.tolist(), dataclasses.replace(sampling, max_tokens=budget),
+                              seed + i + j * len(engines)))
+    for attempt in range(2):
+        refs = [engine.generate.remote([prompts[k] for k in chunk], **vars(params), seed=call_seed,
+                                       **({} if prompt_seeds is None else
+                                          dict(seeds=[prompt_seeds[k] for k in chunk])))
+                for engine, chunk, params, call_seed in calls]
+        try:
+            outputs = get_or_kill(refs, [c[0] for c in calls], timeout_s)
+            break
+        except (RayActorError, ActorUnavailableError, GetTimeoutError) as err:
+            if attempt == 1 or on_engine_restart is None:
+                raise
+            on_failure()
+            logger.error("rollout engine failed (%s); re-syncing weights into its restart and retrying", err)
+            wait_until_ready(engines)
+            on_engine_restart()
+    results: list = [None] * len(prompts)
+    for (_, chunk, _, _), chunk_outputs in zip(calls, outputs):
+        for k, out in zip(chunk, chunk_outputs):
+            results[k] = (list(out.token_ids), list(out.logprobs))
+    return results
+
+
+def get_or_kill(refs: list, engines: list, timeout_s: float) -> list:
+    """``ray.get(refs)`` within ``timeout_s``; on a timeout, kill the engines still busy (Ray restarts them)."""
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        stuck = {id(engines[refs.index(r)]): engines[refs.index(r)] for r in pending}
+        for engine in stuck.values():
+            ray.kill(engine, no_restart=False)
+        raise GetTimeoutError(f"{len(stuck)} rollout engine(s) did not finish a turn within {timeout_s:g} s "
+                              "(actor_rollout_ref.rollout.generate_timeout_s); killed them for a restart")
+    return ray.get(refs)
+
+
+def wait_until_ready(actors: list, timeout_s: float = 600.0) -> None:
+    """Block until every actor answers (a restarting actor raises ActorUnavailableError until then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get([a.__ray_ready__.remote() for a in actors])
+            return
+        except (ActorUnavailableError, RayActorError):  # restarting (a killed actor may still be dying)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)

@@ -1,0 +1,148 @@
+"""A rollout's result: the training batch the agent builds from the played episodes, checked against the
+token-in/token-out contract, with the episodes' metrics and the faults met on the way (:func:`assemble`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agent_trainer import profiling
+from agent_trainer.agents.base import Agent
+from agent_trainer.agents.contract import check_batch_contract
+from agent_trainer.batch import TensorBatch
+from agent_trainer.condensed_ctx import CondensedEpisode
+from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config.splits import Split
+from agent_trainer.ctx_manager import EpisodeContext
+from agent_trainer.es_manager import EpisodeState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutResult:
+    """A rollout's training batch, its metrics, and the raw per-episode states."""
+
+    batch: TensorBatch
+    metrics: dict[str, float]
+    states: list[EpisodeState]
+    group_seeds: list[int] = field(default_factory=list)
+    """The seed each group (``uid``) was reset with; the remax_baseline split replays them."""
+
+
+@dataclass
+class RolloutFaults:
+    """What went wrong in one rollout, for its metrics (docs/reliability.md)."""
+
+    actor_failures: int = 0
+    """Env actor calls that died or raised."""
+    timeouts: int = 0
+    """Env actor calls that missed their deadline (the actor was replaced)."""
+    reset_failures: int = 0
+    """Episodes dropped because their reset raised or their actor was lost."""
+    tag_timeouts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Per env tag: episodes ended by an env actor timeout."""
+    engine_failures: int = 0
+    """Engine calls that died or timed out and were generated once more."""
+
+    def count_call(self, call) -> None:
+        """Count an env actor call's failed and timed-out actors."""
+        self.actor_failures += len(call.failed)
+        self.timeouts += len(call.timed_out)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """``<prefix>/env_actor_failures``, ``env_timeouts``, ``reset_failures``, ``engine_failures`` and
+        ``env/<tag>/timeouts``."""
+        env_prefix = "env" if prefix == "rollout" else f"{prefix}/env"
+        m = {f"{prefix}/env_actor_failures": float(self.actor_failures),
+             f"{prefix}/env_timeouts": float(self.timeouts),
+             f"{prefix}/reset_failures": float(self.reset_failures)}
+        m.update({f"{env_prefix}/{tag}/timeouts": float(n) for tag, n in self.tag_timeouts.items()})
+        m[f"{prefix}/engine_failures"] = float(self.engine_failures)
+        return m
+
+
+def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int, EpisodeContext | CondensedEpisode],
+             states: list[EpisodeState], *, seeds: list[int], temperature: float, faults: RolloutFaults,
+             reset_prefetched: bool, generations: dict[int, list[list[int]]], timings: profiling.TurnTimings,
+             describe: Callable[[int], str], num_episodes: int) -> RolloutResult:
+    """The batch of the episodes that played a turn (``algorithm.nonfinite_reward`` screens them,
+    :func:`screen_nonfinite`), checked against the engine's ``generations``, with the split's metrics."""
+    played = [ctxs[k] for k in sorted(ctxs) if ctxs[k].num_turns > 0]
+    if not played:
+        raise RuntimeError(f"no episode of the {split} split played a turn ({num_episodes} episodes, "
+                           f"{faults.reset_failures} failed to reset, the others' first prompt exceeded "
+                           "actor_rollout_ref.rollout.max_model_len minus the turn budget); see the errors above")
+    episodes, dropped = screen_nonfinite(played, cfg.algorithm.nonfinite_reward, describe)
+    batch = agent.build_update_batch(episodes)
+    check_batch_contract(batch, generations, type(agent).__qualname__, describe)
+    batch.meta.temperature = temperature if temperature > 0 else 1.0
+    batch.meta.group_seeds = list(seeds)
+    prefix = split.metric_prefix
+    metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
+    metrics.update(faults.metrics(prefix))
+    metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
+    metrics[f"{prefix}/reset_prefetched"] = float(reset_prefetched)
+    metrics.update(profiling.rollout_profile(cfg, agent, timings, played, prefix))
+    return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
+
+
+def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]) -> tuple[list, int]:
+    """Keep the episodes whose total reward is finite; returns them and how many were dropped.
+
+    An episode's total reward is finite exactly when every turn's reward is (a NaN or inf
+    anywhere makes the sum NaN or inf). ``policy`` "error" raises naming the first such
+    episode (``describe(env_id)``); "drop" leaves them out (all rows of the episode).
+    """
+    bad = [e for e in episodes if not math.isfinite(e.total_reward)]
+    if not bad:
+        return episodes, 0
+    if policy != "drop":
+        raise RuntimeError(
+            f"non-finite episode reward {bad[0].total_reward} in {describe(bad[0].env_id)} ({len(bad)} of "
+            f"{len(episodes)} episodes); the environment returned it: fix the env's reward, or set "
+            "algorithm.nonfinite_reward=drop to leave such episodes out of training")
+    kept = [e for e in episodes if math.isfinite(e.total_reward)]
+    if not kept:
+        raise RuntimeError(f"all {len(episodes)} episodes of the rollout had a non-finite reward (first: "
+                           f"{describe(bad[0].env_id)}); nothing is left to train on: fix the env's reward")
+    logger.warning("dropped %d episode(s) with a non-finite reward, first: %s", len(bad), describe(bad[0].env_id))
+    return kept, len(bad)
+
+
+def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[EpisodeState],
+                    prefix: str) -> dict[str, float]:
+    """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics.
+
+    ``sequence_length_mean`` is the mean over episodes of the longest training
+    row: the whole episode in full mode, one turn's prompt + reply in condensed mode.
+    """
+    m: dict[str, float] = {}
+    rewards = [e.total_reward for e in episodes]
+    gen_lens = [e.num_generated_tokens for e in episodes]
+    turns = [e.num_turns for e in episodes]
+    m[f"{prefix}/episode_reward_mean"] = float(np.mean(rewards))
+    m[f"{prefix}/episode_reward_max"] = float(np.max(rewards))
+    m[f"{prefix}/num_turns_mean"] = float(np.mean(turns))
+    m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(turns)))
+    m[f"{prefix}/sequence_length_mean"] = float(np.mean([e.longest_row for e in episodes]))
+    m[f"{prefix}/truncated_rate"] = float(np.mean([e.truncated for e in episodes]))
+    m[f"{prefix}/context_overflow_rate"] = float(np.mean([e.context_overflow for e in episodes]))
+    m[f"{prefix}/format_error_rate"] = float(sum(e.format_errors for e in episodes) / max(1, sum(turns)))
+    success = [bool(s.metrics.get("success", False)) for s in states]
+    m[f"{prefix}/success_rate"] = float(np.mean(success)) if success else 0.0
+    by_tag: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in states:
+        for key, value in s.metrics.items():
+            if isinstance(value, (bool, int, float)):
+                by_tag[s.tag][key].append(float(value))
+    env_prefix = "env" if prefix == "rollout" else f"{prefix}/env"
+    for tag, values in by_tag.items():
+        for key, vals in values.items():
+            m[f"{env_prefix}/{tag}/{key}"] = float(np.mean(vals))
+    return m
