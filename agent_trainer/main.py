@@ -261,19 +261,19 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
 
     from agent_trainer import lifecycle
     from agent_trainer.trainer import AgentTrainer
-    PlacementError = worker_api("PlacementError")
+    PlacementError, build_workers = worker_api("PlacementError"), worker_api("build_workers")
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts
         check_local_placement(cfg)
-        trainer = AgentTrainer(cfg, tokenizer, env_tags)
+        trainer = AgentTrainer(cfg, tokenizer, env_tags, build_workers=build_workers)
     except (ValueError, PlacementError) as err:
         raise SystemExit(refusal(err)) from None
     OmegaConf.save(OmegaConf.structured(cfg), Path(cfg.trainer.default_local_dir) / "config.yaml")
     with lifecycle.StopSignal() as stop:
         try:
             init_ray(cfg)
-            trainer.init_workers()
+            trainer.init_workers(build_workers(cfg))  # the workers are built here and handed to the trainer
             if stop.signum is not None:  # a signal during start-up: nothing trained, nothing to save
                 raise lifecycle.Interrupted(stop.signum)
             return trainer.fit(stop)

@@ -9,6 +9,7 @@ the known names, as estimators and environments do.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
@@ -52,3 +53,16 @@ class PluginRegistry(Generic[T]):
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise ValueError(f"{self.key} = {name!r} is not a subclass of {self.base.__name__}")
         return cls
+
+
+def import_package_modules(package: str, path) -> list[str]:
+    """Import every module of ``package`` (its ``__path__``) whose name does not start with "_"; their names.
+
+    The registries' packages (``core_algos``, ``condensers``, ``trajectory_rewards``) call it at the end of their
+    ``__init__``, so a module that registers an estimator, a condenser or a reward computer with its decorator is
+    found by being in the package: adding one is one new file and nothing else.
+    """
+    names = sorted(m.name for m in pkgutil.iter_modules(path) if not m.name.startswith("_"))
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names

@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import ray
 import torch
@@ -46,12 +47,17 @@ class AgentTrainer:
     (vLLM, or HF generate) and env actors for the train and val splits.
     """
 
-    def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict, agent_cls: type | None = None):
+    def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict, agent_cls: type | None = None, *,
+                 build_workers: Callable[[AgentTrainerConfig], Any]):
         """Decide where the run starts (``trainer.resume_mode``) and open the metric sinks; no worker starts.
 
         ``agent_cls`` (an ``agents.base.Agent`` subclass) replaces ``agent_proxy.agent_cls`` (docs/agents.md).
+        ``build_workers``: the cli layer's builder (``workers.build.build_workers``: config -> ``Workers``), which
+        the caller runs once Ray is up and hands the result to :meth:`init_workers`; the trainer calls it itself
+        only to start the workers again after a restart.
         """
         self.cfg = cfg
+        self.build_workers = build_workers
         self.tokenizer = tokenizer
         self.env_tags = env_tags
         self.agent_cls = resolve_agent_cls(cfg, agent_cls)
@@ -76,19 +82,11 @@ class AgentTrainer:
         inactive until the workers start, and on CPU."""
 
     # -- set-up --------------------------------------------------------------------------
-    def init_workers(self) -> None:
-        """Start every worker group and load the models (collectively where sharded)."""
-        # FSDP, vLLM and the worker classes load here, on first use (agent_trainer.worker_registry)
-        actor_offloads, build_workers = worker_api("actor_offloads"), worker_api("build_workers")
-
-        w = build_workers(self.cfg)
-        self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
-        self.engine_group = w.engine_group
-        self.memory = ColocatedMemory(w.engines, w.actor, sleep=w.sleep_mode,
-                                      offload=w.device == "cuda" and actor_offloads(self.cfg))
-        self.rm_wg = w.reward_model
-        """reward_model.enable: the RewardModelWorker group scoring every training episode (docs/rewards.md)."""
-        self.rm_tokenizer = load_tokenizer(self.cfg.reward_model.model.path) if self.rm_wg is not None else None
+    def init_workers(self, workers: Any = None) -> None:
+        """Take the started worker groups (a ``workers.build.Workers``, models loaded), or build them with
+        ``build_workers`` when none are handed over (a restart); then build the rollouts and sync the engines."""
+        w = self.build_workers(self.cfg) if workers is None else workers
+        self.take_workers(w)
         rollouts = {
             split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
                                         split=split, num_env_actors=self.cfg.agent_proxy.num_env_actors,
@@ -105,6 +103,16 @@ class AgentTrainer:
             self.load_checkpoint(self.resume_from)
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
         self.memory.to_rollout(self.sync_weights)
+
+    def take_workers(self, w: Any) -> None:
+        """Keep the handles of a ``workers.build.Workers`` and drive its engines' colocation: sleep/wake when the
+        builder created them with sleep mode (``w.sleep_mode``), actor offload when ``w.actor_offload``."""
+        self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
+        self.engine_group = w.engine_group
+        self.memory = ColocatedMemory(w.engines, w.actor, sleep=w.sleep_mode, offload=w.actor_offload)
+        self.rm_wg = w.reward_model
+        """reward_model.enable: the RewardModelWorker group scoring every training episode (docs/rewards.md)."""
+        self.rm_tokenizer = load_tokenizer(self.cfg.reward_model.model.path) if self.rm_wg is not None else None
 
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""

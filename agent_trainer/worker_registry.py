@@ -16,7 +16,6 @@ from typing import Any
 
 WORKER_API: dict[str, str] = {
     "build_workers": "workers.build:build_workers",
-    "actor_offloads": "workers.build:actor_offloads",
     "build_engines": "workers.build:build_engines",
     "build_actor_group": "workers.build:build_actor_group",
     "env_actor_class": "workers.build:env_actor_class",

@@ -9,7 +9,7 @@ from typing import Any
 import ray
 
 from agent_trainer import core_algos
-from agent_trainer.checks.rl import check_offload
+from agent_trainer.checks.rl import check_engine_keys, check_offload
 from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, RefConfig
 from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.rollout import split_config, trainer_splits
@@ -39,6 +39,8 @@ class Workers:
     """``trainer.device`` resolved against the cluster: cpu | cuda."""
     sleep_mode: bool = False
     """The engines were created with vLLM's sleep mode (:func:`sleep_mode_on`): the fit loop puts them to sleep."""
+    actor_offload: bool = False
+    """The actor gives its GPU memory to the engines during rollouts (:func:`actor_offloads`, GPU runs only)."""
 
 
 def resolve_device(device: str, cluster: dict[str, float] | None = None) -> str:
@@ -79,8 +81,9 @@ def check_device(cfg: AgentTrainerConfig, device: str, cluster: dict[str, float]
     if device == "cpu" and r.enable_sleep_mode:
         raise PlacementError("actor_rollout_ref.rollout.enable_sleep_mode = true needs GPU engines, and the Ray "
                              "cluster has no GPUs (trainer.device resolved to cpu); set it to false (or null)")
-    try:  # *.fsdp.param_offload / optimizer_offload on a run that resolved to CPU
+    try:  # *.fsdp.param_offload / optimizer_offload on a run that resolved to CPU; keys the device's engines ignore
         check_offload(cfg, device)
+        check_engine_keys(cfg, device)
     except ValueError as err:
         raise PlacementError(str(err)) from None
     if sleep_mode_on(cfg, device) and cfg.trainer.max_off_policy_steps:
@@ -145,7 +148,8 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
         group.get(refs)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
                    env_worker_cls=env_actor_class(cfg), reward_model=reward_model, device=device,
-                   sleep_mode=device == "cuda" and sleep_mode_on(cfg, device))
+                   sleep_mode=device == "cuda" and sleep_mode_on(cfg, device),
+                   actor_offload=device == "cuda" and actor_offloads(cfg))
 
 
 ENV_ACTOR_MAX_RESTARTS = 3

@@ -8,22 +8,15 @@ from functools import reduce
 from typing import Any
 
 from agent_trainer import core_algos
+from agent_trainer.config.compat import SEED_ALIASES
 from agent_trainer.config.multiturn import DEFAULT_EPSILON, MultiturnTrajectoryConfig
 from agent_trainer.config.rewards import TRAIN_TAG
 from agent_trainer.config.schema import AgentTrainerConfig, condenser_config
 from agent_trainer.trajectory_rewards import load_ground_truth
 
-ALIASES: tuple[tuple[str, str], ...] = (
-    ("algorithm.multiturn_grpo.n_trajectories_per_question", "es_manager.train.group_size"),
-    ("algorithm.multiturn_grpo.max_turns_per_trajectory", "agent_proxy.max_turn"),
-    ("algorithm.multiturn_grpo.max_context_length", "actor_rollout_ref.rollout.max_model_len"),
-    ("multiturn_trajectory.generation.max_sequence_length", "actor_rollout_ref.rollout.max_model_len"),
-    ("multiturn_trajectory.generation.max_new_tokens", "actor_rollout_ref.rollout.response_length"),
-    ("multiturn_trajectory.generation.temperature", "actor_rollout_ref.rollout.temperature"),
-    ("multiturn_trajectory.generation.top_p", "actor_rollout_ref.rollout.top_p"),
-    ("multiturn_trajectory.generation.top_k", "actor_rollout_ref.rollout.top_k"),
-)
-"""(seed key, this project's key): the seed key, when set, must hold the project key's value."""
+ALIASES = SEED_ALIASES
+"""(seed key, this project's key): the seed key, when set, must hold the project key's value (one table, in
+``agent_trainer.config.compat``, which also rewrites a seed key set alone on the command line)."""
 _CONDENSER = "multiturn_trajectory.context_condenser"
 
 

@@ -30,7 +30,7 @@ from agent_trainer.config.errors import check_choice
 from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 from agent_trainer.config.schema import AgentTrainerConfig
 from agent_trainer.config.splits import CONFIG_SPLITS
-from agent_trainer.config.workers import FSDPConfig
+from agent_trainer.config.workers import FSDPConfig, RolloutConfig
 from agent_trainer.ctx_manager import COLLATED_KEYS
 
 
@@ -167,6 +167,7 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
                                             f"{r.tensor_model_parallel_size} splits the engine over GPUs, and "
                                             "trainer.device = 'cpu'; set it to 1 (or trainer.device=cuda)")
     _check_hybrid_engine(cfg)
+    check_engine_keys(cfg, cfg.trainer.device)
     check(r.mode != "async" or r.name == "vllm",
           f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
           "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
@@ -176,6 +177,38 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
               f"agent_proxy.num_env_actors = {cfg.agent_proxy.num_env_actors} is more than es_manager.{split}."
               f"env_groups = {groups} (each actor holds whole groups, so some would hold none); "
               f"set agent_proxy.num_env_actors <= {groups}")
+
+
+ENGINE_ONLY_KEYS: dict[str, tuple[str, str]] = {
+    "kv_cache_space_gib": ("vllm", "cpu"),
+    "gpu_memory_utilization": ("vllm", "cuda"),
+    "num_threads": ("", "cpu"),
+}
+"""``actor_rollout_ref.rollout`` keys only one engine or one device reads: key -> (engine, device), "" = any engine.
+vLLM's CPU KV cache is sized by kv_cache_space_gib (its GPU cache by gpu_memory_utilization); the hf engine
+(transformers generate) reads neither; num_threads sets a CPU engine's intra-op threads. Every other rollout key is
+read by both engines on both devices (tensor_model_parallel_size > 1 and enable_sleep_mode have rules of their
+own)."""
+
+
+def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
+    """A non-default ``actor_rollout_ref.rollout`` key that the chosen engine (or device) never reads is refused.
+
+    ``device``: cpu | cuda, or auto before the cluster is known (then only the engine's keys are checked; the
+    device's once joined, ``workers.build.check_device``). Raises ValueError with one line naming key, value, fix.
+    """
+    r, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
+    for key, (engine, on) in ENGINE_ONLY_KEYS.items():
+        value = getattr(r, key)
+        if value == getattr(default, key):
+            continue
+        name = f"actor_rollout_ref.rollout.{key}"
+        check(not engine or r.name == engine,
+              f"{name} = {value!r} is read by the {engine} engine only, and actor_rollout_ref.rollout.name = "
+              f"{r.name!r} ignores it; drop it (or set rollout.name={engine})")
+        check(device in ("auto", on),
+              f"{name} = {value!r} is read on {on} only, and the run's engines are on {device} "
+              f"(trainer.device = {cfg.trainer.device!r}); drop it")
 
 
 def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:

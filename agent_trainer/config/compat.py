@@ -37,6 +37,8 @@ class CompatKey:
     """How the value is translated (the doc's last column)."""
     rewrite: Callable[[Any], dict[str, Any]] | None = None
     refusal: str | None = None
+    alias_of: str | None = None
+    """Seed 004's keys: the project key this schema key is another name of (both are set to the value)."""
 
 
 def _to(key: str) -> Callable[[Any], dict[str, Any]]:
@@ -73,11 +75,33 @@ def _always_on(old: str) -> Callable[[Any], dict[str, Any]]:
     return rewrite
 
 
-AA, RAGEN = "align-anything", "RAGEN"
+def _alias(old: str, new: str) -> CompatKey:
+    """A seed 004 schema key that is another name of ``new``: set alone, both take the value (null: it follows)."""
+    def rewrite(value: Any) -> dict[str, Any]:
+        return {old: None} if value is None else {old: value, new: value}
+    return CompatKey(old, SEED4, f"{new} (and {old} itself, so the two stay one value)", rewrite, alias_of=new)
+
+
+SEED_ALIASES: tuple[tuple[str, str], ...] = (
+    ("algorithm.multiturn_grpo.n_trajectories_per_question", "es_manager.train.group_size"),
+    ("algorithm.multiturn_grpo.max_turns_per_trajectory", "agent_proxy.max_turn"),
+    ("algorithm.multiturn_grpo.max_context_length", "actor_rollout_ref.rollout.max_model_len"),
+    ("multiturn_trajectory.generation.max_sequence_length", "actor_rollout_ref.rollout.max_model_len"),
+    ("multiturn_trajectory.generation.max_new_tokens", "actor_rollout_ref.rollout.response_length"),
+    ("multiturn_trajectory.generation.temperature", "actor_rollout_ref.rollout.temperature"),
+    ("multiturn_trajectory.generation.top_p", "actor_rollout_ref.rollout.top_p"),
+    ("multiturn_trajectory.generation.top_k", "actor_rollout_ref.rollout.top_k"),
+)
+"""(seed 004's key, this project's key): one value under two names. On the command line the seed key alone sets
+both (the table below); in a config file the seed key, when set, must hold the project key's value
+(``agent_trainer.checks.multiturn``; the seed configs write ``project_key: ${seed_key}``)."""
+
+AA, RAGEN, SEED4 = "align-anything", "RAGEN", "seed 004"
 TABLE: tuple[CompatKey, ...] = (
     CompatKey("train_cfgs.multi_turn", AA, "true: nothing to set (every run is multi-turn; agent_proxy.max_turn "
               "sets the turns); false: agent_proxy.max_turn=1", _multi_turn),
-    _moved("train_cfgs.bi_level_gae", AA, "algorithm.bi_level_gae"),
+    CompatKey("train_cfgs.bi_level_gae", AA, "algorithm.bi_level_gae (RAGEN's spelling: true becomes "
+              "algorithm.adv_estimator=bi_level_gae when the config loads)", _to("algorithm.bi_level_gae")),
     _moved("train_cfgs.high_level_gamma", AA, "algorithm.high_level_gamma"),
     _moved("train_cfgs.max_turn", AA, "agent_proxy.max_turn"),
     _moved("train_cfgs.gamma", AA, "algorithm.gamma"),
@@ -129,6 +153,7 @@ TABLE: tuple[CompatKey, ...] = (
               "(RAY_ADDRESS); size it with actor_rollout_ref.actor.fsdp.world_size"),
     CompatKey("custom_envs", RAGEN, "refused", refusal="env tags live in a YAML file: set envs_file to it "
               "(like config/envs.yaml)"),
+    *(_alias(old, new) for old, new in SEED_ALIASES),
 )
 BY_KEY = {entry.old: entry for entry in TABLE}
 
@@ -198,6 +223,32 @@ def rewrite_config_sections(raw: Mapping, overrides: Sequence[str] = ()) -> tupl
     return raw, notices
 
 
+BI_LEVEL_GAE_ALIAS = "algorithm.bi_level_gae"
+"""RAGEN's spelling of ``algorithm.adv_estimator=bi_level_gae`` (the one documented spelling); see
+:func:`rewrite_bi_level_gae`."""
+
+
+def rewrite_bi_level_gae(raw: Mapping) -> tuple[dict, list[str]]:
+    """A composed config (plain key tree) with ``algorithm.bi_level_gae: true`` rewritten onto the estimator's name.
+
+    ``algorithm.bi_level_gae=true`` is RAGEN's spelling of ``algorithm.adv_estimator=bi_level_gae``: with
+    adv_estimator gae (or bi_level_gae) the loaded config reads ``adv_estimator: bi_level_gae`` and
+    ``bi_level_gae: false``, with a notice; with any other estimator the two keys conflict and the run is refused
+    in one line. Runs after composition, so a file and the command line are treated alike.
+    """
+    raw = dict(raw)
+    algorithm = raw.get("algorithm")
+    if not isinstance(algorithm, Mapping) or algorithm.get("bi_level_gae") is not True:
+        return raw, []
+    estimator = algorithm.get("adv_estimator", "gae")
+    if estimator not in ("gae", "bi_level_gae"):
+        raise ValueError(f"{BI_LEVEL_GAE_ALIAS} = true (RAGEN's spelling of algorithm.adv_estimator=bi_level_gae) "
+                         f"conflicts with algorithm.adv_estimator = {hydra_literal(estimator)}; set "
+                         "algorithm.adv_estimator=bi_level_gae, or drop algorithm.bi_level_gae")
+    raw["algorithm"] = {**algorithm, "adv_estimator": "bi_level_gae", "bi_level_gae": False}
+    return raw, [f"{BI_LEVEL_GAE_ALIAS}=true is RAGEN's spelling; using algorithm.adv_estimator=bi_level_gae"]
+
+
 def _set(tree: dict, dotted: str, value: Any) -> None:
     """``tree[a][b][c] = value`` for ``dotted`` = "a.b.c", making the sections on the way."""
     *parents, leaf = dotted.split(".")
@@ -215,6 +266,7 @@ def _leaves(path: str, value: Any) -> list[tuple[str, Any]]:
 def rewrite_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     """Command-line overrides with foreign keys rewritten (``key=v`` and ``+key=v`` alike), and the notices."""
     out, notices = [], []
+    named = {o.lstrip("+~").partition("=")[0] for o in overrides}
     for override in overrides:
         prefix = override[: len(override) - len(override.lstrip("+~"))]
         name, sep, text = override[len(prefix):].partition("=")
@@ -226,6 +278,9 @@ def rewrite_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             out.append(override)
             continue
         new, notice = translated
+        alias_of = BY_KEY[name].alias_of
+        if alias_of in named:  # the command line sets the project key too: both stay as given (checked to agree)
+            new, notice = {name: new[name]}, f"{name} is {SEED4}'s name of {alias_of}, which the command line sets too"
         out.extend(f"{k}={hydra_literal(v)}" for k, v in new.items())
         notices.append(notice)
     return out, notices
@@ -242,7 +297,7 @@ def _scalar(text: str) -> Any:
 def render() -> str:
     """The Markdown page ``docs/compatibility.md``."""
     lines = [
-        "# Coming from align-anything or RAGEN",
+        "# Coming from align-anything, RAGEN or seed 004",
         "",
         "Generated by `python -m launch.config_docs` from the table in `agent_trainer/config/compat.py` (do not edit",
         "by hand). On the command line (`key=value` and `+key=value` alike) each key below is rewritten onto",
@@ -257,6 +312,18 @@ def render() -> str:
         "keeps the command line's value (the notice says so). RAGEN's other keys in the table",
         "(`enable_response_mask`, `custom_envs`, `trainer.n_gpus_per_node`, ...) are refused in a file, naming",
         "the key to write.",
+        "",
+        "Seed 004's keys that are another name of this project's key (`algorithm.multiturn_grpo.*`,",
+        "`multiturn_trajectory.generation.*`, rows `seed 004` below) are schema keys: set alone on the command line,",
+        "the seed key and this project's key both take the value; set in a config file, the seed key must hold the",
+        "project key's value (the seed configs write `agent_proxy.max_turn: ${algorithm.multiturn_grpo.max_turns_per_trajectory}`),",
+        "else the run is refused naming both. `multiturn_trajectory.generation.batch_size` is no alias: it must equal",
+        "`es_manager.train.env_groups` x `group_size` (null: not checked).",
+        "",
+        "`algorithm.bi_level_gae=true` is RAGEN's spelling of `algorithm.adv_estimator=bi_level_gae`, the",
+        "documented one: with `adv_estimator` gae (or bi_level_gae) the loaded config reads",
+        "`adv_estimator: bi_level_gae`, with a notice; with another estimator the two conflict and the run is",
+        "refused in one line.",
         "",
         "RAGEN keys spelled as here are accepted as they are: `model_path`, `micro_batch_size_per_gpu`,",
         "`ppo_mini_batch_size`, `agent_proxy.max_turn`, `agent_proxy.enable_think`, `algorithm.*`",

@@ -37,7 +37,8 @@ def merge_config(cfg: DictConfig | Mapping[str, Any], overrides: Sequence[str] =
     """
     raw = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
     raw, notices = compat.rewrite_config_sections(raw, overrides)
-    for notice in notices:
+    raw, estimator_notices = compat.rewrite_bi_level_gae(raw)  # one spelling: algorithm.adv_estimator=bi_level_gae
+    for notice in [*notices, *estimator_notices]:
         logger.warning(notice)
     return merge_onto_schema(raw, config_schema())
 

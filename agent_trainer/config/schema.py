@@ -80,7 +80,9 @@ class AlgorithmConfig:
     adv_estimator: str = "gae"
     """gae | bi_level_gae | grpo | grpo_multiturn | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | remax | gigpo."""
     bi_level_gae: bool = False
-    """RAGEN spelling: true with adv_estimator=gae selects bi_level_gae."""
+    """Alias (RAGEN's spelling) of adv_estimator=bi_level_gae, the documented spelling: true, with adv_estimator gae or
+    bi_level_gae, is rewritten on load to adv_estimator=bi_level_gae (and reads back false); with any other estimator
+    it is refused as a conflict."""
     gamma: float = 1.0
     """Token-level discount."""
     lam: float = 1.0

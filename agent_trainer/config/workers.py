@@ -208,7 +208,8 @@ class RolloutConfig:
     kv_cache_space_gib: float = 0.25
     """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), allocated at start: it should hold the tokens of the
     largest rollout batch (2 x layers x KV heads x head dim x dtype bytes per token; the tiny model: 1 KiB);
-    a smaller cache makes the engine queue sequences, a larger one only costs memory."""
+    a smaller cache makes the engine queue sequences, a larger one only costs memory. vLLM on CPU only: a
+    non-default value is refused with rollout.name=hf or on GPUs (checks.rl.check_engine_keys)."""
     dtype: str | None = None
     """The engine's weights and activations dtype: float32 | bfloat16 | float16; None = actor_rollout_ref.model.dtype.
     The weight sync casts the actor's weights to it."""
@@ -222,7 +223,8 @@ class RolloutConfig:
     that goes alone), cast to the engine's dtype; the sync's transient memory is one FSDP unit plus one bucket."""
     gpu_memory_utilization: float = 0.5
     """vLLM's share of its GPU's memory (GPU only): weights, activations and KV cache. With
-    actor_rollout_ref.hybrid_engine the rest is the FSDP rank's, while the engine is awake."""
+    actor_rollout_ref.hybrid_engine the rest is the FSDP rank's, while the engine is awake. vLLM on GPUs only: a
+    non-default value is refused with rollout.name=hf or on CPU."""
     tensor_model_parallel_size: int = 1
     """vLLM tensor parallelism (GPU only; refused with trainer.device=cpu): each engine's Ray actor holds this many
     GPUs in one placement-group bundle and runs vLLM's own worker processes on them
@@ -235,10 +237,10 @@ class RolloutConfig:
     num_cpus_per_worker: float = 0.5
     """Ray CPU accounting per engine."""
     num_threads: int = 0
-    """Intra-op threads of each engine on CPU (its process's OMP_NUM_THREADS; ignored on GPUs). 0 = auto: 2 for a
+    """Intra-op threads of each engine on CPU (its process's OMP_NUM_THREADS; GPUs do not read it). 0 = auto: 2 for a
     model of at least 4M parameters when one engine generates while the trainer waits (num_workers 1,
     trainer.max_off_policy_steps 0), else 1. Measured on 2 cores: a 19M model generates 1.5x faster on 2 threads,
-    the 0.6M tiny model 0.9x (too little work per token to share)."""
+    the 0.6M tiny model 0.9x (too little work per token to share). A non-default value is refused on GPUs."""
     rollout_filter_strategy: str = "top_k"
     """StarPO-S group filtering by in-group reward std: top_k (keep the top fraction of groups) |
     top_p (groups whose std sums to that fraction of the total) | min_p (groups with std >= value x the largest)."""

@@ -12,7 +12,8 @@ multi-turn GRPO), gigpo, losses, rollout_correction (truncated IS between engine
 trainer), kl, shaping (RAGEN reward normalisation and rollout filtering), estimators
 (``@register_estimator``: each estimator's properties, recorded where it is defined), registry
 (``compute_advantage``, the name tables derived from the specs, the estimator a config section selects).
-A new estimator is one module with a decorated function, imported below (docs/algorithms.md).
+A new estimator is one module of this package with a decorated function: every module here is imported with
+the package (``agent_trainer.plugins.import_package_modules``; docs/algorithms.md).
 See docs/algorithms.md for the table of estimators and losses.
 """
 
@@ -67,6 +68,9 @@ from .shaping import (
     filter_groups,
     normalize_scores,
 )
+from agent_trainer.plugins import import_package_modules
+
+import_package_modules(__name__, __path__)  # a new estimator is one module here: its @register_estimator runs now
 
 __all__ = [
     "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",

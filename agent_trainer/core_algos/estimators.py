@@ -3,8 +3,8 @@
 Every table about estimators derives from the specs recorded here: the names (``algorithm.adv_estimator``'s
 choices), which need a critic, the batch keys ``compute_advantage`` hands over, the context layouts
 (``ctx_manager.mode``) an estimator reads, its options, and the start-up checks of ``agent_trainer.checks``.
-Adding an estimator is one file that defines a decorated function, plus its import in
-``core_algos/__init__.py`` (docs/algorithms.md, "Adding an estimator").
+Adding an estimator is one file in ``core_algos/`` that defines a decorated function; the package imports
+every module of its own (docs/algorithms.md, "Adding an estimator").
 """
 
 from __future__ import annotations

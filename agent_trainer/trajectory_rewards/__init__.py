@@ -1,5 +1,7 @@
 """Trajectory reward computers for multi-turn GRPO (seed 004), and the coding sandbox.
 
+Register a computer with ``@register_reward_computer("name")`` in a new module of this package (every module
+here is imported with it), or name your own by import path "package.module:ClassName".
 Enabled by ``reward_computation.enable`` (the condensed context manager scores each finished
 trajectory at the end of the rollout): see docs/multiturn_grpo.md.
 """
@@ -24,6 +26,9 @@ from agent_trainer.trajectory_rewards.computers import (
     make_reward_computer,
 )
 from agent_trainer.trajectory_rewards.sandbox import SandboxResult, run_python
+from agent_trainer.plugins import import_package_modules
+
+import_package_modules(__name__, __path__)  # a new reward computer is one file here (@register_reward_computer)
 
 __all__ = [
     "DOMAINS", "FinishedTrajectory", "FormatValidationConfig", "GroundTruth", "IOCase", "RewardComputationConfig",

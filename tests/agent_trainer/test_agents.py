@@ -198,8 +198,10 @@ def test_the_tool_agent_refuses_a_template_without_a_tool_format(tokenizer):
 def test_the_trainer_takes_an_agent_class_and_refuses_a_bad_one_before_any_worker(tokenizer, tiny_model_path,
                                                                                  tmp_path):
     from agent_trainer.trainer import AgentTrainer
+    from workers.build import build_workers
 
     cfg, tags = compose_and_prepare([f"model_path={tiny_model_path}", f"trainer.default_local_dir={tmp_path}"])
     with pytest.raises(ValueError, match="is not a subclass of agent_trainer.agents.base.Agent"):
-        AgentTrainer(cfg, tokenizer, tags, agent_cls=NotAnAgent)
-    assert AgentTrainer(cfg, tokenizer, tags, agent_cls=CountingAgent).agent_cls is CountingAgent
+        AgentTrainer(cfg, tokenizer, tags, agent_cls=NotAnAgent, build_workers=build_workers)
+    trainer = AgentTrainer(cfg, tokenizer, tags, agent_cls=CountingAgent, build_workers=build_workers)
+    assert trainer.agent_cls is CountingAgent

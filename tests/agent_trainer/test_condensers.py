@@ -257,3 +257,15 @@ def test_registry_finds_names_and_import_paths_and_names_the_key_on_errors(token
         ContextCondenserConfig(step_view="all")
     with pytest.raises(RuntimeError, match="summary of turns 1-3 that was never generated"):
         SummaryCondenser(tokenizer, ContextCondenserConfig(type="summary")).condense(hand_made(tokenizer, 5))
+
+
+def test_every_module_of_a_registry_package_is_imported_with_it():
+    """Adding an estimator, a condenser or a reward computer is one new file: its package imports it."""
+    import importlib
+    import pkgutil
+    import sys
+
+    for package in ("agent_trainer.core_algos", "agent_trainer.condensers", "agent_trainer.trajectory_rewards"):
+        path = importlib.import_module(package).__path__
+        modules = [f"{package}.{m.name}" for m in pkgutil.iter_modules(path) if not m.name.startswith("_")]
+        assert modules and all(name in sys.modules for name in modules), package

@@ -220,3 +220,37 @@ def _logging_restored():
         for name, lg in logging.Logger.manager.loggerDict.items():
             if isinstance(lg, logging.Logger):
                 lg.disabled, lg.level, lg.propagate = loggers.get(name, (False, logging.NOTSET, True))
+
+
+R = "actor_rollout_ref.rollout."
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ([f"{R}name=hf", f"{R}gpu_memory_utilization=0.7"],
+     "gpu_memory_utilization = 0.7 is read by the vllm engine only, and actor_rollout_ref.rollout.name = 'hf' "
+     "ignores it; drop it (or set rollout.name=vllm)"),
+    ([f"{R}name=hf", f"{R}kv_cache_space_gib=1.0"], "kv_cache_space_gib = 1.0 is read by the vllm engine only"),
+    ([f"{R}name=hf", f"{R}tensor_model_parallel_size=2", "trainer.device=cuda"],
+     "tensor_model_parallel_size = 2 needs rollout.name=vllm"),
+    (["trainer.device=cpu", f"{R}gpu_memory_utilization=0.7"],
+     "gpu_memory_utilization = 0.7 is read on cuda only, and the run's engines are on cpu"),
+    (["trainer.device=cuda", f"{R}kv_cache_space_gib=1.0"],
+     "kv_cache_space_gib = 1.0 is read on cpu only, and the run's engines are on cuda"),
+    (["trainer.device=cuda", f"{R}num_threads=2"], "num_threads = 2 is read on cpu only"),
+])
+def test_an_engine_key_the_chosen_engine_or_device_ignores_is_refused_in_one_line(overrides, words):
+    with pytest.raises(ValueError) as err:
+        load_config(_compose(*overrides))
+    assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_engine_keys_of_the_chosen_engine_and_device_are_accepted_and_auto_is_checked_once_joined():
+    from workers.build import check_device
+    from workers.worker_group import PlacementError
+
+    load_config(_compose(f"{R}name=hf"))  # every default is fine for either engine
+    load_config(_compose(f"{R}kv_cache_space_gib=1.0", f"{R}num_threads=2", "trainer.device=cpu"))
+    gpu = load_config(_compose(f"{R}gpu_memory_utilization=0.7"))  # trainer.device=auto: the cluster decides
+    check_device(gpu, "cuda", {"CPU": 8.0, "GPU": 2.0})
+    with pytest.raises(PlacementError, match="gpu_memory_utilization = 0.7 is read on cuda only"):
+        check_device(gpu, "cpu", {"CPU": 8.0})

@@ -185,3 +185,16 @@ def test_batch_computes_in_parallel_in_order_with_per_item_timing():
     metrics = out.metrics()
     assert metrics["rollout/correct_rate"] == 0.6 and metrics["rollout/format_ok_rate"] == 0.8
     assert metrics["timing_s/reward_item_max"] == max(r.seconds for r in out.rewards)
+
+
+def test_a_user_computer_by_import_path_loads_through_the_config_and_an_unknown_name_is_refused_before_ray(
+        tiny_model_path):
+    from agent_trainer.main import compose_and_prepare
+
+    base = [f"model_path={tiny_model_path}"]
+    cfg, _ = compose_and_prepare([*base, f"reward_computation.type={__name__}:AlwaysHalf"], "multiturn_grpo_trainer")
+    assert make_reward_computer(cfg.reward_computation).compute(traj("x")).reward == 0.5
+    with pytest.raises(SystemExit) as exit_info:
+        compose_and_prepare([*base, "reward_computation.type=nope"], "multiturn_grpo_trainer")
+    assert exit_info.value.code == ("agent-trainer: reward_computation.type = 'nope' is unknown; known: ['grpo'], or "
+                                    "give an import path 'package.module:ClassName'")

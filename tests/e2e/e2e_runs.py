@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer.main import compose_and_prepare, init_ray
 from agent_trainer.trainer import AgentTrainer
+from workers.build import build_workers
 
 
 @contextmanager
@@ -22,8 +23,8 @@ def started(config_name: str, model_path: str, run_dir, *overrides: str, trainer
     cfg, tags = compose_and_prepare([f"model_path={model_path}", f"trainer.default_local_dir={run_dir}", *overrides],
                                     config_name)
     init_ray(cfg)
-    trainer = trainer_cls(cfg, AutoTokenizer.from_pretrained(model_path), tags)
-    trainer.init_workers()
+    trainer = trainer_cls(cfg, AutoTokenizer.from_pretrained(model_path), tags, build_workers=build_workers)
+    trainer.init_workers(build_workers(cfg))  # as the command line does: built here, handed to the trainer
     try:
         yield trainer
     finally:

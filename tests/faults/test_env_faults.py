@@ -23,6 +23,7 @@ from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.main import init_ray
 from agent_trainer.rollout import make_context_manager, wait_until_ready
 from agent_trainer.trainer import AgentTrainer
+from workers.build import build_workers
 from fault_runs import fault_config
 
 pytestmark = pytest.mark.e2e
@@ -42,8 +43,8 @@ def run(tiny_model_path, tmp_path_factory, no_ray_left):
                              f"es_manager.env_step_timeout_s={TIMEOUT_S}", f"es_manager.env_reset_timeout_s={TIMEOUT_S}")
     init_ray(cfg)
     try:
-        trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags)
-        trainer.init_workers()
+        trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags, build_workers=build_workers)
+        trainer.init_workers(build_workers(cfg))
         before = list(trainer.train_rollout.env_actors)
         history = trainer.fit()
         yield trainer, history, before

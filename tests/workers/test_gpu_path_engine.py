@@ -300,6 +300,27 @@ def test_the_trainer_builds_colocation_from_the_resolved_device(tiny_model_path)
     assert not build.actor_offloads(cfg)
 
 
+def test_a_trainer_handed_sleep_mode_workers_sleeps_and_wakes_their_engines(tiny_model_path, tmp_path, fake_ray_get):
+    """The call path of sleep mode: the builder's ``Workers.sleep_mode`` (hybrid_engine on GPUs) reaches the
+    trainer, whose colocation puts the engines to sleep after a rollout and wakes them for the sync."""
+    from transformers import AutoTokenizer
+
+    from agent_trainer.trainer import AgentTrainer
+
+    cfg, tags = compose_and_prepare([f"model_path={tiny_model_path}", f"trainer.default_local_dir={tmp_path}",
+                                     "actor_rollout_ref.hybrid_engine=true", "trainer.device=cuda"])
+    trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags, build_workers=build.build_workers)
+    assert not trainer.memory.active  # no worker yet
+    log = Log()
+    trainer.take_workers(build.Workers(actor=FakeActor(log), critic=None, ref=None, engines=[FakeEngine(log, 0)],
+                                       engine_group=None, env_worker_cls=None, device="cuda",
+                                       sleep_mode=sleep_mode_on(cfg, "cuda"), actor_offload=build.actor_offloads(cfg)))
+    assert trainer.memory.active and trainer.engines == trainer.memory.engines
+    trainer.memory.to_training()  # train_step, after the rollout
+    trainer.memory.to_rollout(lambda: log.calls.append("sync"))  # train_step's sync
+    assert log.calls == ["engine0.sleep[1]", "engine0.wake_up[['weights']]", "sync", "engine0.wake_up[['kv_cache']]"]
+
+
 def test_weight_sync_keys_are_refused_before_ray_starts(tiny_model_path):
     from agent_trainer.config.choices import WEIGHT_SYNC_TRANSPORTS
     from workers.weight_sync import TRANSPORTS
