@@ -95,9 +95,9 @@ class AgentTrainer:
         }
         self.rollouts = rollouts
         """Every split's rollout; their env seed counters go into checkpoints."""
-        self.train_rollout, self.val_rollout = rollouts["train"], rollouts.get("val")
+        self.train_rollout, self.val_rollout = rollouts[Split.TRAIN], rollouts.get(Split.VAL)
         """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0, :func:`trainer_splits`)."""
-        self.remax_rollout = rollouts.get("remax_baseline")
+        self.remax_rollout = rollouts.get(Split.REMAX_BASELINE)
         """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
         if self.resume_from is not None:
             self.load_checkpoint(self.resume_from)
