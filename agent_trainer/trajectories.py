@@ -54,7 +54,8 @@ class EpisodeRecord:
     """One episode of one step, as the viewer shows it."""
 
     step: int
-    split: Split
+    split: str
+    """A rollout's :class:`Split` (its text), or an evaluation pass's label (``val_greedy``, ``val_pass@k``)."""
     tag: str
     env_id: int
     group_id: int
@@ -69,7 +70,6 @@ class EpisodeRecord:
         """Parse one JSONL line."""
         data = json.loads(line)
         data["turns"] = [TurnRecord(**t) for t in data["turns"]]
-        data["split"] = Split(data["split"])
         return cls(**data)
 
 

@@ -106,3 +106,16 @@ def test_a_person_sees_turns_highlighted_tokens_and_rewards_in_chromium(tokenize
     shot = tmp_path / "viewer.png"
     headless("--window-size=1200,900", f"--screenshot={shot}", viewer.as_uri())
     assert shot.stat().st_size > 10_000
+
+
+def test_an_evaluation_pass_label_is_written_and_read_back(tokenizer, play_mixed, mixed_manager, tmp_path):
+    """``python -m agent_trainer.eval`` writes passes labelled val_greedy / val_pass@k beside the rollout splits;
+    the folder's records (and so its viewer) read them back."""
+    ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
+    played = play_mixed(ctx_mgr)
+    batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
+    states = mixed_manager.get_rollout_states()
+    write_step(tmp_path, 0, "val_greedy", states, batch, tokenizer, per_tag=1)
+    path = write_step(tmp_path, 0, "val_pass@2", states, batch, tokenizer, per_tag=1)
+    assert path.name == "val_pass@2_step_0.jsonl"
+    assert {r.split for r in read_records(path.parent)} == {"val_greedy", "val_pass@2"}

@@ -199,7 +199,7 @@ def test_a_config_file_with_align_anything_keys_trains(tiny_model_path, tmp_path
         "model_cfgs.use_reward_critic is align-anything's name; using critic.enable=true",
     ], console[:20]
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["algorithm"]["bi_level_gae"] is True and saved["algorithm"]["high_level_gamma"] == 0.9
+    assert saved["algorithm"]["adv_estimator"] == "bi_level_gae" and saved["algorithm"]["high_level_gamma"] == 0.9
     assert saved["agent_proxy"]["max_turn"] == 4 and saved["critic"]["enable"] is True
     assert saved["actor_rollout_ref"]["actor"]["policy_loss_mode"] == "gspo"
     assert saved["actor_rollout_ref"]["ref"]["colocate"] is False
