@@ -126,7 +126,7 @@ test: model shellcheck chromium
 test-fast: model shellcheck chromium
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -m "not e2e" $(XDIST) $(ARGS)
 
-# Issue 12's suite (docs/benchmarks.md): results go to bench/results/<UTC stamp>/ (printed at the end).
+# The benchmark suite (docs/benchmarks.md): results go to bench/results/<UTC stamp>/ (printed at the end).
 # ARGS="--quick" for a smoke run, "--only main,P2" for a subset, "--update-docs" (or BENCH_UPDATE_DOCS=1)
 # to rewrite docs/benchmarks.md's generated block and docs/bench/. TRL lives in bench/.venv-trl only.
 bench: model
