@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agent_trainer.es_manager import VAL_SEED_OFFSET  # noqa: E402
-from agent_trainer.demonstrations import has_expert as has_expert_solver  # noqa: E402
+from agent_trainer.demonstrations import has_expert as has_expert_solver, valid_actions  # noqa: E402
 from envs import make_env  # noqa: E402
-from envs.frozen_lake import FrozenLakeEnv  # noqa: E402
+from envs.frozen_lake import FrozenLakeEnv, down_right_neighbours  # noqa: E402
 from envs.registry import normalize_tags  # noqa: E402
 
 Policy = Callable[[object, random.Random, int], str]
@@ -56,14 +56,9 @@ class Score:
     episodes: int
 
 
-def valid_actions(env) -> list[str]:
-    """The env's ``|``-separated action list."""
-    return [a.strip() for a in env.action_description().split("|") if a.strip()]
-
-
 def random_valid(env, rng: random.Random, turn: int) -> str:
-    """A uniformly random valid action."""
-    return rng.choice(valid_actions(env))
+    """A uniformly random valid action (an env that describes its actions in prose: that description)."""
+    return rng.choice(valid_actions(env) or [env.action_description().strip()])
 
 
 def random_down_right(env, rng: random.Random, turn: int) -> str:
@@ -73,10 +68,7 @@ def random_down_right(env, rng: random.Random, turn: int) -> str:
 
 def safe_down_right(env, rng: random.Random, turn: int) -> str:
     """Down or Right at random among the moves that stay on the map and out of holes (reads the neighbours)."""
-    row, col = env.position
-    size = len(env.desc)
-    safe = [name for name, (r, c) in (("Down", (row + 1, col)), ("Right", (row, col + 1)))
-            if r < size and c < size and env.desc[r][c] != "H"]
+    safe = [name for name, (r, c) in down_right_neighbours(env.desc, *env.position).items() if env.desc[r][c] != "H"]
     return rng.choice(safe or ["Down", "Right"])
 
 

@@ -136,20 +136,24 @@ def describe_surroundings(desc: list[str], row: int, col: int) -> str:
     return f"{', '.join(around)}. The goal is {' and '.join(ways) or 'here'}."
 
 
+def down_right_neighbours(desc: list[str], row: int, col: int) -> dict[str, tuple[int, int]]:
+    """The tiles one step Down and one step Right of (row, col) that lie on the map: move name -> (row, col)."""
+    size = len(desc)
+    return {name: (row + dr, col + dc) for name, (dr, dc) in (("Down", MOVES["Down"]), ("Right", MOVES["Right"]))
+            if row + dr < size and col + dc < size}
+
+
 def step_into_holes(env: "FrozenLakeEnv", rng) -> str:
     """A scripted demonstrator that reads the map with the opposite aim: Down or Right onto an adjacent hole
     when there is one (Down first), else Down or Right at random (staying on the map when it can).
 
     SFT on its episodes (``data.demonstrator=envs.frozen_lake:step_into_holes``) gives a warm start that reads
     the surroundings but wants the wrong thing; RL from the task's reward must re-aim it (docs/tiny_model.md)."""
-    row, col = env.position
-    size = len(env.desc)
-    inside = [name for name in ("Down", "Right")
-              if 0 <= row + MOVES[name][0] < size and 0 <= col + MOVES[name][1] < size]
-    holes = [name for name in inside if env.desc[row + MOVES[name][0]][col + MOVES[name][1]] == "H"]
+    inside = down_right_neighbours(env.desc, *env.position)
+    holes = [name for name, (r, c) in inside.items() if env.desc[r][c] == "H"]
     if holes:
         return holes[0]
-    return rng.choice(inside or ["Down", "Right"])
+    return rng.choice(list(inside) or ["Down", "Right"])
 
 
 class FrozenLakeEnv(GymnasiumTextEnv):
@@ -224,10 +228,10 @@ class FrozenLakeEnv(GymnasiumTextEnv):
         if self._gym is None or self._done:
             return None
         row, col = self.position
-        size = len(self.desc)
-        if row + 1 >= size or col + 1 >= size or self.desc[row][col] in "HG":
+        inside = down_right_neighbours(self.desc, row, col)
+        if len(inside) < 2 or self.desc[row][col] in "HG":
             return None
-        holes = [(r, c) for r, c in ((row + 1, col), (row, col + 1)) if self.desc[r][c] == "H"]
+        holes = [(r, c) for r, c in inside.values() if self.desc[r][c] == "H"]
         return holes[0] if len(holes) == 1 else None
 
     def legend(self) -> str:
