@@ -1,6 +1,6 @@
 """FrozenLake with a simulated slow backend: every ``step`` sleeps a long-tailed latency (``reset`` a fixed one).
 
-A test environment for the rollout's turn barrier (issue 12, bench P6): web or
+A test environment for the rollout's turn barrier (bench P6): web or
 tool environments (WebShop, search, code execution) answer in 50-500 ms with a
 long tail, and a turn-synchronous rollout waits for the slowest episode of every
 turn. The game is FrozenLake (so the tiny model's replies parse); only the delay
