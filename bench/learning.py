@@ -1,17 +1,24 @@
 """Learning benchmark (not a test): do the RL algorithms improve on an SFT warm start, and on the baselines?
 
-    python bench/learning.py                                   # the full grid: ~1.5 h on 2 CPU cores
-    python bench/learning.py --envs frozenlake --seeds 1 --steps 10    # a reduced run (the doc says so)
+    python bench/learning.py                                   # the full grid: about 1.5 h on 2 CPU cores
+    python bench/learning.py --envs nodeadends --seeds 1 --steps 10    # a reduced run (the doc says so)
 
-For each environment: one SFT warm start on deliberately imperfect expert demonstrations
-(``python -m agent_trainer.sft --config-name sft_frozenlake`` with the env's tag), then each
-algorithm from that start, for each seed, with the same budget (``--steps`` optimizer steps
-of 8 groups x 4 episodes, the same per-turn token budget and turns):
+For each environment: one SFT warm start, then each algorithm from that start, for each seed, with the
+same budget (the environment's RL steps of 8 maps x 8 episodes or 8 x 4, the same per-turn token budget
+and turns):
 
 - PPO + GAE (``config/frozenlake.yaml``), bi-level GAE (``frozenlake_bilevel``), GRPO
-  (``frozenlake_grpo``), multi-turn GRPO with context condensation (``frozenlake_grpo_multiturn``);
-- environments: FrozenLake 4x4 (RAGEN's p 0.8) with slippery ice off and on, both with the
-  surroundings line (``describe_surroundings``), and Sokoban 6x6 with one box (``SimpleSokoban``).
+  (``frozenlake_grpo``), multi-turn GRPO with context condensation (``frozenlake_grpo_multiturn``), and on
+  make train's task also GiGPO (``frozenlake_gigpo``, make train's recipe);
+- environments (default: ``nodeadends`` and ``sokoban``):
+  ``nodeadends``, make train's task (``FrozenLakeNoDeadEnds``, 4x4 maps where stepping Down or Right onto
+  ice always reaches the goal) from make train's warm start (``config/sft_frozenlake_nodeadends.yaml``: a
+  careless walker that knows the format, greedy success 0), with make train's layout (8 maps x 8
+  episodes, actor lr 5e-4) for every algorithm, 45 steps, evaluated every 15;
+  ``sokoban``, Sokoban 6x6 with one box (``SimpleSokoban``) from an SFT on deliberately imperfect expert
+  demonstrations (``config/sft_frozenlake.yaml`` with the env's tag), 8 x 4 episodes, 20 steps, evaluated
+  every 5; and, on request, the earlier FrozenLake 4x4 tasks with slippery ice off and on
+  (``frozenlake``, ``frozenlake_slippery``, same layout as Sokoban).
 
 The held-out seeds are the same for every run (``es_manager.seed=0``; the run's ``trainer.seed``
 varies the sampling, the batch order and the training maps' order only through the policy).
@@ -48,24 +55,44 @@ from bench.results import replace_block  # noqa: E402
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """One benchmark environment: its env tag and turn limit."""
+    """One benchmark environment: its env tag, turn limit, warm start and RL budget."""
 
     label: str
     tag: str
     max_turn: int
+    sft_config: str = "sft_frozenlake"
+    """The SFT config of the warm start (its RL config's env tags are replaced by ``tag``)."""
+    steps: int = 20
+    """RL steps per run (``--steps`` overrides every environment's)."""
+    test_freq: int = 5
+    """Held-out evaluation every N RL steps (``--test-freq`` overrides every environment's)."""
+    rl_overrides: tuple[str, ...] = ()
+    """key=value of every RL run on this environment (the layout every algorithm shares)."""
+    extra_algos: tuple[str, ...] = ()
+    """Algorithms run on this environment only, after the shared ones."""
+    layout: str = "8 maps x 4 episodes"
 
 
+# make train's layout: 8 maps x 8 episodes per step and the actor lr of config/frozenlake_nodeadends.yaml
+MAKE_TRAIN_LAYOUT = ("es_manager.train.env_groups=8", "es_manager.train.group_size=8",
+                     "es_manager.train.env_configs.n_groups=[8]", "actor_rollout_ref.actor.optim.lr=5e-4")
 ENVS = {
+    "nodeadends": EnvSpec("FrozenLake 4x4 without dead ends (make train's task)", "FrozenLakeNoDeadEnds", 6,
+                          sft_config="sft_frozenlake_nodeadends", steps=45, test_freq=15,
+                          rl_overrides=MAKE_TRAIN_LAYOUT, extra_algos=("gigpo",), layout="8 maps x 8 episodes"),
+    "sokoban": EnvSpec("Sokoban 6x6, 1 box", "SimpleSokoban", 10),
     "frozenlake": EnvSpec("FrozenLake 4x4, p 0.8", "FrozenLakeDescribed", 6),
     "frozenlake_slippery": EnvSpec("FrozenLake 4x4, p 0.8, slippery", "SlipperyFrozenLakeDescribed", 10),
-    "sokoban": EnvSpec("Sokoban 6x6, 1 box", "SimpleSokoban", 10),
 }
+DEFAULT_ENVS = ("nodeadends", "sokoban")
 ALGOS = {
     "ppo_gae": ("PPO + GAE", "frozenlake"),
     "bilevel_gae": ("bi-level GAE", "frozenlake_bilevel"),
     "grpo": ("GRPO", "frozenlake_grpo"),
     "grpo_multiturn": ("multi-turn GRPO (condensed)", "frozenlake_grpo_multiturn"),
+    "gigpo": ("GiGPO (make train's recipe)", "frozenlake_gigpo"),
 }
+SHARED_ALGOS = ("ppo_gae", "bilevel_gae", "grpo", "grpo_multiturn")
 DOC = REPO / "docs" / "results.md"
 BEGIN = "<!-- bench/learning.py: generated block, begin -->"
 END = "<!-- bench/learning.py: generated block, end -->"
@@ -77,6 +104,16 @@ def env_overrides(env: EnvSpec, val_groups: int) -> list[str]:
     return [f"es_manager.train.env_configs.tags=[{env.tag}]", f"es_manager.val.env_configs.tags=[{env.tag}]",
             f"agent_proxy.max_turn={env.max_turn}", f"es_manager.val.env_groups={val_groups}",
             f"es_manager.val.env_configs.n_groups=[{val_groups}]", "es_manager.seed=0"]
+
+
+def budget(env: EnvSpec, args) -> tuple[int, int]:
+    """The RL steps and evaluation frequency of ``env``'s runs (the command line's, where given)."""
+    return args.steps or env.steps, args.test_freq or env.test_freq
+
+
+def algos_of(env: EnvSpec, args) -> list[str]:
+    """The algorithms run on ``env``: the command line's, else the shared ones and the env's own."""
+    return list(args.algos) if args.algos else [*SHARED_ALGOS, *env.extra_algos]
 
 
 def finished(run_dir: Path, last_step: int) -> bool:
@@ -120,7 +157,7 @@ def sft(env_key: str, args) -> Path:
     out = args.out / f"sft_{env_key}"
     if args.fresh or not (out / "final" / "config.json").is_file():
         rl = json.dumps(env_overrides(env, args.val_groups))
-        run([sys.executable, "-m", "agent_trainer.sft", "--config-name", "sft_frozenlake", f"rl_overrides={rl}",
+        run([sys.executable, "-m", "agent_trainer.sft", "--config-name", env.sft_config, f"rl_overrides={rl}",
              f"trainer.default_local_dir={out}", f"trainer.experiment_name=sft_{env_key}", "eval.test_freq=0",
              *args.sft_overrides], log_file(out))
     return out / "final"
@@ -129,10 +166,12 @@ def sft(env_key: str, args) -> Path:
 def rl(env_key: str, algo: str, seed: int, model: Path, args) -> Path:
     """One RL run from ``model`` (reused when it already finished); returns its folder."""
     out = args.out / f"{env_key}_{algo}_seed{seed}"
-    if args.fresh or not finished(out, args.steps):
+    env = ENVS[env_key]
+    steps, test_freq = budget(env, args)
+    if args.fresh or not finished(out, steps):
         run([sys.executable, "-m", "agent_trainer.main", "--config-name", ALGOS[algo][1], f"model_path={model}",
-             *env_overrides(ENVS[env_key], args.val_groups), f"trainer.seed={seed}",
-             f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.test_freq}",
+             *env_overrides(env, args.val_groups), *env.rl_overrides, f"trainer.seed={seed}",
+             f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}",
              "trainer.val_before_train=true", "trainer.resume_mode=disable", f"trainer.default_local_dir={out}",
              f"trainer.experiment_name={env_key}_{algo}_seed{seed}", *args.rl_overrides], log_file(out))
     return out
@@ -161,7 +200,7 @@ def plot(env_key: str, results: dict[str, list[Path]], baseline: dict[str, float
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     # curves that coincide stay visible: shrinking markers of different shapes, different dashes
-    styles = zip("osD^", (10, 8, 6, 4), ("-", "--", "-.", ":"))
+    styles = zip("osD^v", (11, 9, 7, 5, 4), ("-", "--", "-.", ":", (0, (1, 3))))
     for (algo, dirs), (marker, size, line) in zip(results.items(), styles):
         steps, runs = curves(dirs, "val/success_rate")
         if not steps:
@@ -225,15 +264,18 @@ def write_doc(argv: list[str], args, sections: dict[str, tuple[list[str], list[s
     """docs/results.md's generated block: command, machine, wall time, the table, the curves, what did not learn.
 
     The text around the block (the reading of the results) is written by hand and kept."""
-    full = (set(args.envs) == set(ENVS) and set(args.algos) == set(ALGOS) and args.seeds >= 3)
+    full = (set(args.envs) >= set(DEFAULT_ENVS) and not args.algos and args.seeds >= 3 and not args.steps
+            and not args.test_freq)
     lines = [f"- Command: `python bench/learning.py {' '.join(argv)}`".rstrip() + "",
              f"- Machine: {machine()} (CPU only: FSDP2 over gloo, the vLLM CPU engine, the tiny model)",
              f"- Wall time: {wall_s / 60:.1f} min for the training processes (SFT and RL, summed from each run's "
              "`.log.seconds`)" + (f"; {unrecorded} of them without a recorded time" if unrecorded else ""),
-             f"- Budget per run: {args.steps} RL steps of 8 groups x 4 episodes, greedy evaluation on "
-             f"{args.val_groups} held-out seeds every {args.test_freq} steps; seeds {list(range(args.seeds))}",
-             "- " + ("The full grid." if full else "**A reduced run** (not the full grid of 3 environments x 4 "
-                                                   "algorithms x 3 seeds: it did not fit the time available)."),
+             f"- Budget per run: " + "; ".join(
+                 f"{ENVS[e].label}: {budget(ENVS[e], args)[0]} RL steps of {ENVS[e].layout}, greedy evaluation "
+                 f"every {budget(ENVS[e], args)[1]} steps" for e in args.envs)
+             + f"; {args.val_groups} held-out seeds; RL seeds {list(range(args.seeds))}",
+             "- " + ("The full grid." if full else "**A reduced run** (not the full grid of the default "
+                                                   "environments x every algorithm x 3 seeds at their budgets)."),
              "", "| environment | policy | held-out greedy success | mean reward | gain over SFT start | "
              "sampled training success, first 5 -> last 5 steps | runs |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -247,7 +289,7 @@ def write_doc(argv: list[str], args, sections: dict[str, tuple[list[str], list[s
     lines += ["", "## What did not learn", ""]
     lines += ([f"- {n}" for n in notes] if notes else ["Every run gained at least 5 points over its SFT start and "
                                                         "ended above every heuristic baseline."])
-    if "grpo_multiturn" in args.algos:
+    if any("grpo_multiturn" in algos_of(ENVS[e], args) for e in args.envs):
         lines += ["", "Multi-turn GRPO runs with ctx_manager.mode=condensed: every turn's prompt is rebuilt from a "
                   "summary of the last turns, a layout the SFT warm start (trained on full episodes, the only "
                   "layout SFT supports) never saw; its step 0 is that start under the condensed layout."]
@@ -260,11 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     """Run the grid (reusing finished runs), then write docs/results.md."""
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
-    parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS), choices=list(ENVS))
+    parser.add_argument("--algos", nargs="+", choices=list(ALGOS),
+                        help="default: the four shared estimators, plus GiGPO on make train's task")
     parser.add_argument("--seeds", type=int, default=3, help="RL seeds per (env, algorithm): 0..N-1")
-    parser.add_argument("--steps", type=int, default=20, help="RL steps per run (the same for every algorithm)")
-    parser.add_argument("--test-freq", type=int, default=5, help="held-out evaluation every N RL steps")
+    parser.add_argument("--steps", type=int, help="RL steps per run, every env and algorithm (default: the env's)")
+    parser.add_argument("--test-freq", type=int, help="held-out evaluation every N RL steps (default: the env's)")
     parser.add_argument("--val-groups", type=int, default=128, help="held-out seeds")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "learning")
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
@@ -277,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     for env_key in args.envs:
         env = ENVS[env_key]
         model = sft(env_key, args)
-        results = {algo: [rl(env_key, algo, seed, model, args) for seed in range(args.seeds)] for algo in args.algos}
+        results = {algo: [rl(env_key, algo, seed, model, args) for seed in range(args.seeds)]
+                   for algo in algos_of(env, args)}
         logs += [log_file(model.parent)] + [log_file(d) for dirs in results.values() for d in dirs]
         cfg, env_tags = compose_and_prepare(env_overrides(env, args.val_groups), config_name="frozenlake")
         base = bl.baselines(env.tag, env_tags, bl.val_seeds(cfg), env.max_turn)

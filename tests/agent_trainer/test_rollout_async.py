@@ -1,4 +1,4 @@
-"""``actor_rollout_ref.rollout.mode=async``: the rollout without a turn barrier (issue 12 item 3).
+"""``actor_rollout_ref.rollout.mode=async``: the rollout without a turn barrier.
 
 The e2e tests run the real thing: a local Ray cluster, the vLLM engine on the tiny model and
 real (threaded) env actors hosting FrozenLake with a simulated long-tailed step latency

@@ -1,4 +1,4 @@
-"""Fault-injection tests (issue 13, docs/reliability.md): every test here carries the ``faults`` marker."""
+"""Fault-injection tests (docs/reliability.md): every test here carries the ``faults`` marker."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def test_size_preset_shapes_the_model_and_explicit_flags_win(tmp_path):
     from transformers import AutoTokenizer
 
     full = btm.make_model(AutoTokenizer.from_pretrained(out), **{**preset, "max_position_embeddings": 2048})
-    assert 15e6 < sum(p.numel() for p in full.parameters()) < 25e6  # "about 20M", as issue 12 asks
+    assert 15e6 < sum(p.numel() for p in full.parameters()) < 25e6  # "about 20M", the size the 19M build is named for
 
 
 def test_tiny_preset_is_the_builders_default_shape():
