@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
 from agent_trainer.colocation import ColocatedMemory
+from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
 from agent_trainer.overlap import RolloutPrefetch
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
@@ -233,6 +234,7 @@ class AgentTrainer:
                 batch = self.shape(result.batch, metrics)
             with timer("log_prob", metrics):
                 metrics.update(self.compute_old_log_probs(batch, staleness=int(metrics["rollout/policy_staleness"])))
+            metrics.update(self.collapse_diagnostic(result.batch))  # every group, before the filter; when due
             if self.ref_wg is not None:
                 with timer("ref", metrics):
                     batch.update(self.ref_wg.dp_compute("compute_ref_log_prob", batch))
@@ -345,6 +347,22 @@ class AgentTrainer:
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
             rc.rollout_is_threshold)
         return {**metrics, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
+
+    def collapse_diagnostic(self, batch: TensorBatch) -> dict[str, float]:
+        """RAGEN-2's template-collapse metrics (``collapse/*``, ``agent_trainer.collapse_metrics``) every
+        ``trainer.collapse_metrics_freq`` steps: every first reply of the rollout's ``batch`` (all groups, before the
+        reward-variance filter) scored by the actor after each of up to ``trainer.collapse_metrics_num_prompts``
+        distinct first prompts, before this step's update."""
+        t, metrics = self.cfg.trainer, {}
+        if not collapse_metrics_due(t.collapse_metrics_freq, self.global_step, t.total_training_steps):
+            return metrics
+        with timer("collapse", metrics):
+            seed = t.seed * 1_000_003 + self.global_step
+            plan = cross_scoring_batch(batch, t.collapse_metrics_num_prompts, seed=seed)
+            if plan is not None:
+                scored = self.actor_wg.dp_compute("compute_log_prob", plan.batch)["old_log_probs"]
+                metrics.update(collapse_metrics(plan, scored))
+        return metrics
 
     def run_update(self, group, method: str, batch: TensorBatch, mini_batch_size: int) -> dict[str, float]:
         """Run ``method`` on every rank with the batch padded to whole mini-batches; average the metrics."""

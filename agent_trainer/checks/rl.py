@@ -140,6 +140,11 @@ def _check_trainer(cfg: AgentTrainerConfig) -> None:
     check(t.resume_from_path is None or t.resume_mode == "resume_path",
           f"trainer.resume_from_path = {t.resume_from_path!r} is only read with trainer.resume_mode=resume_path "
           f"(got {t.resume_mode!r}); add trainer.resume_mode=resume_path or drop resume_from_path")
+    groups = cfg.es_manager.train.env_groups
+    check(t.collapse_metrics_freq <= 0 or groups >= 2,
+          f"trainer.collapse_metrics_freq = {t.collapse_metrics_freq} compares the replies across distinct prompts, "
+          f"but es_manager.train.env_groups = {groups} gives one prompt per step (the mutual information is then 0); "
+          "set es_manager.train.env_groups >= 2 or trainer.collapse_metrics_freq=0")
     # trainer.device=cuda is checked against the Ray cluster once joined (workers.build.check_device): the
     # driver, e.g. a `ray job submit` entrypoint on a head node without GPUs, need not see one.
 

@@ -129,6 +129,8 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("trainer.placement_timeout_s", above(0), "120"),
     ("trainer.log_trajectories_freq", at_least(0, " (0 = off)"), "10"),
     ("trainer.log_trajectories_per_tag", at_least(1), "4"),
+    ("trainer.collapse_metrics_freq", at_least(0, " (0 = off)"), "10"),
+    ("trainer.collapse_metrics_num_prompts", at_least(2, " (the mutual information over one prompt is 0)"), "8"),
     ("eval.k", at_least(0, " (0 = greedy only)"), "4"),
     ("es_manager.format_penalty", at_most(0, " (a penalty; a positive value would reward bad answers)"), "-0.1"),
     ("es_manager.seed", at_least(0), "0"),

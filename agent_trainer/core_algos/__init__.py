@@ -9,7 +9,8 @@ so a verl user reads them at once.
 
 Modules: advantages (GAE, GRPO, RLOO, REINFORCE++, ReMax), multiturn (bi-level GAE,
 multi-turn GRPO), gigpo, losses, rollout_correction (truncated IS between engine and
-trainer), kl, shaping (RAGEN reward normalisation and rollout filtering), estimators
+trainer), collapse (RAGEN-2's prompt-response mutual information), kl, shaping (RAGEN reward
+normalisation and rollout filtering), estimators
 (``@register_estimator``: each estimator's properties, recorded where it is defined), registry
 (``compute_advantage``, the name tables derived from the specs, the estimator a config section selects).
 A new estimator is one module of this package with a decorated function: every module here is imported with
@@ -48,6 +49,7 @@ from .losses import (
     get_policy_loss_fn,
 )
 from .rollout_correction import ROLLOUT_IS_LEVELS, compute_rollout_is_weights
+from .collapse import mutual_information_estimates
 from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage, turn_segments
 from .estimators import EstimatorSpec, estimator_names, estimator_spec, register_estimator
 from . import registry
@@ -85,7 +87,7 @@ __all__ = [
     "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
     "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
     "critic_enabled", "estimator", "estimator_options", "EstimatorSpec", "estimator_names", "estimator_spec",
-    "register_estimator", "normalize_scores", "resolve_adv_estimator", "turn_segments",
+    "register_estimator", "mutual_information_estimates", "normalize_scores", "resolve_adv_estimator", "turn_segments",
 ]
 
 

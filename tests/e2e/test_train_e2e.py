@@ -2,6 +2,7 @@
 ranks over gloo, 1 FSDP2 critic rank, 1 vLLM (CPU build) rollout engine and 2 env actors."""
 
 import json
+import math
 import os
 
 import pytest
@@ -32,6 +33,7 @@ SMALL = [
     "actor_rollout_ref.rollout.response_length=24",
     "actor_rollout_ref.actor.optim.lr=1e-3",
     "actor_rollout_ref.rollout.num_threads=2",  # not the default (auto: 1 for the tiny model)
+    "trainer.collapse_metrics_freq=1",  # RAGEN-2's template-collapse diagnostic on both steps
 ]
 
 
@@ -56,6 +58,13 @@ def test_two_steps_train_and_log(trained):
     assert "val/success_rate" in history[1]
     lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    for record in map(json.loads, lines):  # two groups, two distinct first prompts (a FrozenLake map, a Bandit)
+        assert record["collapse/mi_upper_bound"] == pytest.approx(math.log(2))
+        for key in ("collapse/mi_estimate", "collapse/mi_seq_estimate"):
+            assert 0.0 <= record[key] <= math.log(2) + 1e-9, (key, record[key])
+        for key in ("collapse/conditional_entropy_est", "collapse/conditional_entropy_seq_est"):
+            assert math.isfinite(record[key]) and record[key] > 0, (key, record[key])
+        assert record["collapse/num_responses"] == 8 and record["timing_s/collapse"] > 0
 
 
 def test_actor_parameters_changed(trained):
