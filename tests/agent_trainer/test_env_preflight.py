@@ -86,6 +86,17 @@ class IntObservationEnv(GoodEnv):
         return self.t, reward, done, info
 
 
+class StrDoneEnv(GoodEnv):
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return obs, reward, "yes" if done else "no", info
+
+
+class NoneInfoEnv(GoodEnv):
+    def info(self, valid):
+        return None
+
+
 class DictResetEnv(GoodEnv):
     def reset(self, seed=None, **kwargs):
         super().reset(seed)
@@ -181,6 +192,16 @@ def test_a_str_reward_is_refused(tmp_path):
 def test_a_non_str_observation_is_refused(tmp_path):
     line = _refusal(tmp_path, "IntObservationEnv")
     assert "step('Go') returned an observation of type int (1)" in line
+
+
+def test_a_done_that_is_no_bool_is_refused(tmp_path):
+    line = _refusal(tmp_path, "StrDoneEnv")
+    assert "step('Go') returned done of type str ('no'); done must be a bool" in line
+
+
+def test_an_info_that_is_no_dict_is_refused(tmp_path):
+    line = _refusal(tmp_path, "NoneInfoEnv")
+    assert "step('Go') returned info of type NoneType (None)" in line and "envs.make_info(" in line
 
 
 def test_a_reset_that_returns_no_str_is_refused(tmp_path):
