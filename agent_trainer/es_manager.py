@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from agent_trainer.config.envs import EnvGroupsConfig
 from agent_trainer.config.splits import Split
@@ -128,18 +128,23 @@ class EpisodeState:
     tag: str
     history: list[EnvTurn]
     penalty: float
-    """The episode's format penalty (added to the turns' rewards in its total)."""
+    """The episode's format penalties, summed (each is already inside its turn's ``reward``; never added again)."""
     final_observation: str
     metrics: dict[str, float]
     """success (final), num_actions, num_turns, the mean of every numeric info key over executed actions,
     error, truncated and pass@group (any member of the group on this actor succeeded)."""
     error: str | None = None
     """The exception text that ended the episode, if one did."""
+    reward: float | None = None
+    """The episode's reward as the rollout trained on it (set by the rollout from the training rows,
+    ``agent_trainer.rollout.results.assemble``); None on a state straight from an env actor."""
 
     @property
     def total_reward(self) -> float:
-        """The turns' rewards plus the penalty: what the env paid the episode."""
-        return float(sum(t.reward for t in self.history)) + float(self.penalty or 0.0)
+        """The episode's reward, the one figure every report shows (docs/rewards.md, "One reward figure"): the
+        sum of the rewards on its training rows once the rollout set it (``reward``), else the sum of its
+        turns' rewards (:func:`episode_reward`); each turn's format penalty is inside its turn, counted once."""
+        return float(self.reward) if self.reward is not None else episode_reward(t.reward for t in self.history)
 
 
 @dataclass
@@ -344,6 +349,11 @@ class EnvStateManager:
                 ep.env.close()
             except Exception:  # closing is best effort
                 pass
+
+
+def episode_reward(turn_rewards: Iterable[float]) -> float:
+    """An episode's reward: the sum of its turns' rewards, each of which holds the turn's format penalty (once)."""
+    return float(sum(float(r) for r in turn_rewards))
 
 
 def safe_text(text: str) -> str:

@@ -43,6 +43,9 @@ REPORT = "eval_report.json"
 def summarize(states: list[EpisodeState], pass_key: str | None = None) -> dict:
     """Success rate and mean episode reward, overall and per env tag; with ``pass_key`` also pass@group under it.
 
+    An episode's reward is its state's ``total_reward``: the figure the rollout's metrics show (the sum of its
+    training rows' rewards, docs/rewards.md "One reward figure").
+
     pass@group of an episode: any episode of its group (same seed) succeeded; its mean over
     episodes is the fraction of seeds solved, every group being the same size.
     """

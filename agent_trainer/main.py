@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from agent_trainer import core_algos, memory_plan, run_logs, watchdog
 from agent_trainer.checks.load import load_config
+from agent_trainer.checks.preflight import preflight_envs
 from agent_trainer.config import AgentTrainerConfig, config_schema
 from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
@@ -194,7 +195,8 @@ def _single_node_on_loopback() -> None:
 
 
 def prepare(raw_cfg: DictConfig | dict, overrides: Sequence[str] = ()) -> tuple[AgentTrainerConfig, dict]:
-    """Validate the config, the env tags and the model (raises ValueError naming the key and the fix).
+    """Validate the config, the env tags and the model, and preflight the splits' environments (raises ValueError
+    naming the key or the tag and the fix; ``agent_trainer.checks.preflight``).
 
     ``overrides``: the command line's, which win over a config file's align-anything sections (compat.py).
     """
@@ -210,6 +212,9 @@ def prepare(raw_cfg: DictConfig | dict, overrides: Sequence[str] = ()) -> tuple[
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
         check_datasets(cfg, env_tags, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    seconds = preflight_envs(cfg, env_tags)  # each split's tag built, reset and stepped (es_manager.preflight)
+    if seconds:
+        logger.debug("env preflight: %s", ", ".join(f"{tag} {s:.3f} s" for tag, s in seconds.items()))
     return cfg, env_tags
 
 
@@ -260,6 +265,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     from transformers import AutoTokenizer
 
     from agent_trainer import lifecycle
+    from agent_trainer.rollout.results import EnvFailure
     from agent_trainer.trainer import AgentTrainer
     PlacementError, build_workers = worker_api("PlacementError"), worker_api("build_workers")
 
@@ -280,7 +286,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
         except lifecycle.Interrupted as err:
             logger.warning("%s: shutting every worker down; exit code %d", err, err.exit_code)
             exit_with: int | str = err.exit_code
-        except (PlacementError, lifecycle.WorkerLost) as err:
+        except (PlacementError, lifecycle.WorkerLost, EnvFailure) as err:  # one line: what stopped the run
             exit_with = f"agent-trainer: {' '.join(str(err).split())}"
         finally:
             try:

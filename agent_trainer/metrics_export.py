@@ -30,21 +30,26 @@ _TAG_METRIC = re.compile(r"^(?:(val)/)?env/([^/]+)/(success|episode_reward_mean)
 
 
 def rollout_rates(result: RolloutResult, metrics: dict[str, float], prefix: str = "rollout") -> dict[str, float]:
-    """Per-tag mean episode reward (``env/<tag>/episode_reward_mean``) and the rollout's throughput.
-
-    ``perf/generated_tokens_per_s`` and ``perf/env_steps_per_s`` count over ``timing_s/rollout``.
-    """
-    env_prefix = "env" if prefix == "rollout" else f"{prefix}/env"
-    rewards: dict[str, list[float]] = {}
-    actions = 0.0
-    for s in result.states:
-        rewards.setdefault(s.tag, []).append(s.total_reward)
-        actions += float(s.metrics.get("num_actions", 0.0))
-    out = {f"{env_prefix}/{tag}/episode_reward_mean": sum(v) / len(v) for tag, v in rewards.items()}
+    """The rollout's throughput: ``perf/generated_tokens_per_s`` and ``perf/env_steps_per_s`` over
+    ``timing_s/rollout`` (the per-tag ``env/<tag>/episode_reward_mean`` the gauge exports is the rollout's
+    own metric, over the one per-episode reward figure, ``agent_trainer.rollout.results.episode_rewards``)."""
+    out: dict[str, float] = {}
     if prefix == "rollout":
+        actions = sum(float(s.metrics.get("num_actions", 0.0)) for s in result.states)
         seconds = max(metrics.get("timing_s/rollout", 0.0), 1e-9)
         out["perf/generated_tokens_per_s"] = float(result.batch["response_mask"].sum()) / seconds
         out["perf/env_steps_per_s"] = actions / seconds
+    return out
+
+
+def tag_gauges(metrics: dict[str, float]) -> dict[tuple[str, str, str], float]:
+    """The per-tag gauges a step's metrics set: (gauge name without the prefix, split, env tag) -> value, from
+    ``env/<tag>/success|episode_reward_mean`` (split train) and ``val/env/<tag>/...`` (split val)."""
+    out = {}
+    for key, value in metrics.items():
+        if match := _TAG_METRIC.match(key):
+            name = "success_rate" if match.group(3) == "success" else "episode_reward_mean"
+            out[(name, match.group(1) or "train", match.group(2))] = float(value)
     return out
 
 
@@ -79,9 +84,9 @@ class RayMetrics:
         for key, value in metrics.items():
             if key.startswith("timing_s/"):
                 self.phase.set(value, tags={**tags, "phase": key.removeprefix("timing_s/")})
-            elif match := _TAG_METRIC.match(key):
-                gauge = self.success if match.group(3) == "success" else self.reward
-                gauge.set(value, tags={**tags, "split": match.group(1) or "train", "env_tag": match.group(2)})
+        for (name, split, env_tag), value in tag_gauges(metrics).items():
+            gauge = self.success if name == "success_rate" else self.reward
+            gauge.set(value, tags={**tags, "split": split, "env_tag": env_tag})
         for key, gauge in (("perf/generated_tokens_per_s", self.tokens_per_s),
                            ("perf/env_steps_per_s", self.env_steps_per_s), ("timing_s/sync", self.sync)):
             if key in metrics:

@@ -64,6 +64,15 @@ def episode_scores(batch: TensorBatch) -> EpisodeScores:
     return EpisodeScores(scores=scores, group_ids=group_ids, tag_ids=tag_ids, row_to_episode=row_to_episode)
 
 
+def trained_rewards(batch: TensorBatch) -> dict[int, float]:
+    """Per episode (``traj_uid``): the sum of the token-level rewards over its training rows, generated tokens
+    only (:func:`episode_scores`): the episode's reward as the policy is trained on it, before any shaping."""
+    if not len(batch):
+        return {}
+    uids = torch.unique(batch["traj_uid"])
+    return dict(zip(uids.tolist(), episode_scores(batch).scores.tolist()))
+
+
 def filter_rollout(batch: TensorBatch, strategy: str, value: float) -> tuple[TensorBatch, dict[str, float]]:
     """Keep the rows of whole groups chosen by ``core_algos.filter_groups`` (row order kept).
 

@@ -61,6 +61,8 @@ class EpisodeRecord:
     group_id: int
     success: bool
     total_reward: float
+    """The episode's reward (``EpisodeState.total_reward``): the figure of the metrics and the eval report;
+    its turns' rewards sum to it (each turn's format penalty counted once, in its turn)."""
     final_observation: str
     turns: list[TurnRecord]
     error: str | None = None
@@ -121,7 +123,7 @@ def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, 
         turns.append(record)
     return EpisodeRecord(step=step, split=split, tag=state.tag, env_id=int(state.env_id),
                          group_id=int(state.group_id), success=bool(state.metrics.get("success", 0.0) > 0),
-                         total_reward=float(sum(t.reward for t in turns)) + float(state.penalty or 0.0),
+                         total_reward=state.total_reward,
                          final_observation=str(state.final_observation), turns=turns, error=state.error)
 
 

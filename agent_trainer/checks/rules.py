@@ -145,6 +145,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("es_manager.env_step_timeout_s", above(0), "60"),
     ("es_manager.env_reset_timeout_s", above(0), "60"),
     ("es_manager.max_failed_reset_fraction", between(0, 1, False, False), "0.5"),
+    ("es_manager.max_env_error_fraction", between(0, 1, False, False), "0.5"),
     ("es_manager.max_observation_chars", at_least(100), "20000"),
     *sections(_OPTIM, "actor_rollout_ref.actor", "critic"),
     *sections(_FSDP, "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"),

@@ -110,7 +110,8 @@ class EsManagerConfig:
     """The ``es_manager`` config section."""
 
     format_penalty: float = -0.1
-    """Added to a turn's reward (and the episode penalty) when an action is missing or invalid."""
+    """Added once to a turn's reward when its action is missing or invalid; an episode's reward, the sum of its
+    turns' rewards, so holds each penalty once (env/<tag>/penalty sums them on their own)."""
     action_sep: str = "||"
     """Separator between several actions in one answer."""
     max_actions_per_turn: int = 1
@@ -136,6 +137,14 @@ class EsManagerConfig:
     max_failed_reset_fraction: float = 0.5
     """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
     of a split's episodes fail to reset; below it they are dropped from the step (rollout/reset_failures)."""
+    max_env_error_fraction: float = 0.5
+    """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
+    of a split's started episodes end in an environment error (step raised, or returned the wrong shape, a
+    non-numeric reward or a non-str observation); below it they train as they ended (env/<tag>/error)."""
+    preflight: bool = True
+    """Before any worker starts, the driver builds every training and validation tag's environment, resets it
+    and steps it with valid and junk actions, and refuses one that breaks the env contract in one line naming
+    the tag, the call, what came back and the fix (docs/writing_an_environment.md, "Check it"); false skips it."""
     max_observation_chars: int = 20000
     """Longest observation (characters) shown to the policy; a longer one is cut, ending in a marker that
     says how many characters were dropped. Lone surrogates and NUL bytes in env text are replaced."""

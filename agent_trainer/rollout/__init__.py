@@ -33,6 +33,9 @@ Faults end only what they touch (docs/reliability.md):
 - an episode whose reset raises or times out is dropped from the step
   (``rollout/reset_failures``); more than ``es_manager.max_failed_reset_fraction`` of the
   split stops the run with an error naming the tag, the seed and the exception;
+- an episode that ends in an environment error (its step raised or returned the wrong shape or types) keeps
+  its turns; more than ``es_manager.max_env_error_fraction`` of the split's started episodes stops the run
+  the same way (``EnvFailure``, one line);
 - an exception from an environment is logged once per (tag, exception type) with its text;
 - an episode whose next prompt would not fit ``max_model_len`` ends as truncated
   (``rollout/context_overflow_rate``) and keeps the rewards it earned;
@@ -55,7 +58,8 @@ from agent_trainer.rollout.engines import get_or_kill, wait_until_ready
 from agent_trainer.rollout.lanes import BarrierFreeLoop, Lane
 from agent_trainer.rollout.multiturn import MultiTurnRollout, make_context_manager
 from agent_trainer.rollout.resets import EnvResets
-from agent_trainer.rollout.results import RolloutFaults, RolloutResult, rollout_metrics, screen_nonfinite
+from agent_trainer.rollout.results import (EnvFailure, RolloutFaults, RolloutResult, check_env_errors,
+                                           episode_rewards, rollout_metrics, screen_nonfinite)
 from agent_trainer.rollout.splits import (SPLITS, SamplingParams, episode_seed, sampling_params, sampling_seed,
                                           split_config, trainer_splits)
 from agent_trainer.rollout.turns import TurnLoop
@@ -64,7 +68,7 @@ SyncMultiTurnRollout = MultiTurnRollout
 """The rollout's name in the design notes and for users: it plays the turn-synchronous loop, and the loop
 without a barrier when ``rollout.mode=async``."""
 
-__all__ = ["BarrierFreeLoop", "EnvResets", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult", "SPLITS",
-           "SamplingParams", "SyncMultiTurnRollout", "TurnLoop", "episode_seed", "get_or_kill", "make_context_manager",
-           "rollout_metrics", "sampling_params", "sampling_seed", "screen_nonfinite", "split_config", "trainer_splits",
-           "wait_until_ready"]
+__all__ = ["BarrierFreeLoop", "EnvFailure", "EnvResets", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult",
+           "SPLITS", "SamplingParams", "SyncMultiTurnRollout", "TurnLoop", "check_env_errors", "episode_rewards",
+           "episode_seed", "get_or_kill", "make_context_manager", "rollout_metrics", "sampling_params",
+           "sampling_seed", "screen_nonfinite", "split_config", "trainer_splits", "wait_until_ready"]

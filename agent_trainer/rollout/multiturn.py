@@ -22,7 +22,7 @@ from agent_trainer.es_manager import EpisodeSpec, plan_episodes
 from agent_trainer.rollout.engines import generate
 from agent_trainer.rollout.lanes import BarrierFreeLoop
 from agent_trainer.rollout.resets import EnvResets
-from agent_trainer.rollout.results import RolloutFaults, RolloutResult, assemble
+from agent_trainer.rollout.results import RolloutFaults, RolloutResult, assemble, check_env_errors
 from agent_trainer.rollout.splits import SamplingParams, sampling_params, split_config
 from agent_trainer.rollout.turns import TurnLoop
 from envs.registry import normalize_tags
@@ -150,6 +150,7 @@ class MultiTurnRollout:
         if self.resets.prefetch and step < self.cfg.trainer.total_training_steps:
             self.resets.start_next()  # the env actors reset while the batch is built and the step trains
         states = [s for s in call.results if s.env_id in ctxs]
+        check_env_errors(states, self.cfg.es_manager.max_env_error_fraction, self.split, self.describe_episode)
         return assemble(self.cfg, self.ctx, self.split, ctxs, states, seeds=seeds, temperature=sampling.temperature,
                         faults=faults, reset_prefetched=self.resets.was_prefetched,
                         generations=self.last_generations, timings=loop.timings, describe=self.describe_episode,

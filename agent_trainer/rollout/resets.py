@@ -13,7 +13,7 @@ from agent_trainer.config.splits import Split
 from agent_trainer.env_pool import EnvActorPool, PendingCall
 from agent_trainer.es_manager import EnvOutput, EpisodeSpec, group_seeds
 from agent_trainer.rollout.engines import wait_until_ready
-from agent_trainer.rollout.results import RolloutFaults
+from agent_trainer.rollout.results import EnvFailure, RolloutFaults
 
 
 class EnvResets:
@@ -114,7 +114,7 @@ class EnvResets:
         limit = self.cfg.es_manager.max_failed_reset_fraction
         if errors and len(errors) > limit * len(self.episodes):
             env_id, error = min(errors.items())
-            raise RuntimeError(
+            raise EnvFailure(
                 f"{len(errors)} of {len(self.episodes)} episodes of the {self.split} split failed to reset "
                 f"(more than es_manager.max_failed_reset_fraction = {limit:g}); the first: "
                 f"{self.describe(env_id)}: {error}. Fix the environment's reset, or raise the fraction")

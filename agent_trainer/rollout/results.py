@@ -20,6 +20,7 @@ from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.es_manager import EpisodeState
+from agent_trainer.rollout_shaping import trained_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,25 @@ class RolloutResult:
     states: list[EpisodeState]
     group_seeds: list[int] = field(default_factory=list)
     """The seed each group (``uid``) was reset with; the remax_baseline split replays them."""
+
+
+class EnvFailure(RuntimeError):
+    """Too many of a split's episodes failed in their environment (``es_manager.max_failed_reset_fraction``,
+    ``es_manager.max_env_error_fraction``): the run stops with this one line (``agent_trainer.main.train``)."""
+
+
+def check_env_errors(states: list[EpisodeState], limit: float, split: Split, describe: Callable[[int], str]) -> None:
+    """Stop (:class:`EnvFailure`) when more than ``limit`` of the started episodes (``states``) ended in an
+    environment error (``EpisodeState.error``: step raised, or returned the wrong shape or types), naming the
+    first one, its seed and its error; below it they stay in the step (``env/<tag>/error``)."""
+    errored = sorted((s for s in states if s.error is not None), key=lambda s: s.env_id)
+    if errored and len(errored) > limit * len(states):
+        first = errored[0]
+        raise EnvFailure(
+            f"{len(errored)} of {len(states)} episodes of the {split} split ended in an environment error (more "
+            f"than es_manager.max_env_error_fraction = {limit:g}); the first: {describe(first.env_id)}: "
+            f"{' '.join(first.error.split())[:500]}. Fix the environment's step (docs/writing_an_environment.md, "
+            "\"Check it\"), or raise the fraction")
 
 
 @dataclass
@@ -84,7 +104,10 @@ def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int
     batch.meta.temperature = temperature if temperature > 0 else 1.0
     batch.meta.group_seeds = list(seeds)
     prefix = split.metric_prefix
-    metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix)
+    rewards = episode_rewards(ctxs, batch)
+    for state in states:  # the reports read the episode's reward from its state (trajectories, eval report)
+        state.reward = rewards.get(int(state.env_id), state.total_reward)
+    metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix, rewards=rewards)
     metrics.update(faults.metrics(prefix))
     metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
     metrics[f"{prefix}/reset_prefetched"] = float(reset_prefetched)
@@ -115,19 +138,33 @@ def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]
     return kept, len(bad)
 
 
+def episode_rewards(ctxs: dict[int, EpisodeContext | CondensedEpisode], batch: TensorBatch) -> dict[int, float]:
+    """Each episode's reward, the one figure the console, the metrics, the Prometheus gauge, the eval report, the
+    trajectories and the viewer show (docs/rewards.md, "One reward figure"): the sum of the token-level rewards
+    on its training rows (``rollout_shaping.trained_rewards``: the turns' env rewards with each turn's format
+    penalty counted once, as the agent placed them), before rollout shaping and a reward model's score. An
+    episode with no row in the batch (no turn played, a non-finite reward dropped) has the agent's own total."""
+    trained = trained_rewards(batch)
+    return {env_id: trained.get(int(env_id), ctx.total_reward) for env_id, ctx in ctxs.items()}
+
+
 def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[EpisodeState],
-                    prefix: str) -> dict[str, float]:
+                    prefix: str, rewards: dict[int, float] | None = None) -> dict[str, float]:
     """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics.
 
-    ``sequence_length_mean`` is the mean over episodes of the longest training
-    row: the whole episode in full mode, one turn's prompt + reply in condensed mode.
+    ``rewards`` (env_id -> the episode's reward, :func:`episode_rewards`; default each episode's
+    ``total_reward``) gives ``<prefix>/episode_reward_mean|max`` and, over the same figures,
+    ``env/<tag>/episode_reward_mean``. ``sequence_length_mean`` is the mean over episodes of the longest
+    training row: the whole episode in full mode, one turn's prompt + reply in condensed mode.
     """
     m: dict[str, float] = {}
-    rewards = [e.total_reward for e in episodes]
+    reward_of = {e.env_id: (rewards[e.env_id] if rewards is not None and e.env_id in rewards else e.total_reward)
+                 for e in episodes}
+    rewards_list = [reward_of[e.env_id] for e in episodes]
     gen_lens = [e.num_generated_tokens for e in episodes]
     turns = [e.num_turns for e in episodes]
-    m[f"{prefix}/episode_reward_mean"] = float(np.mean(rewards))
-    m[f"{prefix}/episode_reward_max"] = float(np.max(rewards))
+    m[f"{prefix}/episode_reward_mean"] = float(np.mean(rewards_list))
+    m[f"{prefix}/episode_reward_max"] = float(np.max(rewards_list))
     m[f"{prefix}/num_turns_mean"] = float(np.mean(turns))
     m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(turns)))
     m[f"{prefix}/sequence_length_mean"] = float(np.mean([e.longest_row for e in episodes]))
@@ -145,4 +182,9 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
     for tag, values in by_tag.items():
         for key, vals in values.items():
             m[f"{env_prefix}/{tag}/{key}"] = float(np.mean(vals))
+    tag_rewards: dict[str, list[float]] = defaultdict(list)
+    for e in episodes:
+        tag_rewards[e.tag].append(reward_of[e.env_id])
+    for tag, vals in tag_rewards.items():
+        m[f"{env_prefix}/{tag}/episode_reward_mean"] = float(np.mean(vals))
     return m

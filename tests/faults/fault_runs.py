@@ -48,8 +48,8 @@ def write_fault_envs(path) -> str:
 
 def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: str):
     """A small GRPO run (1 actor rank, no critic, 1 engine): one group of 2 episodes per train tag,
-    one env actor per group, validation off, every reply an action (:class:`EveryReplyActs`); returns
-    (cfg, env_tags)."""
+    one env actor per group, validation off, every reply an action (:class:`EveryReplyActs`), no env preflight
+    (``es_manager.preflight``); returns (cfg, env_tags)."""
     from hydra import compose, initialize_config_dir
 
     from agent_trainer.main import CONFIG_DIR, prepare
@@ -69,6 +69,7 @@ def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: st
             f"agent_proxy.num_env_actors={n}", "agent_proxy.num_cpus_per_env_actor=0.01", "agent_proxy.max_turn=2",
             "actor_rollout_ref.actor.fsdp.world_size=1", "ppo_mini_batch_size=2", "micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.response_length=24", "agent_proxy.agent_cls=fault_runs.EveryReplyActs",
+            "es_manager.preflight=false",  # the faults must reach the run: the preflight would refuse (or hang on) them
             *overrides,
         ])
     return prepare(raw)
