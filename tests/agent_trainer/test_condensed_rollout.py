@@ -168,7 +168,8 @@ def test_coding_trajectories_run_the_rows_tests_in_the_sandbox(tokenizer):
     ctx_mgr.build_update_batch(episodes)
     got = [e.trajectory_reward for e in episodes]
     assert got[0].correct and got[0].reward > 0
-    assert not got[1].correct and got[1].reward == 0 and "timed out" in got[1].reason and got[1].seconds < 10
+    assert not got[1].correct and got[1].reward == 0 and "timed out" in got[1].reason \
+        and got[1].seconds >= limits["cpu_s"]  # stopped by a limit, after its CPU seconds (load only delays that)
     assert not got[2].correct and got[2].reward == 0
 
 
