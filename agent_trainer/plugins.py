@@ -12,6 +12,8 @@ import importlib
 import pkgutil
 from typing import Callable, Generic, TypeVar
 
+from envs.import_paths import class_hint, close_names, colon_hint, module_hint
+
 T = TypeVar("T")
 
 
@@ -43,13 +45,22 @@ class PluginRegistry(Generic[T]):
         if name in self._classes:
             return self._classes[name]
         if not isinstance(name, str) or ":" not in name:
+            close = close_names(name, self.names()) if isinstance(name, str) else []
+            hint = colon_hint(name) or ("did you mean " + " or ".join(map(repr, close)) + "?" if close else "")
             raise ValueError(f"{self.key} = {name!r} is unknown; known: {self.names()}, "
-                             "or give an import path 'package.module:ClassName'")
+                             "or give an import path 'package.module:ClassName'" + (f"; {hint}" if hint else ""))
         module_name, _, attr = name.partition(":")
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"{self.key} = {name!r} could not be imported ({exc}); known: {self.names()}") from exc
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            missing = getattr(exc, "name", None) or module_name
+            hint = module_hint(missing) if module_name.startswith(missing) else ""
+            raise ValueError(f"{self.key} = {name!r} could not be imported ({exc}); known: {self.names()}"
+                             + (f"; {hint}" if hint else "")) from exc
+        if not hasattr(module, attr):
+            raise ValueError(f"{self.key} = {name!r} could not be imported (module {module_name!r} has no attribute "
+                             f"{attr!r}); {class_hint(module, module_name, attr, self.base)}")
+        cls = getattr(module, attr)
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise ValueError(f"{self.key} = {name!r} is not a subclass of {self.base.__name__}")
         return cls

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from envs.base import BaseEnv
+from envs.import_paths import FORM, class_hint, close_names, colon_hint, module_hint
 
 # name -> (env class or "module:Class", config class or "module:Class" or None)
 _REGISTRY: dict[str, tuple[Any, Any]] = {}
@@ -54,6 +55,8 @@ def _load(obj: Any, what: str) -> Any:
     if not isinstance(obj, str):
         return obj
     module_name, _, attr = obj.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ValueError(f"environment {what!r}: {obj!r} is not an import path; {FORM}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -63,14 +66,31 @@ def _load(obj: Any, what: str) -> Any:
                 f"environment {what!r} needs a missing dependency ({exc}); "
                 f"see docs/environments.md for the extra to install"
             ) from exc
+        hint = module_hint(missing or module_name)
         raise ImportError(
             f"environment {what!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-            "put it under the directory you start the run from, or add its folder to PYTHONPATH "
+            + (f"{hint} " if hint else "") + "put it under the directory you start the run from, or add its folder to PYTHONPATH "
             "(both reach every Ray worker), or pip install its package; see docs/writing_an_environment.md"
         ) from exc
     if not hasattr(module, attr):
-        raise ValueError(f"environment {what!r}: module {module_name!r} has no attribute {attr!r}")
+        raise ValueError(f"environment {what!r}: module {module_name!r} has no attribute {attr!r}; "
+                         f"{class_hint(module, module_name, attr, BaseEnv)}")
     return getattr(module, attr)
+
+
+def unknown_name_hint(name: str) -> str:
+    """What a name that is neither registered nor ``module:Class`` probably meant: ``pkg.mod:Class`` for
+    ``pkg.mod.Class``, or the close registered names; '' when nothing fits."""
+    hint = colon_hint(name)
+    if hint:
+        return hint
+    close = close_names(name, list_envs()) if isinstance(name, str) else []
+    return ("did you mean " + " or ".join(map(repr, close)) + "?") if close else ""
+
+
+def _unknown(name: str) -> str:
+    hint = unknown_name_hint(name)
+    return f"; {hint}" if hint else ""
 
 
 def _ensure_registered(name: str) -> None:
@@ -87,7 +107,7 @@ def get_env_classes(name: str) -> tuple[type[BaseEnv], type]:
     """Return (env class, config class) for a registered name or a "module:Class" path."""
     _ensure_registered(name)
     if name not in _REGISTRY:
-        raise ValueError(f"unknown environment {name!r}; registered environments: {list_envs()}")
+        raise ValueError(f"unknown environment {name!r}{_unknown(name)}; registered environments: {list_envs()}")
     cls_ref, cfg_ref = _REGISTRY[name]
     cls = _load(cls_ref, name)
     check_env_class(cls, name)
@@ -244,7 +264,8 @@ class EnvTagConfig:
         _ensure_registered(self.env_type)
         if self.env_type not in _REGISTRY:
             raise ValueError(
-                f"env tag {tag!r}: unknown env_type {self.env_type!r}; registered environments: {list_envs()}"
+                f"env tag {tag!r}: unknown env_type {self.env_type!r}{_unknown(self.env_type)}; "
+                f"registered environments: {list_envs()}"
             )
         _, config_cls = get_env_classes(self.env_type)
         build_config(config_cls, self.env_config, f"env tag {tag!r} env_config")
@@ -306,7 +327,7 @@ def make_env(name_or_tag: str, tags: Mapping | None = None, **overrides: Any) ->
         all_tags = normalize_tags(tags)
         if name_or_tag not in all_tags:
             raise ValueError(
-                f"unknown environment or tag {name_or_tag!r}; registered environments: "
+                f"unknown environment or tag {name_or_tag!r}{_unknown(name_or_tag)}; registered environments: "
                 f"{list_envs()}; tags: {sorted(all_tags)}"
             )
         tag_cfg = all_tags[name_or_tag]

@@ -37,7 +37,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("trainer", ("agent_trainer.trainer", "agent_trainer.reward_model", "agent_trainer.colocation",
                  "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry")),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
-             "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args")),
+             "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
+             "agent_trainer.check_env")),
     ("launch", ("launch",)),
 ]
 """Lowest first: (layer, the modules it holds, by dotted prefix; the longest prefix wins; ``=name`` is that module

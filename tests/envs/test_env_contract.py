@@ -2,12 +2,20 @@
 
 For each env: same seed -> same observation; the expert solver reaches
 success from reset; 10,000 garbage strings never raise and carry the three
-info keys; info flags are booleans; close() is safe twice.
+info keys; info flags are booleans; close() is safe twice. The checks are the package's
+(``agent_trainer.checks.env_contract``): ``python -m agent_trainer.check_env``
+runs the same ones on a user's own tags.
 """
 
 import pytest
 
 import envs
+from agent_trainer.checks.env_contract import (
+    check_close_twice,
+    check_determinism,
+    check_expert_success,
+    check_text_methods,
+)
 
 # name -> (config overrides, seeds checked with the expert)
 CASES = {
@@ -21,22 +29,10 @@ CASES = {
 }
 
 
-def run_expert(env, seed, max_steps=200):
-    env.reset(seed=seed)
-    info = {}
-    for _ in range(max_steps):
-        _, _, done, info = env.step(env.expert_action())
-        if done:
-            break
-    return info
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_same_seed_same_observation(name):
     overrides, _ = CASES[name]
-    a, b = envs.make_env(name, **overrides), envs.make_env(name, **overrides)
-    for seed in (0, 1, 12345):
-        assert a.reset(seed=seed) == b.reset(seed=seed)
+    check_determinism(lambda: envs.make_env(name, **overrides), seeds=(0, 1, 12345))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -45,8 +41,7 @@ def test_expert_reaches_success(name):
     env = envs.make_env(name, **overrides)
     if not seeds:
         pytest.skip(f"{name} has no expert solver")
-    for seed in seeds:
-        assert run_expert(env, seed)["success"], (name, seed, env.render())
+    check_expert_success(env, seeds, max_steps=200)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -54,13 +49,12 @@ def test_garbage_actions_never_raise(name, garbage_actions, fuzz):
     overrides, _ = CASES[name]
     env = envs.make_env(name, **overrides)
     fuzz(env, garbage_actions)
-    env.close()
-    env.close()
+    check_close_twice(env)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_action_description_is_text(name):
     env = envs.make_env(name, **CASES[name][0])
-    env.reset(seed=0)
+    check_text_methods(env, seed=0)
     assert isinstance(env.action_description(), str) and env.action_description()
     assert isinstance(env.render(), str) and isinstance(env.legend(), str)
