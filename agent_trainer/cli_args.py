@@ -53,6 +53,35 @@ def parse_args(argv: Sequence[str], default_config: str) -> Args:
     return args
 
 
+NOT_CONFIGS = ("envs.yaml",)
+"""YAML files of config/ that are no ``--config-name`` choice (the env tags file)."""
+
+
+def config_choices(config_dir: Path) -> list[tuple[str, str]]:
+    """``(name, description)`` of every ``config/<name>.yaml`` a ``--config-name`` can name, sorted; the
+    description is the file's first comment line."""
+    out = []
+    for path in sorted(Path(config_dir).glob("*.yaml")):
+        if path.name in NOT_CONFIGS:
+            continue
+        first = next((line for line in path.read_text().splitlines() if line.strip()), "")
+        out.append((path.stem, first.lstrip("#").strip() if first.lstrip().startswith("#") else ""))
+    return out
+
+
+def config_choices_text(config_dir: Path, entry: str = "agent_trainer.main") -> str:
+    """The ``--config-name`` choices as help text: one line each, the name and its description. The ``sft_*``
+    configs are ``agent_trainer.sft``'s (its schema), the others ``agent_trainer.main``'s and ``agent_trainer.eval``'s."""
+    choices = config_choices(config_dir)
+    width = max((len(name) for name, _ in choices), default=0)
+    sft = entry.endswith(".sft")
+    lines = [f"== --config-name choices (config/<name>.yaml; for python -m {entry}) =="]
+    lines += [f"  {name:<{width}}  {text}" for name, text in choices if name.startswith("sft_") == sft]
+    other = "agent_trainer.main / agent_trainer.eval" if sft else "agent_trainer.sft"
+    lines += [f"  for python -m {other}: " + ", ".join(name for name, _ in choices if name.startswith("sft_") != sft)]
+    return "\n".join(lines) + "\n"
+
+
 def usage(prog: str, summary: str, args: Args, default_config: str, config_dir: Path) -> str:
     """The ``--help`` text: the usage lines, ``summary``, and the config ``args`` compose to (hydra's help shows
     it the same way), or why it does not compose."""

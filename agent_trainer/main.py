@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import core_algos, memory_plan, run_logs, watchdog
+from agent_trainer import cli_args, core_algos, memory_plan, run_logs, watchdog
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.preflight import preflight_envs
 from agent_trainer.config import AgentTrainerConfig, config_schema
@@ -350,7 +350,12 @@ def main() -> None:
         os.environ[_RAISE_COMPOSE_ERRORS] = "1"
     user_wants_traceback = not _raise_set_by_main
     try:
-        _run()
+        try:
+            _run()
+        except SystemExit as done:  # hydra exits after its --help: the config choices follow it
+            if done.code in (None, 0) and any(arg in cli_args.HELP_FLAGS for arg in sys.argv[1:]):
+                print("\n" + cli_args.config_choices_text(CONFIG_DIR), end="")
+            raise
     except (HydraException, OmegaConfBaseException) as err:
         if user_wants_traceback:
             raise
