@@ -71,7 +71,8 @@ def config_choices(config_dir: Path) -> list[tuple[str, str]]:
 
 def config_choices_text(config_dir: Path, entry: str = "agent_trainer.main") -> str:
     """The ``--config-name`` choices as help text: one line each, the name and its description. The ``sft_*``
-    configs are ``agent_trainer.sft``'s (its schema), the others ``agent_trainer.main``'s and ``agent_trainer.eval``'s."""
+    configs are ``agent_trainer.sft``'s (its schema), the others ``agent_trainer.main``'s and
+    ``agent_trainer.eval``'s."""
     choices = config_choices(config_dir)
     width = max((len(name) for name, _ in choices), default=0)
     sft = entry.endswith(".sft")

@@ -84,5 +84,5 @@ def colon_hint(path: str) -> str:
     """The hint for a name that is no registered name and has no colon: the ``module:Class`` it meant, or the form."""
     meant = dotted_class_path(path)
     if meant:
-        return f"did you mean {meant!r}? {FORM}"
+        return f"did you mean {meant!r}? ({FORM})"
     return FORM if isinstance(path, str) and "." in path else ""

@@ -69,7 +69,8 @@ def _load(obj: Any, what: str) -> Any:
         hint = module_hint(missing or module_name)
         raise ImportError(
             f"environment {what!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-            + (f"{hint} " if hint else "") + "put it under the directory you start the run from, or add its folder to PYTHONPATH "
+            + (f"{hint} " if hint else "")
+            + "put it under the directory you start the run from, or add its folder to PYTHONPATH "
             "(both reach every Ray worker), or pip install its package; see docs/writing_an_environment.md"
         ) from exc
     if not hasattr(module, attr):
