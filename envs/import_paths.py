@@ -54,11 +54,12 @@ def class_hint(module: ModuleType, module_name: str, attr: str, base: type | Non
     others = module_classes(module)
     close = close_names(attr, fitting) or close_names(attr, others)
     listed = fitting or others
-    parts = []
-    if close:
-        parts.append("did you mean " + " or ".join(repr(f"{module_name}:{name}") for name in close) + "?")
-    parts.append(f"its classes{' (' + base.__name__ + ' subclasses)' if fitting and base else ''}: {listed[:20]}")
-    return "; ".join(parts)
+    kind = f"{base.__name__} subclasses" if fitting and base else "classes"
+    listing = f"its {kind}: {listed[:20]}"
+    if not close:
+        return listing
+    meant = " or ".join(repr(f"{module_name}:{name}") for name in close)
+    return f"did you mean {meant}? ({listing})"
 
 
 def module_hint(module_name: str) -> str:

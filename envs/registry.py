@@ -69,7 +69,7 @@ def _load(obj: Any, what: str) -> Any:
         hint = module_hint(missing or module_name)
         raise ImportError(
             f"environment {what!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-            + (f"{hint} " if hint else "")
+            + (f"{hint} If not, " if hint else "")
             + "put it under the directory you start the run from, or add its folder to PYTHONPATH "
             "(both reach every Ray worker), or pip install its package; see docs/writing_an_environment.md"
         ) from exc
@@ -268,7 +268,12 @@ class EnvTagConfig:
                 f"env tag {tag!r}: unknown env_type {self.env_type!r}{_unknown(self.env_type)}; "
                 f"registered environments: {list_envs()}"
             )
-        _, config_cls = get_env_classes(self.env_type)
+        try:
+            _, config_cls = get_env_classes(self.env_type)
+        except (ImportError, ValueError) as exc:  # the tag named first, the class path's error after it
+            if type(exc) not in (ImportError, ModuleNotFoundError, ValueError):
+                raise
+            raise type(exc)(f"env tag {tag!r}: {exc}") from exc
         build_config(config_cls, self.env_config, f"env tag {tag!r} env_config")
 
 

@@ -56,6 +56,16 @@ USER_ENV = textwrap.dedent('''
         def step(self, action):
             obs, reward, done, info = super().step(action)
             return obs, reward, done, {"action_is_valid": info["action_is_valid"]}
+
+
+    class HangsEnv(CounterEnv):
+        """Never returns from a step on an empty string."""
+
+        def step(self, action):
+            if action == "":
+                import time
+                time.sleep(3600)
+            return super().step(action)
 ''')
 
 TAGS = textwrap.dedent('''
@@ -71,6 +81,8 @@ TAGS = textwrap.dedent('''
         env_type: mygames.counter:CountEnv
       Dotted:
         env_type: mygames.counter.CounterEnv
+      Hangs:
+        env_type: mygames.counter:HangsEnv
 ''')
 
 
@@ -114,6 +126,14 @@ def test_good_user_env_passes_and_a_broken_one_is_refused_naming_tag_and_fix(use
     assert "failing tags: NoSuccess" in bad.stdout.splitlines()[-1]
 
 
+def test_a_step_that_hangs_is_refused_by_the_preflight_deadline_and_checked_no_further(user_project):
+    run = run_cli(user_project, "--envs-file", "my_envs.yaml", "--tag", "Hangs", "--timeout-s", "2")
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("2 of 3 checks passed")  # load, build, preflight
+    assert lines[2].startswith("FAIL  Hangs: preflight") and "step('') did not return within 2 s" in lines[2]
+
+
 def test_a_tag_not_in_the_file_is_one_failure_with_close_names(user_project):
     run = run_cli(user_project, "--envs-file", "my_envs.yaml", "--tag", "Countr")
     assert run.returncode == 1
@@ -126,10 +146,10 @@ def test_a_missing_envs_file_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("tag, expected", [
-    ("Typo", ["cannot import module 'mygames.countr'", "did you mean module 'mygames.counter'?"]),
-    ("NoClass", ["module 'mygames.counter' has no attribute 'CountEnv'", "did you mean 'mygames.counter:CounterEnv'",
-                 "'NoSuccessEnv'"]),
-    ("Dotted", ["unknown env_type 'mygames.counter.CounterEnv'", "did you mean 'mygames.counter:CounterEnv'?",
+    ("Typo", ["env tag 'Typo'", "cannot import module 'mygames.countr'", "did you mean module 'mygames.counter'?"]),
+    ("NoClass", ["env tag 'NoClass'", "module 'mygames.counter' has no attribute 'CountEnv'",
+                 "did you mean 'mygames.counter:CounterEnv'", "'NoSuccessEnv'"]),
+    ("Dotted", ["env tag 'Dotted'", "unknown env_type 'mygames.counter.CounterEnv'", "did you mean 'mygames.counter:CounterEnv'?",
                 "'package.module:ClassName'"]),
 ])
 def test_wrong_class_paths_are_refused_in_one_line_with_close_names(user_project, monkeypatch, tag, expected):
