@@ -79,18 +79,18 @@ def _load(obj: Any, what: str) -> Any:
     return getattr(module, attr)
 
 
-def unknown_name_hint(name: str) -> str:
+def unknown_name_hint(name: str, also: list[str] | tuple = ()) -> str:
     """What a name that is neither registered nor ``module:Class`` probably meant: ``pkg.mod:Class`` for
-    ``pkg.mod.Class``, or the close registered names; '' when nothing fits."""
+    ``pkg.mod.Class``, or the close registered names (and names in ``also``: tags); '' when nothing fits."""
     hint = colon_hint(name)
     if hint:
         return hint
-    close = close_names(name, list_envs()) if isinstance(name, str) else []
+    close = close_names(name, [*list_envs(), *also]) if isinstance(name, str) else []
     return ("did you mean " + " or ".join(map(repr, close)) + "?") if close else ""
 
 
-def _unknown(name: str) -> str:
-    hint = unknown_name_hint(name)
+def _unknown(name: str, also: list[str] | tuple = ()) -> str:
+    hint = unknown_name_hint(name, also)
     return f"; {hint}" if hint else ""
 
 
@@ -333,7 +333,8 @@ def make_env(name_or_tag: str, tags: Mapping | None = None, **overrides: Any) ->
         all_tags = normalize_tags(tags)
         if name_or_tag not in all_tags:
             raise ValueError(
-                f"unknown environment or tag {name_or_tag!r}{_unknown(name_or_tag)}; registered environments: "
+                f"unknown environment or tag {name_or_tag!r}{_unknown(name_or_tag, list(all_tags))}; "
+                f"registered environments: "
                 f"{list_envs()}; tags: {sorted(all_tags)}"
             )
         tag_cfg = all_tags[name_or_tag]

@@ -126,3 +126,13 @@ def test_an_env_class_with_abstract_methods_left_is_refused_naming_them(tmp_path
     with pytest.raises(ValueError, match=r"class HalfEnv does not implement action_description; define "
                                          r"action_description\(\)"):
         parse_env_tags({"Half": {"env_type": "half_env:HalfEnv"}})
+
+
+def test_a_misspelt_env_type_or_tag_names_the_close_names():
+    with pytest.raises(ValueError, match=r"unknown env_type 'frozen_lak'; did you mean 'frozen_lake'"):
+        parse_env_tags({"T": {"env_type": "frozen_lak"}})
+    with pytest.raises(ValueError, match=r"unknown environment or tag 'FrozenLak'; did you mean 'FrozenLake'"):
+        make_env("FrozenLak")
+    with pytest.raises(ValueError, match=r"env tag 'T': unknown env_type 'envs.frozen_lake.FrozenLakeEnv'; did you "
+                                         r"mean 'envs.frozen_lake:FrozenLakeEnv'\? \(an import path is written"):
+        parse_env_tags({"T": {"env_type": "envs.frozen_lake.FrozenLakeEnv"}})
