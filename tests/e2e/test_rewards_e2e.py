@@ -13,6 +13,7 @@ reward model on that text, and the logged rewards add up to env reward + weight 
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -49,6 +50,7 @@ def run_here(config_name: str, run_dir: Path, tiny_model_path: str, extra: list[
 
 RECORDING_FN = '''
 import json
+import os
 from pathlib import Path
 import importlib.util
 
@@ -61,7 +63,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     score = arith.compute_score(data_source, solution_str, ground_truth, extra_info)
     with open(Path(__file__).with_suffix(".calls.jsonl"), "a") as f:
         f.write(json.dumps({{"data_source": data_source, "solution": solution_str, "truth": ground_truth,
-                            "score": score}}) + "\\n")
+                            "score": score, "pid": os.getpid()}}) + "\\n")
     return score
 '''
 
@@ -77,7 +79,12 @@ def test_single_turn_grpo_with_custom_reward_function(tiny_model_path, tmp_path)
         "es_manager.format_penalty=0.0"])
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["actor/pg_loss"]) and "env/PromptData/num_actions" in r for r in records)
-    calls = [json.loads(line) for line in fn_file.with_suffix(".calls.jsonl").read_text().splitlines()]
+    recorded = [json.loads(line) for line in fn_file.with_suffix(".calls.jsonl").read_text().splitlines()]
+    # the env preflight plays each split's env in this process (the driver) before the workers start: its calls
+    # score the expert's and junk answers, the env actors' calls score the policy's
+    preflight = [c for c in recorded if c["pid"] == os.getpid()]
+    calls = [c for c in recorded if c["pid"] != os.getpid()]
+    assert preflight and max(c["score"] for c in preflight) > 0, "the preflight did not score the expert's answer"
     assert calls, "the policy never answered, so the reward function was never called"
     sys.path.insert(0, str(REPO / "data/arith"))
     from reward import compute_score  # the shipped example the recording function wraps
