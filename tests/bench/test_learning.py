@@ -40,8 +40,12 @@ def test_table_rows_sampled_trend_and_what_did_not_learn(tmp_path):
                        "0.100 -> 0.900 | 2 |")
     assert rows[2] == "| FrozenLake 4x4, p 0.8 | GRPO | 0.300 | 0.300 | 0.000 | 0.200 -> 0.200 | 1 |"
     assert rows[-1] == "| FrozenLake 4x4, p 0.8 | expert | 1.000 | 1.000 | | | 8 episodes |"
-    # PPO gained 60 points and ended above every heuristic (the expert is not one); GRPO did neither
-    assert notes == ["GRPO on FrozenLake 4x4, p 0.8: 0.300 -> 0.300 (best heuristic 0.800)"]
+    # PPO gained 60 points and ended above every blind baseline; GRPO did neither. The map-reading heuristic (0.8)
+    # and the expert are not blind: a policy below them but above the blind ones has learned
+    assert notes == ["GRPO on FrozenLake 4x4, p 0.8: 0.300 -> 0.300 (best policy blind to the observation 0.000)"]
+    middling = [fake_run(tmp_path / "gigpo0", [0.0, 0.5, 0.7], [0.1] * 20, None)]
+    _, notes = learning.env_section("frozenlake", {"gigpo": middling}, base)
+    assert notes == []  # 0.7: under safe Down/Right's 0.8, but it gained 70 points over a blind best of 0.0
     assert learning.recorded_seconds([learning.log_file(d) for d in learned + flat]) == (120.0, 1)
 
 
