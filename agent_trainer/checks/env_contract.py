@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent_trainer.checks.preflight import FIX_INFO, preflight_tag
+from agent_trainer.checks.preflight import FIX_INFO, has_expert, preflight_tag, show
 from envs import BaseEnv, make_env
 
 INFO_KEYS = ("success", "action_is_valid", "action_is_effective")
@@ -67,11 +67,6 @@ def random_action_strings(n: int, seed: int = 0) -> list[str]:
     return out[:n]
 
 
-def _show(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def check_determinism(make: Callable[[], BaseEnv], seeds: Iterable[int] = DETERMINISM_SEEDS) -> None:
     """Two fresh envs, and one env reset twice, give the same first observation for each seed."""
     a, b = make(), make()
@@ -89,11 +84,11 @@ def _check_same_starts(a: BaseEnv, b: BaseEnv, seeds: Iterable[int]) -> None:
     for seed in seeds:
         first, second, again = a.reset(seed=seed), b.reset(seed=seed), a.reset(seed=seed)
         if not isinstance(first, str):
-            raise ContractError(f"reset(seed={seed}) returned {_show(first)}, not the observation as a str; "
+            raise ContractError(f"reset(seed={seed}) returned {show(first, 60)}, not the observation as a str; "
                                 "return the observation text (e.g. self.render())")
         if not first == second == again:
-            raise ContractError(f"reset(seed={seed}) gave different observations ({_show(first, 40)} then "
-                                f"{_show(second if second != first else again, 40)}); draw all randomness from "
+            raise ContractError(f"reset(seed={seed}) gave different observations ({show(first, 40)} then "
+                                f"{show(second if second != first else again, 40)}); draw all randomness from "
                                 "np.random.default_rng(seed) in reset")
 
 
@@ -103,25 +98,25 @@ def check_text_methods(env: BaseEnv, seed: int = 0) -> None:
     for name, nonempty in (("action_description", True), ("render", False), ("legend", False)):
         value = getattr(env, name)()
         if not isinstance(value, str) or (nonempty and not value.strip()):
-            raise ContractError(f"{name}() returned {_show(value)}; return "
+            raise ContractError(f"{name}() returned {show(value, 60)}; return "
                                 + ("a non-empty str naming the actions, e.g. 'Left | Down | Right | Up'"
                                    if nonempty else "a str"))
 
 
 def check_step_output(action: str, out: Any) -> tuple[str, float, bool, Mapping]:
     """One ``step`` result: ``(observation: str, reward: float, done: bool, info)`` with the three info booleans."""
-    call = f"step({_show(action, 30)})"
+    call = f"step({show(action, 30)})"
     if not isinstance(out, (tuple, list)) or len(out) != 4:
-        raise ContractError(f"{call} returned {_show(out)}; step must return (observation: str, reward: float, "
+        raise ContractError(f"{call} returned {show(out, 60)}; step must return (observation: str, reward: float, "
                             "done: bool, info: dict)")
     obs, reward, done, info = out
     if not isinstance(obs, str):
         raise ContractError(f"{call} returned an observation of type {type(obs).__name__}; return it as a str")
     if not isinstance(reward, float):
-        raise ContractError(f"{call} returned a reward of type {type(reward).__name__} ({_show(reward)}); "
+        raise ContractError(f"{call} returned a reward of type {type(reward).__name__} ({show(reward, 60)}); "
                             "return a float (e.g. float(reward))")
     if not isinstance(done, bool):
-        raise ContractError(f"{call} returned done of type {type(done).__name__} ({_show(done)}); return a bool "
+        raise ContractError(f"{call} returned done of type {type(done).__name__} ({show(done, 60)}); return a bool "
                             "(e.g. bool(done))")
     if not isinstance(info, Mapping):
         raise ContractError(f"{call} returned info of type {type(info).__name__}; {FIX_INFO}")
@@ -129,7 +124,7 @@ def check_step_output(action: str, out: Any) -> tuple[str, float, bool, Mapping]
         if key not in info:
             raise ContractError(f"{call} returned info without {key!r} (it has {sorted(map(str, info))}); {FIX_INFO}")
         if not isinstance(info[key], bool):
-            raise ContractError(f"{call} returned info[{key!r}] = {_show(info[key])}, not a bool; {FIX_INFO}")
+            raise ContractError(f"{call} returned info[{key!r}] = {show(info[key], 60)}, not a bool; {FIX_INFO}")
     return obs, reward, done, info
 
 
@@ -144,20 +139,15 @@ def check_garbage_actions(env: BaseEnv, actions: Iterable[str], seed: int = 0,
             out = env.step(action)
         except Exception as exc:  # noqa: BLE001 - reported in one line with the fix
             text = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            raise ContractError(f"step({_show(action, 30)}) raised {text}; step must take any str: answer text it "
+            raise ContractError(f"step({show(action, 30)}) raised {text}; step must take any str: answer text it "
                                 "cannot parse with the unchanged observation, reward 0 and action_is_valid=False"
                                 ) from exc
         _, _, done, info = check_step_output(action, out)
         if valid_check is not None and info["action_is_valid"] != valid_check(action):
-            raise ContractError(f"step({_show(action, 30)}) gave action_is_valid={info['action_is_valid']}, "
+            raise ContractError(f"step({show(action, 30)}) gave action_is_valid={info['action_is_valid']}, "
                                 f"expected {valid_check(action)}")
         if done:
             env.reset(seed=seed + k)
-
-
-def has_expert(env: BaseEnv) -> bool:
-    """Whether the env's class overrides ``BaseEnv.expert_action``."""
-    return type(env).expert_action is not BaseEnv.expert_action
 
 
 def check_expert_success(env: BaseEnv, seeds: Iterable[int] = EXPERT_SEEDS, max_steps: int = EXPERT_MAX_STEPS
@@ -173,7 +163,7 @@ def check_expert_success(env: BaseEnv, seeds: Iterable[int] = EXPERT_SEEDS, max_
                 break
         if not info.get("success"):
             raise ContractError(f"the expert (expert_action()) did not reach success from reset(seed={seed}) in "
-                                f"{max_steps} steps (last info {_show(dict(info), 80)}); fix expert_action or "
+                                f"{max_steps} steps (last info {show(dict(info), 80)}); fix expert_action or "
                                 "the success flag of info")
 
 

@@ -94,10 +94,15 @@ def preflight_tag(tag: str, env_tags: Mapping, *, reset_timeout_s: float = 60.0,
     return time.perf_counter() - start
 
 
+def has_expert(env: BaseEnv) -> bool:
+    """Whether the env's class overrides ``BaseEnv.expert_action``."""
+    return type(env).expert_action is not BaseEnv.expert_action
+
+
 def _expert_action(where: str, env: BaseEnv, timeout_s: float) -> str | None:
     """The env's expert action, or None when it has no solver (``NotImplementedError``, as ``BaseEnv``'s) or
     none for this state (a prompt row without ground truth)."""
-    if type(env).expert_action is BaseEnv.expert_action:
+    if not has_expert(env):
         return None
 
     def expert() -> str | None:
@@ -113,29 +118,29 @@ def _expert_action(where: str, env: BaseEnv, timeout_s: float) -> str | None:
 def _check_reset(where: str, env: BaseEnv, seed: int, timeout_s: float) -> None:
     obs = _call(where, f"reset(seed={seed})", lambda: env.reset(seed=seed), timeout_s)
     if not isinstance(obs, str):
-        raise ValueError(f"{where}: reset(seed={seed}) returned {_show(obs)}, not the first observation as a "
+        raise ValueError(f"{where}: reset(seed={seed}) returned {show(obs)}, not the first observation as a "
                          "str; return the observation text (e.g. self.render())")
 
 
 def _check_step(where: str, env: BaseEnv, action: str, timeout_s: float, warned: set[str]) -> bool:
     """Step once and check what came back; returns ``done``."""
-    call = f"step({_show(action, 40)})"
+    call = f"step({show(action, 40)})"
     out = _call(where, call, lambda: env.step(action), timeout_s)
     if not isinstance(out, (tuple, list)) or len(out) != 4:
         size = f" of {len(out)} items" if isinstance(out, (tuple, list)) else ""
-        raise ValueError(f"{where}: {call} returned a {type(out).__name__}{size}: {_show(out)}; {FIX_STEP}")
+        raise ValueError(f"{where}: {call} returned a {type(out).__name__}{size}: {show(out)}; {FIX_STEP}")
     obs, reward, done, info = out
     if not isinstance(obs, str):
-        raise ValueError(f"{where}: {call} returned an observation of type {type(obs).__name__} ({_show(obs)}); "
+        raise ValueError(f"{where}: {call} returned an observation of type {type(obs).__name__} ({show(obs)}); "
                          f"{FIX_STEP}")
     if isinstance(reward, (str, bytes)) or not hasattr(reward, "__float__"):  # the env-state manager's test
-        raise ValueError(f"{where}: {call} returned a reward of type {type(reward).__name__} ({_show(reward)}); "
+        raise ValueError(f"{where}: {call} returned a reward of type {type(reward).__name__} ({show(reward)}); "
                          "the reward must be a number (int or float)")
     if not (isinstance(done, bool) or type(done).__name__ == "bool_" or (isinstance(done, int) and done in (0, 1))):
-        raise ValueError(f"{where}: {call} returned done of type {type(done).__name__} ({_show(done)}); "
+        raise ValueError(f"{where}: {call} returned done of type {type(done).__name__} ({show(done)}); "
                          "done must be a bool")  # numpy's bool and 0 / 1 pass: the env-state manager reads them right
     if not isinstance(info, Mapping):
-        raise ValueError(f"{where}: {call} returned info of type {type(info).__name__} ({_show(info)}); {FIX_INFO}")
+        raise ValueError(f"{where}: {call} returned info of type {type(info).__name__} ({show(info)}); {FIX_INFO}")
     missing = [key for key in REQUIRED_INFO if key not in info]
     if missing:
         raise ValueError(f"{where}: {call} returned info without {', '.join(map(repr, missing))} (it has "
@@ -180,6 +185,7 @@ def _fix(call: str) -> str:
     return f"fix {call.split('(')[0]}()"
 
 
-def _show(value: Any, limit: int = 80) -> str:
+def show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a one-line refusal."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
