@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import Callable, Generic, TypeVar
 
-from envs.import_paths import class_hint, close_names, colon_hint, module_hint
+from envs.import_paths import class_hint, module_hint, name_hint
 
 T = TypeVar("T")
 
@@ -45,8 +45,7 @@ class PluginRegistry(Generic[T]):
         if name in self._classes:
             return self._classes[name]
         if not isinstance(name, str) or ":" not in name:
-            close = close_names(name, self.names()) if isinstance(name, str) else []
-            hint = colon_hint(name) or ("did you mean " + " or ".join(map(repr, close)) + "?" if close else "")
+            hint = name_hint(name, self.names())
             raise ValueError(f"{self.key} = {name!r} is unknown; known: {self.names()}, "
                              "or give an import path 'package.module:ClassName'" + (f"; {hint}" if hint else ""))
         module_name, _, attr = name.partition(":")

@@ -87,3 +87,13 @@ def colon_hint(path: str) -> str:
     if meant:
         return f"did you mean {meant!r}? ({FORM})"
     return FORM if isinstance(path, str) and "." in path else ""
+
+
+def name_hint(name, candidates) -> str:
+    """What a name that is neither known nor ``module:Class`` probably meant: ``pkg.mod:Class`` for
+    ``pkg.mod.Class`` (:func:`colon_hint`), else the close ``candidates``; '' when nothing fits."""
+    hint = colon_hint(name)
+    if hint:
+        return hint
+    close = close_names(name, candidates) if isinstance(name, str) else []
+    return ("did you mean " + " or ".join(map(repr, close)) + "?") if close else ""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from envs.base import BaseEnv
-from envs.import_paths import FORM, class_hint, close_names, colon_hint, module_hint
+from envs.import_paths import FORM, class_hint, module_hint, name_hint
 
 # name -> (env class or "module:Class", config class or "module:Class" or None)
 _REGISTRY: dict[str, tuple[Any, Any]] = {}
@@ -82,11 +82,7 @@ def _load(obj: Any, what: str) -> Any:
 def unknown_name_hint(name: str, also: list[str] | tuple = ()) -> str:
     """What a name that is neither registered nor ``module:Class`` probably meant: ``pkg.mod:Class`` for
     ``pkg.mod.Class``, or the close registered names (and names in ``also``: tags); '' when nothing fits."""
-    hint = colon_hint(name)
-    if hint:
-        return hint
-    close = close_names(name, [*list_envs(), *also]) if isinstance(name, str) else []
-    return ("did you mean " + " or ".join(map(repr, close)) + "?") if close else ""
+    return name_hint(name, [*list_envs(), *also])
 
 
 def _unknown(name: str, also: list[str] | tuple = ()) -> str:
