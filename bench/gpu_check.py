@@ -1,0 +1,351 @@
+"""The torch-level GPU checks: the project's own FSDP2 actor and HF rollout worker on one CUDA device, no Ray, no vLLM.
+
+What it runs (each part prints one JSON line and the whole record goes to ``--out``):
+
+1. ``pick_device("cuda")`` gives a device with an index that ``torch.cuda.set_device`` accepts.
+2. The actor update of a Qwen2.5-0.5B-shaped model (``config/model_shapes/Qwen2.5-0.5B``, random init, written
+   as safetensors first): ``ActorWorker`` over a one-rank NCCL process group, meta-device loading with rank 0's
+   broadcast, float32 master weights, ``fsdp.mixed_precision=bf16`` (FSDP2's MixedPrecisionPolicy), gradient
+   checkpointing, the ``gpu_qwen0.5b_1gpu`` micro-batch (4 rows x 2048 tokens). Reported: seconds per update,
+   tokens/s, MFU (model FLOPs 6N + attention per token over the card's dense bf16 peak), peak allocated memory
+   against the memory plan's lines for the same job.
+3. ``compute_log_prob`` and a colocated bfloat16 reference with ``ref.fsdp.param_offload`` (FSDP2's
+   CPUOffloadPolicy: the reference's shards live in host memory) on CUDA.
+4. The HF rollout worker on CUDA (bfloat16): tokens/s of ``generate``; its sampled log-probs against the actor's
+   ``compute_log_prob`` of the same tokens, before and after an update synced by ``full_state_dict`` ->
+   ``update_weights`` (the e2e test's tolerance is 1e-2 on GPUs); ``sleep``/``wake_up`` free and restore memory.
+5. ``offload_to_cpu`` / ``reload_to_device`` of the actor (``fsdp.param_offload`` / ``optimizer_offload``) free
+   the GPU memory they say and the next update still runs.
+
+    python bench/gpu_check.py --out /tmp/gpu_check.json          # on a machine with a CUDA device
+
+Needs torch, transformers, safetensors, omegaconf (the config layer); not Ray, not vLLM. Figures go to
+docs/benchmarks.md ("On a GPU").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from agent_trainer.batch import TensorBatch  # noqa: E402
+from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig  # noqa: E402
+from workers.fsdp_base import pick_device  # noqa: E402
+
+SHAPES = REPO / "config" / "model_shapes" / "Qwen2.5-0.5B"
+DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # vendor peak, dense (no sparsity)
+GIB = 2**30
+RECORD: dict = {}
+DEVICE = "cuda"  # --cpu: the same code on CPU over gloo with a smaller shape (to try the script without a GPU)
+
+
+def on_gpu() -> bool:
+    return DEVICE == "cuda"
+
+
+def allocated() -> int:
+    return torch.cuda.memory_allocated() if on_gpu() else 0
+
+
+def reset_peak() -> None:
+    if on_gpu():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def report(part: str, **values) -> None:
+    RECORD[part] = values
+    print(json.dumps({part: values}), flush=True)
+
+
+def peak_tflops(name: str) -> float | None:
+    return next((v for k, v in DENSE_BF16_TFLOPS.items() if k in name), None)
+
+
+def write_random_model(out: Path) -> int:
+    """The 0.5B shape with random weights, saved as a Hugging Face folder (float32); returns its parameter count."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(SHAPES)
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    n = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(out)
+    del model
+    if on_gpu():
+        torch.cuda.empty_cache()
+    return n
+
+
+def rows(B: int, T: int, prompt: int, vocab: int, seed: int) -> TensorBatch:
+    """B full rows of T tokens: ``prompt`` prompt tokens, the rest generated (response_mask 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    response = torch.zeros(B, T, dtype=torch.long)
+    response[:, prompt:] = 1
+    return TensorBatch({"input_ids": torch.randint(0, vocab, (B, T), generator=gen),
+                        "attention_mask": torch.ones(B, T, dtype=torch.long),
+                        "position_ids": torch.arange(T).expand(B, T).clone(), "response_mask": response,
+                        "advantages": torch.randn(B, T, generator=gen) * response})
+
+
+def flops_per_token(n_params: int, config, seq: int) -> float:
+    """Training FLOPs per token (forward + backward, model FLOPs: recomputation not counted): 6N plus the
+    attention score and value products, 12 * layers * hidden * seq / 2 with a causal mask."""
+    return 6 * n_params + 6 * config.num_hidden_layers * config.hidden_size * seq
+
+
+def synced(fn):
+    if on_gpu():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if on_gpu():
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - start
+
+
+def check_device() -> torch.device:
+    if not on_gpu():
+        report("device", name="cpu", torch=torch.__version__)
+        return torch.device("cpu")
+    device = pick_device("cuda")
+    torch.cuda.set_device(device)  # refused for torch.device("cuda") without an index
+    props = torch.cuda.get_device_properties(device)
+    report("device", name=props.name, memory_gib=round(props.total_memory / GIB, 1),
+           capability=f"{props.major}.{props.minor}", torch=torch.__version__, device=str(device),
+           index=device.index)
+    return device
+
+
+def actor_update(model_dir: Path, n_params: int, args) -> object:
+    from transformers import AutoConfig
+
+    from workers.actor import ActorWorker
+
+    config = AutoConfig.from_pretrained(model_dir)
+    actor_cfg = ActorConfig(ppo_mini_batch_size=args.rows, ppo_micro_batch_size_per_gpu=args.micro_rows,
+                            grad_clip=1.0, optim=OptimConfig(lr=1e-6),
+                            fsdp=FSDPConfig(world_size=1, mixed_precision="bf16", param_offload=on_gpu(),
+                                            optimizer_offload=on_gpu()))
+    ref_cfg = RefConfig(log_prob_micro_batch_size_per_gpu=args.micro_rows, dtype="bfloat16",
+                        fsdp=FSDPConfig(world_size=1, mixed_precision="bf16", param_offload=on_gpu()))
+    model = ModelConfig(path=str(model_dir), dtype="float32", enable_gradient_checkpointing=True)
+    worker = ActorWorker(rank=0, world_size=1, model=model, actor=actor_cfg, ref=ref_cfg, device=DEVICE)
+    _, load_s = synced(worker.init_model)
+    reset_peak()
+    report("load", seconds=round(load_s, 1), allocated_gib=round(allocated() / GIB, 2),
+           reference_on_gpu_gib=round(sum(p.to_local().numel() * p.element_size() for p in worker.ref_model.parameters()
+                                          if p.to_local().device.type == "cuda") / GIB, 3),
+           reference_param_device=str(next(worker.ref_model.parameters()).to_local().device))
+
+    batch = rows(args.rows, args.seq, args.prompt, config.vocab_size, seed=0)
+    old, logprob_s = synced(lambda: worker.compute_log_prob(batch)["old_log_probs"])
+    ref, ref_s = synced(lambda: worker.compute_ref_log_prob(batch)["ref_log_prob"])
+    mask = batch["response_mask"].bool()
+    report("log_probs", seconds=round(logprob_s, 2), ref_seconds=round(ref_s, 2),
+           tokens_per_s=round(batch["attention_mask"].sum().item() / logprob_s),
+           finite=bool(torch.isfinite(old[mask]).all()),
+           actor_vs_bf16_reference_mean_abs=float((old - ref)[mask].abs().mean()))
+    batch["old_log_probs"] = old
+
+    times, metrics = [], {}
+    reset_peak()
+    for step in range(args.steps + 1):  # the first is the warm-up (allocator, kernels)
+        metrics, seconds = synced(lambda: worker.update_actor(batch))
+        if step:
+            times.append(seconds)
+    peak = torch.cuda.max_memory_allocated() if on_gpu() else 0
+    tokens = args.rows * args.seq
+    per_update = sorted(times)[len(times) // 2]
+    achieved = flops_per_token(n_params, config, args.seq) * tokens / per_update / 1e12
+    card = torch.cuda.get_device_name() if on_gpu() else "cpu"
+    peak_tf = peak_tflops(card)
+    report("actor_update", rows=args.rows, micro_rows=args.micro_rows, seq=args.seq, tokens=tokens,
+           seconds_per_update=[round(t, 3) for t in times], median_s=round(per_update, 3),
+           tokens_per_s=round(tokens / per_update), model_tflops=round(achieved, 1),
+           mfu=round(achieved / peak_tf, 3) if peak_tf else None, peak_tflops_assumed=peak_tf,
+           peak_allocated_gib=round(peak / GIB, 2), peak_reserved_gib=round(torch.cuda.max_memory_reserved() / GIB, 2) if on_gpu() else 0,
+           grad_norm=metrics.get("actor/grad_norm"), pg_loss=metrics.get("actor/pg_loss"),
+           all_finite=all(math.isfinite(v) for v in metrics.values()))
+
+    before = allocated()
+    worker.offload_to_cpu()
+    after = allocated()
+    worker.reload_to_device()
+    back = allocated()
+    metrics, seconds = synced(lambda: worker.update_actor(batch))
+    report("offload", allocated_before_gib=round(before / GIB, 2), after_offload_gib=round(after / GIB, 2),
+           after_reload_gib=round(back / GIB, 2), update_after_reload_s=round(seconds, 3),
+           finite=all(math.isfinite(v) for v in metrics.values()))
+    return worker
+
+
+SWEEP = [(8, True), (2, False), (4, False)]  # (rows per micro-batch, gradient checkpointing) after the main case
+
+
+def update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpointing: bool) -> None:
+    """The actor update alone (no reference) with another micro-batch size or checkpointing: speed and peak."""
+    import gc
+
+    from transformers import AutoConfig
+
+    from workers.actor import ActorWorker
+
+    gc.collect()
+    if on_gpu():
+        torch.cuda.empty_cache()
+    config = AutoConfig.from_pretrained(model_dir)
+    actor_cfg = ActorConfig(ppo_mini_batch_size=args.rows, ppo_micro_batch_size_per_gpu=micro_rows, grad_clip=1.0,
+                            optim=OptimConfig(lr=1e-6), fsdp=FSDPConfig(world_size=1, mixed_precision="bf16"))
+    model = ModelConfig(path=str(model_dir), dtype="float32", enable_gradient_checkpointing=checkpointing)
+    worker = ActorWorker(rank=0, world_size=1, model=model, actor=actor_cfg, device=DEVICE)
+    worker.init_model()
+    batch = rows(args.rows, args.seq, args.prompt, config.vocab_size, seed=0)
+    batch["old_log_probs"] = worker.compute_log_prob(batch)["old_log_probs"]
+    reset_peak()
+    times = [synced(lambda: worker.update_actor(batch))[1] for _ in range(3)][1:]
+    median = sorted(times)[len(times) // 2]
+    tokens = args.rows * args.seq
+    achieved = flops_per_token(n_params, config, args.seq) * tokens / median / 1e12
+    peak_tf = peak_tflops(torch.cuda.get_device_name() if on_gpu() else "cpu")
+    report(f"actor_update_micro{micro_rows}_{'ckpt' if checkpointing else 'nockpt'}", micro_rows=micro_rows,
+           micro_tokens=micro_rows * args.seq, gradient_checkpointing=checkpointing,
+           seconds_per_update=[round(t, 3) for t in times], tokens_per_s=round(tokens / median),
+           mfu=round(achieved / peak_tf, 3) if peak_tf else None,
+           peak_allocated_gib=round(torch.cuda.max_memory_allocated() / GIB, 2) if on_gpu() else 0)
+    del worker
+
+
+def hf_rollout(model_dir: Path, worker, args) -> None:
+    from workers.actor import ActorWorker  # noqa: F401  (worker is one)
+    from workers.rollout import HFRolloutWorker, tokens_per_second
+
+    engine = HFRolloutWorker(str(model_dir), device=DEVICE, dtype="bfloat16", max_model_len=args.seq,
+                             enable_sleep_mode=on_gpu(), max_batch_size=args.gen_prompts)
+    vocab = engine.model.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, vocab, (int(n),), generator=gen).tolist()
+               for n in torch.randint(args.seq // 32, args.seq // 8, (args.gen_prompts,), generator=gen)]
+
+    def sample():
+        return engine.generate(prompts, max_tokens=args.gen_tokens, temperature=1.0, seed=0)
+
+    sample()  # warm-up
+    outs, seconds = synced(sample)
+    report("hf_generate", prompts=len(prompts), max_tokens=args.gen_tokens, seconds=round(seconds, 2),
+           tokens=sum(len(o.token_ids) for o in outs), tokens_per_s=round(tokens_per_second(outs, seconds)))
+
+    def engine_vs_actor(tag: str) -> None:
+        outs = engine.generate(prompts[:8], max_tokens=args.gen_tokens, temperature=1.0, seed=2)
+        width = max(len(p) + len(o.token_ids) for p, o in zip(prompts, outs))
+        ids = torch.zeros(len(outs), width, dtype=torch.long)
+        attn = torch.zeros(len(outs), width, dtype=torch.long)
+        resp = torch.zeros(len(outs), width, dtype=torch.long)
+        engine_lp = torch.zeros(len(outs), width)
+        for b, (p, o) in enumerate(zip(prompts, outs)):
+            seq = p + o.token_ids
+            ids[b, :len(seq)] = torch.tensor(seq)
+            attn[b, :len(seq)] = 1
+            resp[b, len(p):len(seq)] = 1
+            engine_lp[b, len(p):len(seq)] = torch.tensor(o.logprobs)
+        batch = TensorBatch({"input_ids": ids, "attention_mask": attn, "response_mask": resp,
+                             "position_ids": torch.arange(width).expand(len(outs), width).clone()})
+        actor_lp = worker.compute_log_prob(batch)["old_log_probs"]
+        where = resp.bool()
+        diff = (actor_lp - engine_lp)[where].abs()
+        extra = {}
+        if tag == "before_update":  # which side is off: both against a float32 forward of the same weights
+            fp32 = HFRolloutWorker(str(model_dir), device=DEVICE, dtype="float32", max_model_len=args.seq)
+            seqs = [p + o.token_ids for p, o in zip(prompts, outs)]
+            exact, scored = torch.zeros(len(outs), width), torch.zeros(len(outs), width)
+            for b, (lp32, lp16) in enumerate(zip(fp32.prompt_logprobs(seqs), engine.prompt_logprobs(seqs))):
+                exact[b, :len(lp32)], scored[b, :len(lp16)] = torch.tensor(lp32), torch.tensor(lp16)
+            del fp32
+            extra = {"actor_bf16_vs_fp32": float((actor_lp - exact)[where].abs().mean()),
+                     "engine_sampled_bf16_vs_fp32": float((engine_lp - exact)[where].abs().mean()),
+                     "engine_full_forward_bf16_vs_fp32": float((scored - exact)[where].abs().mean()),
+                     "engine_sampled_vs_its_full_forward": float((engine_lp - scored)[where].abs().mean()),
+                     "mean_logprob": float(exact[where].mean())}
+        report(f"engine_vs_actor_{tag}", tokens=int(resp.sum()), mean_abs=float(diff.mean()),
+               max_abs=float(diff.max()), within_e2e_tolerance=bool(diff.mean() < 1e-2), **extra)
+
+    engine_vs_actor("before_update")
+    batch = rows(args.rows, args.seq // 4, args.seq // 16, vocab, seed=3)
+    batch["old_log_probs"] = worker.compute_log_prob(batch)["old_log_probs"]
+    for _ in range(3):  # move the actor away from the engine's weights, at a learning rate that shows
+        for group in worker.optimizer.param_groups:
+            group["lr"] = 1e-3
+        worker.update_actor(batch)
+    stale = engine.prompt_logprobs([prompts[0] + [1, 2, 3]])[0]
+    state, sync_s = synced(worker.full_state_dict)
+    update_s = engine.update_weights({k: v.to(torch.bfloat16) for k, v in state.items()})
+    fresh = engine.prompt_logprobs([prompts[0] + [1, 2, 3]])[0]
+    report("weight_sync", gather_s=round(sync_s, 2), update_weights_s=round(update_s, 2), tensors=len(state),
+           engine_changed=bool(max(abs(a - b) for a, b in zip(stale, fresh)) > 1e-3))
+    engine_vs_actor("after_sync")
+
+    if not on_gpu():
+        return
+    awake = allocated()
+    engine.sleep()
+    asleep = allocated()
+    engine.wake_up()
+    woken = allocated()
+    again = engine.generate(prompts[:2], max_tokens=8, temperature=0.0)
+    report("engine_sleep", awake_gib=round(awake / GIB, 2), asleep_gib=round(asleep / GIB, 2),
+           woken_gib=round(woken / GIB, 2), generates_after_wake=all(len(o.token_ids) for o in again))
+
+
+def main(argv: list[str] | None = None) -> int:
+    global DEVICE, SHAPES
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="gpu_check.json")
+    parser.add_argument("--rows", type=int, default=16, help="rows per update (one mini-batch)")
+    parser.add_argument("--micro-rows", type=int, default=4, help="rows per micro-batch (gpu_qwen0.5b_1gpu: 4)")
+    parser.add_argument("--seq", type=int, default=2048, help="tokens per row (max_model_len of gpu_qwen0.5b_1gpu)")
+    parser.add_argument("--prompt", type=int, default=512, help="prompt tokens per row (response_mask 0)")
+    parser.add_argument("--steps", type=int, default=3, help="timed updates after one warm-up")
+    parser.add_argument("--gen-prompts", type=int, default=64)
+    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--shape", default=str(SHAPES), help="a model folder's config.json to build at random")
+    parser.add_argument("--sweep", action="store_true", help="also time other micro-batch sizes / checkpointing")
+    parser.add_argument("--cpu", action="store_true", help="run on CPU over gloo (to try the script here)")
+    args = parser.parse_args(argv)
+    DEVICE, SHAPES = ("cpu" if args.cpu else "cuda"), Path(args.shape).resolve()
+    check_device()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "qwen2.5-0.5b-shape-random"
+        n_params, seconds = synced(lambda: write_random_model(model_dir))
+        report("model", shape=SHAPES.name, parameters=n_params, write_s=round(seconds, 1))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        if on_gpu():
+            dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+        else:
+            dist.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            worker = actor_update(model_dir, n_params, args)
+            hf_rollout(model_dir, worker, args)
+            del worker
+            for micro_rows, checkpointing in SWEEP if args.sweep else ():
+                update_speed(model_dir, n_params, args, micro_rows, checkpointing)
+        finally:
+            dist.destroy_process_group()
+    Path(args.out).write_text(json.dumps(RECORD, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""bench/gpu_check.py, the torch-level GPU checks, run here on CPU over gloo (``--cpu``) with the tiny model's
+shape: every part runs and reports, so the script a GPU session runs has not rotted since the last GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
+    out = tmp_path / "record.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--cpu", "--shape", tiny_model_path, "--rows", "4", "--micro-rows",
+         "2", "--seq", "64", "--prompt", "16", "--steps", "1", "--gen-prompts", "4", "--gen-tokens", "8",
+         "--sweep", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert {"device", "model", "load", "log_probs", "actor_update", "offload", "hf_generate",
+            "engine_vs_actor_before_update", "weight_sync", "engine_vs_actor_after_sync",
+            "actor_update_micro8_ckpt", "actor_update_micro2_nockpt", "actor_update_micro4_nockpt"} <= set(record)
+    assert record["actor_update"]["all_finite"] and record["actor_update"]["tokens"] == 4 * 64
+    assert record["weight_sync"]["engine_changed"]  # the update moved the weights and the sync carried them
+    before = record["engine_vs_actor_before_update"]
+    assert before["engine_sampled_vs_its_full_forward"] < 1e-4  # one bf16 CPU engine agrees with itself
+    assert record["engine_vs_actor_after_sync"]["mean_abs"] < 1e-2
