@@ -181,6 +181,10 @@ def test_an_unknown_session_or_model_gets_404(served):
         client(served, sid).chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert err.value.code == "model_not_found"
     assert [m.id for m in client(served, sid).models.list()] == ["tiny-qwen2"]
+    server = served[0]
+    root = httpx.get(f"http://127.0.0.1:{server.port}/v1/models", headers={"Authorization": f"Bearer {gateway.api_key}"})
+    assert [m["id"] for m in root.json()["data"]] == ["tiny-qwen2"]
+    assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models").status_code == 401
     gateway.store.close(sid)
     with pytest.raises(openai.NotFoundError):
         client(served, sid).models.list()
@@ -230,6 +234,28 @@ def test_a_prompt_over_max_model_len_gets_context_length_exceeded(served):
         client(served, sid).chat.completions.create(model="tiny-qwen2", messages=MESSAGES, max_tokens=MAX_MODEL_LEN)
     assert err.value.code == "context_length_exceeded"
     assert len(calls) == before
+
+
+def test_an_engine_failure_gets_500_and_records_nothing(served):
+    _, gateway, _ = served
+
+    def broken(prompts, **_):
+        raise RuntimeError("engine died")
+
+    failing = Gateway(tokenizer=gateway.tokenizer, generate=broken, store=SessionStore(), api_key=gateway.api_key,
+                      model="tiny-qwen2", max_model_len=MAX_MODEL_LEN)
+    with GatewayServer(create_app(failing)) as other:
+        sid = failing.store.open()
+        api = openai.OpenAI(base_url=other.base_url(sid), api_key=gateway.api_key, max_retries=0)
+        with pytest.raises(openai.InternalServerError) as err:
+            api.chat.completions.create(model="tiny-qwen2", messages=MESSAGES)
+        assert err.value.status_code == 500 and err.value.body["type"] == "server_error"
+        assert failing.store.records(sid) == []
+
+
+def test_an_empty_key_is_refused():
+    with pytest.raises(ValueError, match="non-empty api_key"):
+        Gateway(tokenizer=None, generate=None, store=SessionStore(), api_key="", model="m", max_model_len=8)
 
 
 def test_the_server_listens_on_127_0_0_1_only(served):
