@@ -109,15 +109,15 @@ def create_app(gateway: Gateway) -> FastAPI:
 
 def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) -> list[responses.Sample]:
     """Generate the request's ``n`` choices from its prompt ids and record them in the session."""
+    try:
+        index = gateway.store.next_request(session_id)  # the request's place in the session: its arrival
+    except KeyError:
+        raise _no_session(session_id) from None
     with gateway.engine_lock:
         version = gateway.policy_version()
         outputs = gateway.generate([list(req.prompt_ids)] * req.n, max_tokens=req.max_tokens,
                                    temperature=req.temperature, top_p=req.top_p, stop_token_ids=req.stop_token_ids,
                                    seed=req.seed)
-    try:
-        index = gateway.store.next_request(session_id)
-    except KeyError:
-        raise _no_session(session_id) from None
     records = [CallRecord(request_index=index, choice_index=i, prompt_ids=tuple(req.prompt_ids),
                           completion_ids=tuple(out.token_ids), logprobs=tuple(out.logprobs),
                           finish_reason=out.finish_reason, policy_version=version) for i, out in enumerate(outputs)]
