@@ -182,7 +182,8 @@ def test_an_unknown_session_or_model_gets_404(served):
     assert err.value.code == "model_not_found"
     assert [m.id for m in client(served, sid).models.list()] == ["tiny-qwen2"]
     server = served[0]
-    root = httpx.get(f"http://127.0.0.1:{server.port}/v1/models", headers={"Authorization": f"Bearer {gateway.api_key}"})
+    root = httpx.get(f"http://127.0.0.1:{server.port}/v1/models",
+                     headers={"Authorization": f"Bearer {gateway.api_key}"})
     assert [m["id"] for m in root.json()["data"]] == ["tiny-qwen2"]
     assert httpx.get(f"http://127.0.0.1:{server.port}/v1/models").status_code == 401
     gateway.store.close(sid)

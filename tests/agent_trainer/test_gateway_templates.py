@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import openai
-import pytest
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer
 
