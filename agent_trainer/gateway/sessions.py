@@ -69,7 +69,7 @@ class TrainingRow:
 
 @dataclass(frozen=True)
 class RowMetrics:
-    """How a session's records became rows (``gateway/`` metrics)."""
+    """How a session's records became rows (``rollout/gateway_*`` metrics)."""
 
     rows: int
     merges: int
@@ -78,7 +78,8 @@ class RowMetrics:
     """Requests after the first whose prompt extended no row, so a new row started (step-wise)."""
 
     def as_metrics(self) -> dict[str, float]:
-        return {"gateway/rows": self.rows, "gateway/merges": self.merges, "gateway/breaks": self.breaks}
+        return {"rollout/gateway_rows": self.rows, "rollout/gateway_merges": self.merges,
+                "rollout/gateway_breaks": self.breaks}
 
 
 def build_rows(records: list[CallRecord]) -> tuple[list[TrainingRow], RowMetrics]:

@@ -20,7 +20,8 @@ def test_a_prompt_that_extends_the_row_merges_with_the_ids_between_as_context():
     assert row.response_mask == [0, 0, 1, 1, 0, 0, 1]
     assert row.rollout_log_probs == [0.0, 0.0, -10.0, -11.0, 0.0, 0.0, -12.0]
     assert row.calls == [(0, 0), (1, 0)] and row.policy_versions == [3, 4]
-    assert metrics.as_metrics() == {"gateway/rows": 1, "gateway/merges": 1, "gateway/breaks": 0}
+    assert metrics.as_metrics() == {"rollout/gateway_rows": 1, "rollout/gateway_merges": 1,
+                                    "rollout/gateway_breaks": 0}
 
 
 def test_a_prompt_that_differs_anywhere_in_the_prefix_starts_a_new_row():
