@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from agent_trainer.gateway.app import Gateway, create_app
 from agent_trainer.gateway.server import GatewayServer, new_api_key
 from agent_trainer.gateway.sessions import SessionStore, build_rows
-from workers.rollout import HFRolloutWorker
+from workers.rollout import GenerationOutput, HFRolloutWorker
 
 MAX_MODEL_LEN = 512
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
@@ -133,10 +133,8 @@ def test_a_tool_call_in_the_reply_comes_back_as_tool_calls(served):
     text = '<tool_call>\n{"name": "move", "arguments": {"direction": "Up"}}\n</tool_call>'
     ids = gateway.tokenizer.encode(text, add_special_tokens=False) + [gateway.tokenizer.eos_token_id]
 
-    class Fixed:
-        token_ids, logprobs, finish_reason = ids, [-0.5] * len(ids), "stop"
-
-    scripted = Gateway(tokenizer=gateway.tokenizer, generate=lambda prompts, **_: [Fixed()] * len(prompts),
+    fixed = GenerationOutput(ids, [-0.5] * len(ids), "stop")
+    scripted = Gateway(tokenizer=gateway.tokenizer, generate=lambda prompts, **_: [fixed] * len(prompts),
                        store=SessionStore(), api_key=gateway.api_key, model="tiny-qwen2", max_model_len=MAX_MODEL_LEN)
     with GatewayServer(create_app(scripted)) as other:
         sid = scripted.store.open()
@@ -157,6 +155,28 @@ def test_a_tool_call_in_the_reply_comes_back_as_tool_calls(served):
         records = [r for r in scripted.store.records(sid) if r.request_index in (0, 3)]
         _, metrics = build_rows(records)
         assert (metrics.rows, metrics.merges, metrics.breaks) == (1, 1, 0)
+
+
+def test_a_stop_string_stops_the_engine_on_its_token_and_is_left_out_of_the_text(served):
+    _, gateway, _ = served
+    tok = gateway.tokenizer
+    [period] = tok.encode(".", add_special_tokens=False)
+    ids = tok.encode("Go up", add_special_tokens=False) + [period]
+    seen = []
+
+    def engine(prompts, **sampling):
+        seen.append(sampling)
+        return [GenerationOutput(ids, [-0.1] * len(ids), "stop")] * len(prompts)
+
+    scripted = Gateway(tokenizer=tok, generate=engine, store=SessionStore(), api_key=gateway.api_key,
+                       model="tiny-qwen2", max_model_len=MAX_MODEL_LEN)
+    with GatewayServer(create_app(scripted)) as other:
+        sid = scripted.store.open()
+        api = openai.OpenAI(base_url=other.base_url(sid), api_key=gateway.api_key, max_retries=0)
+        out = api.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, stop=".")
+    assert seen[0]["stop_token_ids"] == [period]
+    assert out.choices[0].message.content == "Go up" and out.choices[0].finish_reason == "stop"
+    assert list(scripted.store.records(sid)[0].completion_ids) == ids  # the stop id is trained on, as sampled
 
 
 def test_a_wrong_or_missing_key_gets_401(served):
