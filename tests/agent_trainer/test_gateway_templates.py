@@ -11,7 +11,6 @@ own tokenisation), the row breaks and the next turn starts a row of its own: cou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -20,6 +19,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer.gateway.app import Gateway, create_app
 from agent_trainer.gateway.sessions import SessionStore, build_rows
+from workers.rollout import GenerationOutput
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 KEY = "test-key"
@@ -48,13 +48,6 @@ def template_tokenizer(tiny_model_path: str, name: str):
     return tokenizer
 
 
-@dataclass
-class Fixed:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str = "stop"
-
-
 class Agent:
     """A user's agent: the openai client on one session, the engine's replies scripted as ids."""
 
@@ -68,7 +61,7 @@ class Agent:
 
     def _generate(self, prompts, **_):
         ids = self.script.pop(0)
-        return [Fixed(list(ids), [-0.25 - 0.01 * k for k in range(len(ids))]) for _ in prompts]
+        return [GenerationOutput(list(ids), [-0.25 - 0.01 * k for k in range(len(ids))], "stop") for _ in prompts]
 
     def turn(self, messages: list[dict], ids: list[int]) -> dict:
         """One call whose engine output is ``ids``; returns the assistant message as the client got it."""
