@@ -118,6 +118,9 @@ def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) ->
         outputs = gateway.generate([list(req.prompt_ids)] * req.n, max_tokens=req.max_tokens,
                                    temperature=req.temperature, top_p=req.top_p, stop_token_ids=req.stop_token_ids,
                                    seed=req.seed)
+    if len(outputs) != req.n or any(len(out.token_ids) != len(out.logprobs) for out in outputs):
+        raise RuntimeError(f"the engine returned {len(outputs)} outputs for {req.n} prompts, or ids and logprobs of "
+                           "different lengths; nothing is recorded")
     records = [CallRecord(request_index=index, choice_index=i, prompt_ids=tuple(req.prompt_ids),
                           completion_ids=tuple(out.token_ids), logprobs=tuple(out.logprobs),
                           finish_reason=out.finish_reason, policy_version=version) for i, out in enumerate(outputs)]

@@ -257,13 +257,18 @@ def test_a_prompt_over_max_model_len_gets_context_length_exceeded(served):
     assert len(calls) == before
 
 
-def test_an_engine_failure_gets_500_and_records_nothing(served):
+def broken(prompts, **_):
+    raise RuntimeError("engine died")
+
+
+def misaligned(prompts, **_):
+    return [GenerationOutput([5, 6], [-0.1], "stop")] * len(prompts)
+
+
+@pytest.mark.parametrize("engine", [broken, misaligned])
+def test_an_engine_failure_gets_500_and_records_nothing(served, engine):
     _, gateway, _ = served
-
-    def broken(prompts, **_):
-        raise RuntimeError("engine died")
-
-    failing = Gateway(tokenizer=gateway.tokenizer, generate=broken, store=SessionStore(), api_key=gateway.api_key,
+    failing = Gateway(tokenizer=gateway.tokenizer, generate=engine, store=SessionStore(), api_key=gateway.api_key,
                       model="tiny-qwen2", max_model_len=MAX_MODEL_LEN)
     with GatewayServer(create_app(failing)) as other:
         sid = failing.store.open()
