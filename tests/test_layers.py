@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "agent_trainer.condensed_ctx", "agent_trainer.condensers", "agent_trainer.trajectory_rewards",
                  "agent_trainer.demonstrations", "agent_trainer.prompt_data", "agent_trainer.rollout_shaping",
                  "agent_trainer.collapse_metrics")),
+    ("gateway", ("agent_trainer.gateway",)),
     ("checks", ("agent_trainer.checks",)),
     ("rollout", ("agent_trainer.rollout", "agent_trainer.rollout.multiturn", "agent_trainer.rollout.splits",
                  "agent_trainer.rollout.resets", "agent_trainer.rollout.turns", "agent_trainer.rollout.lanes",

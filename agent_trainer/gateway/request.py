@@ -1,0 +1,155 @@
+"""One chat-completion request checked against what the gateway can honour, as the engine's call.
+
+The body is validated with the ``openai`` package's own request type (``CompletionCreateParamsBase``). A
+parameter the gateway cannot honour is refused (400, naming it), never silently dropped: an unknown key, a
+sampling control the engines lack (penalties, ``logit_bias``, ``top_logprobs`` > 0), a forced tool choice,
+structured output. Parameters that only label a request for OpenAI's own services (``user``, ``metadata``,
+``store``, ``service_tier``, ``safety_identifier``, ``prompt_cache_*``) change no output and are accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openai.types.chat import completion_create_params
+from pydantic import TypeAdapter, ValidationError
+
+from agent_trainer.gateway import chat
+from agent_trainer.gateway.errors import GatewayError, invalid
+
+PARAMS = TypeAdapter(completion_create_params.CompletionCreateParamsBase)
+EXTRA_KEYS = ("stream", "return_token_ids")
+"""Keys beyond ``CompletionCreateParamsBase``: ``stream`` (the streaming variant's) and vLLM's
+``return_token_ids`` (the response carries ``prompt_token_ids`` and each choice's ``token_ids``)."""
+LABELS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+          "prompt_cache_options", "prompt_cache_retention")
+"""Accepted and not used: they label a request for OpenAI's services and change no output."""
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "top_logprobs": (0,),
+           "parallel_tool_calls": (True,), "modalities": (["text"],), "response_format": ({"type": "text"},),
+           "audio": (), "function_call": (), "functions": (), "prediction": (), "reasoning_effort": (),
+           "web_search_options": (), "verbosity": (), "moderation": ()}
+"""Parameters the engines cannot honour: accepted only unset (None) or at these neutral values."""
+MAX_N = 64
+
+
+@dataclass
+class ChatRequest:
+    """What the engine is asked for and how the reply is returned."""
+
+    model: str
+    prompt_ids: list[int]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop_token_ids: list[int]
+    seed: int | None
+    parse_tools: bool
+    """Whether the reply's ``<tool_call>`` blocks become ``tool_calls`` (tools given, ``tool_choice`` not "none")."""
+    logprobs: bool
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+
+def parse(body: object, tokenizer, max_model_len: int) -> ChatRequest:
+    """The request body (parsed JSON) as a :class:`ChatRequest`, or a :class:`GatewayError` naming what is wrong."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    unknown = sorted(set(body) - set(completion_create_params.CompletionCreateParamsBase.__annotations__)
+                     - set(EXTRA_KEYS))
+    if unknown:
+        raise invalid(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
+    params = _validated(body)
+    for key in EXTRA_KEYS:
+        if not isinstance(body.get(key, False), bool):
+            raise invalid(f"{key} must be a boolean", key)
+    for key, neutral in NEUTRAL.items():
+        if params.get(key) is not None and params[key] not in neutral:
+            raise invalid(f"{key}={params[key]!r} is not supported by this gateway (its engines cannot honour it)",
+                          key)
+    tools, parse_tools = _tools(params)
+    prompt_ids = chat.prompt_ids(tokenizer, chat.template_messages(params["messages"]), tools)
+    return ChatRequest(
+        model=params["model"], prompt_ids=prompt_ids, n=_n(params.get("n")),
+        max_tokens=_budget(params, len(prompt_ids), max_model_len), temperature=_range(params, "temperature", 0, 2),
+        top_p=_range(params, "top_p", 0, 1, low_open=True),
+        stop_token_ids=chat.stop_token_ids(tokenizer, params.get("stop")), seed=params.get("seed"),
+        parse_tools=parse_tools, logprobs=bool(params.get("logprobs")), stream=body.get("stream", False),
+        include_usage=bool((params.get("stream_options") or {}).get("include_usage")),
+        return_token_ids=body.get("return_token_ids", False))
+
+
+def _validated(body: dict) -> dict:
+    """The body checked by the openai request type; nested lists are checked as they are read (``chat.plain``)."""
+    try:
+        validated = PARAMS.validate_python(body)
+        return {key: _plain(key, value) for key, value in validated.items()}
+    except ValidationError as err:
+        return _refuse(err, ())
+
+
+def _plain(key: str, value):
+    try:
+        return chat.plain(value)
+    except ValidationError as err:
+        return _refuse(err, (key,))
+
+
+def _refuse(err: ValidationError, outer: tuple):
+    """A 400 naming the first bad field as ``messages[0].role`` (pydantic's union member names left out)."""
+    first = err.errors()[0]
+    param = ""
+    for part in (*outer, *first["loc"]):
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif not part[:1].isupper():  # "ChatCompletionUserMessageParam" and the like name a union member
+            param += f".{part}" if param else part
+    raise invalid(f"{param}: {first['msg']}", param) from err
+
+
+def _tools(params: dict) -> tuple[list[dict] | None, bool]:
+    """The tools for the chat template (function tools only) and whether to read tool calls from the reply."""
+    tools = params.get("tools") or None
+    choice = params.get("tool_choice")
+    if tools and any(t.get("type") != "function" for t in tools):
+        raise invalid("only function tools are supported", "tools")
+    if choice is not None and choice not in ("auto", "none"):
+        raise invalid(f"tool_choice={choice!r} is not supported: the engines cannot force a tool call "
+                      "(use 'auto' or 'none')", "tool_choice")
+    if choice is not None and not tools:
+        raise invalid("tool_choice is set but no tools are given", "tool_choice")
+    return tools, bool(tools) and choice != "none"
+
+
+def _n(n: int | None) -> int:
+    if n is None:
+        return 1
+    if not 1 <= n <= MAX_N:
+        raise invalid(f"n={n} must be between 1 and {MAX_N}", "n")
+    return n
+
+
+def _range(params: dict, key: str, low: float, high: float, low_open: bool = False) -> float:
+    value = params.get(key)
+    if value is None:
+        return 1.0
+    if not (low < value <= high if low_open else low <= value <= high):
+        raise invalid(f"{key}={value} must be in {'(' if low_open else '['}{low}, {high}]", key)
+    return float(value)
+
+
+def _budget(params: dict, prompt_len: int, max_model_len: int) -> int:
+    """``max_completion_tokens`` (or the older ``max_tokens``), else what the context leaves; refused as
+    ``context_length_exceeded`` when the prompt and the budget do not fit ``max_model_len``."""
+    key = "max_completion_tokens" if params.get("max_completion_tokens") is not None else "max_tokens"
+    budget = params.get(key)
+    if budget is not None and budget < 1:
+        raise invalid(f"{key}={budget} must be at least 1", key)
+    if prompt_len >= max_model_len or (budget is not None and prompt_len + budget > max_model_len):
+        asked = f" and {budget} in the completion" if budget is not None else ""
+        raise GatewayError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
+                           f"requested {prompt_len + (budget or 0)} tokens ({prompt_len} in the messages{asked}). "
+                           "Please reduce the length of the messages or completion.", param="messages",
+                           code="context_length_exceeded")
+    return budget if budget is not None else max_model_len - prompt_len
