@@ -7,7 +7,12 @@ is appended to ``workers.log`` (prefixed with the worker's file), and a line tha
 warning or an error is printed on the console the first time its text (digits, pids and
 timestamps aside) is seen. So vLLM's per-step INFO lines ("Reloading and processing
 weights", "Successfully reset prefix cache") stay in the file, and its per-step warning
-("RotaryEmbedding: Failed to load weights") is shown once.
+("RotaryEmbedding: Failed to load weights") stays there too (:data:`QUIET`).
+
+:data:`QUIET` is the one table of third-party start-up warnings that say nothing to a user of this project
+(vLLM's, torch's notes on choices the project makes on purpose, or on speed-ups a CPU run does not need): they
+go to ``workers.log`` like every line but never to the console. A line that names an error, or a traceback,
+is never quiet; the project's own messages match none of the patterns.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import atexit
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -23,6 +29,59 @@ from tqdm import tqdm
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MATTERS = re.compile(r"\b(WARNING|WARN|ERROR|CRITICAL|FATAL)\b|Traceback|^\w*(Error|Exception):|\[W\d{4}")
 """A line the console shows (once): a logged warning or error, a traceback, torch's C++ warnings."""
+
+
+@dataclass(frozen=True)
+class QuietWarning:
+    """A third-party worker warning kept in ``workers.log`` and off the console."""
+
+    source: str
+    """The ``file.py:`` it is logged from (vLLM's ``[file.py:N]``, torch's ``[W... file.cpp:N]``), so another
+    file's line never matches."""
+    text: str
+    """A fixed part of its text."""
+    reason: str
+    """Why it says nothing to a user of this project (one line)."""
+
+    def matches(self, line: str) -> bool:
+        return self.text in line and re.search(rf"[\[ ]{re.escape(self.source)}\d+\]", line) is not None
+
+
+QUIET = (
+    QuietWarning("arg_utils.py:", "The global random seed is set to",
+                 "the engine is seeded from trainer.seed on purpose, in a Ray worker process of its own"),
+    QuietWarning("arg_utils.py:", "does not officially support disabling chunked prefill",
+                 "per-request seeds need whole-prompt prefill on CPU, so the engine turns it off (workers/rollout.py)"),
+    QuietWarning("vllm.py:", "Enforce eager set, disabling torch.compile",
+                 "eager mode is the project's choice for the CPU engine (no compile time per start)"),
+    QuietWarning("vllm.py:", "Inductor compilation was disabled by user settings",
+                 "follows from eager mode, above"),
+    QuietWarning("cpu.py:", "Triton is not installed",
+                 "triton-cpu only speeds up some CPU kernels; the engine runs without it"),
+    QuietWarning("cpu.py:", "Reset SSM cache type to float32",
+                 "about Mamba-style models' cache; the project's models have none"),
+    QuietWarning("vllm.py:", "Model Runner V2 requires Triton",
+                 "vLLM picks its V1 model runner, which is the one the project is tested with"),
+    QuietWarning("cpu_worker.py:", "is not found in LD_PRELOAD",
+                 "libtcmalloc / libiomp preloading is a CPU speed-up, not needed to run (vLLM's CPU install docs)"),
+    QuietWarning("utils.cpp:", "NUMA binding: Using MEMBIND policy",
+                 "torch reports where it binds the engine's memory; nothing to act on"),
+    QuietWarning("cpu_worker.py:", "doesn't allow to use `torch.set_num_threads` after the thread binding",
+                 "vLLM keeps its own thread binding; nothing to act on"),
+    QuietWarning("layerwise.py:", "RotaryEmbedding: Failed to load weights",
+                 "at every weight sync: rotary tables are computed, never loaded, so there is nothing to load"),
+)
+"""The worker warnings kept off the console (each still in ``workers.log``): vLLM's and torch's start-up
+notes of a CPU run, and vLLM's per-sync rotary line."""
+NEVER_QUIET = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b|Traceback|^\w*(Error|Exception):")
+"""A line like this reaches the console whatever :data:`QUIET` says."""
+
+
+def is_quiet(line: str) -> bool:
+    """``line`` is one of the :data:`QUIET` warnings (and names no error)."""
+    return not NEVER_QUIET.search(line.strip()) and any(q.matches(line) for q in QUIET)
+
+
 _VARYING = re.compile(r"0x[0-9a-f]+|\d+")
 
 
@@ -32,7 +91,7 @@ def dedup_key(line: str) -> str:
 
 
 class WorkerLogRouter:
-    """Tails a Ray session's worker logs into one file; echoes each distinct warning once."""
+    """Tails a Ray session's worker logs into one file; echoes each distinct warning once (none of :data:`QUIET`)."""
 
     def __init__(self, session_logs: Path, out_file: Path, echo: Callable[[str], None] = tqdm.write,
                  interval_s: float = 1.0):
@@ -93,7 +152,7 @@ class WorkerLogRouter:
         return [line for line in text.splitlines() if line.strip() and not line.startswith(":job_id:")]
 
     def _maybe_echo(self, line: str) -> None:
-        if MATTERS.search(line):
+        if MATTERS.search(line) and not is_quiet(line):
             key = dedup_key(line)
             if key not in self.seen:
                 self.seen.add(key)

@@ -210,6 +210,17 @@ def test_worker_logs_are_in_the_run_directory(run):
     assert "Starting to load model" in logs  # the engine worker's start-up INFO line
 
 
+def test_third_party_start_up_warnings_stay_in_the_log_and_off_the_console(run):
+    watcher, run_dir = run
+    from agent_trainer.run_logs import QUIET
+
+    logs = (run_dir / "logs" / "workers.log").read_text().splitlines()
+    in_log = {q.text for q in QUIET for line in logs if q.matches(line)}
+    assert "RotaryEmbedding: Failed to load weights" in in_log and len(in_log) >= 3, in_log  # vLLM printed them
+    on_console = [line for line in watcher.lines for q in QUIET if q.matches(line)]
+    assert not on_console, on_console
+
+
 def test_live_metrics_reach_the_prometheus_endpoint(run):
     watcher, _ = run
     s = watcher.samples
