@@ -246,6 +246,17 @@ def compose_checkpoint(folder: Path, overrides: Sequence[str]) -> tuple[AgentTra
         raise SystemExit(refusal(err, overrides)) from None
 
 
+def beside_the_checkpoint(cfg: AgentTrainerConfig) -> None:
+    """A model_path that is a checkpoint's ``actor`` folder, with eval.output_dir left at its default: the outputs
+    go beside the checkpoint (``<checkpoint>/eval``), as with ``--checkpoint``, not into the config's run folder."""
+    model = Path(cfg.actor_rollout_ref.model.path)
+    if model.name == "actor" and checkpoint.is_complete(model.parent) and \
+            cfg.eval.output_dir == f"{cfg.trainer.default_local_dir}/{EVAL_FOLDER}":
+        cfg.eval.output_dir = str(model.parent / EVAL_FOLDER)
+        logger.info("model_path is checkpoint %s's actor: the outputs go beside it, in %s (--checkpoint %s would "
+                    "also take the run's own config)", model.parent, cfg.eval.output_dir, model.parent)
+
+
 def split_checkpoint_flag(argv: list[str]) -> tuple[str | None, list[str]]:
     """``--checkpoint PATH`` (or ``--checkpoint=PATH``) taken out of ``argv``; the rest. One line on a mistake."""
     path, rest = None, []
@@ -281,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     overrides = args.overrides
     if checkpoint_path is None:
         cfg, env_tags = compose_and_prepare(overrides, config_name=args.config_name)
+        beside_the_checkpoint(cfg)
     else:
         try:
             folder = find_checkpoint(checkpoint_path)

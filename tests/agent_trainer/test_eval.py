@@ -113,3 +113,18 @@ def test_checkpoint_mistakes_are_refused_in_one_line(tmp_path, tiny_model_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["--checkpoint", str(folder)])
     assert "trainer.save_hf_model=false" in str(exit_info.value) and "agent_trainer.export" in str(exit_info.value)
+
+
+def test_a_checkpoints_actor_as_model_path_writes_beside_the_checkpoint(tmp_path, tiny_model_path):
+    from agent_trainer.eval import beside_the_checkpoint
+
+    _, folder = saved_checkpoint(tmp_path, tiny_model_path, [])
+    cfg, _ = compose_and_prepare([f"model_path={folder / 'actor'}", f"trainer.default_local_dir={tmp_path / 'x'}"])
+    beside_the_checkpoint(cfg)
+    assert cfg.eval.output_dir == str(folder / "eval")
+    cfg, _ = compose_and_prepare([f"model_path={folder / 'actor'}", f"eval.output_dir={tmp_path / 'mine'}"])
+    beside_the_checkpoint(cfg)
+    assert cfg.eval.output_dir == str(tmp_path / "mine")  # given: kept
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}"])
+    beside_the_checkpoint(cfg)
+    assert cfg.eval.output_dir == f"{cfg.trainer.default_local_dir}/eval"  # not a checkpoint: the config's
