@@ -28,6 +28,7 @@ import copy
 import functools
 import json
 import logging
+import os
 import re
 import sys
 from collections import defaultdict
@@ -154,7 +155,7 @@ def find_checkpoint(path: str) -> Path:
 
     Raises ValueError in one line when it is neither, or when its actor has no Hugging Face weights.
     """
-    folder = Path(path).expanduser()
+    folder = Path(os.path.abspath(Path(path).expanduser()))
     if not checkpoint.is_complete(folder):
         latest = checkpoint.find_latest(folder) if folder.is_dir() else None
         if latest is None:

@@ -3,6 +3,8 @@ test_cli_args.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from agent_trainer.es_manager import EnvTurn, EpisodeState
@@ -73,6 +75,7 @@ def test_a_checkpoint_is_evaluated_with_its_runs_config_and_writes_beside_it(tmp
 
     run_dir, folder = saved_checkpoint(tmp_path, tiny_model_path, TRAINING)
     assert find_checkpoint(str(run_dir)) == folder == find_checkpoint(str(folder))  # a run folder: its newest
+    assert find_checkpoint(os.path.relpath(folder)) == folder  # absolute: the report names it wherever it runs
     cfg, _ = compose_checkpoint(folder, ["eval.k=2"])
     assert cfg.actor_rollout_ref.model.path == str(folder / "actor") and cfg.eval.output_dir == str(folder / "eval")
     assert (cfg.es_manager.val.env_groups, cfg.agent_proxy.max_turn, cfg.actor_rollout_ref.rollout.response_length,
