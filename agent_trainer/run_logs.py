@@ -18,6 +18,7 @@ is never quiet; the project's own messages match none of the patterns.
 from __future__ import annotations
 
 import atexit
+import logging
 import re
 import threading
 from collections.abc import Callable
@@ -44,7 +45,7 @@ class QuietWarning:
     """Why it says nothing to a user of this project (one line)."""
 
     def matches(self, line: str) -> bool:
-        return self.text in line and re.search(rf"[\[ ]{re.escape(self.source)}\d+\]", line) is not None
+        return self.text in line and re.search(rf"(?:^|[\[ \t]){re.escape(self.source)}\d+\b", line) is not None
 
 
 QUIET = (
@@ -70,9 +71,11 @@ QUIET = (
                  "vLLM keeps its own thread binding; nothing to act on"),
     QuietWarning("layerwise.py:", "RotaryEmbedding: Failed to load weights",
                  "at every weight sync: rotary tables are computed, never loaded, so there is nothing to load"),
+    QuietWarning("authentication_token_setup.py:", "Token authentication is enabled for this Ray cluster",
+                 "Ray's, in the driver at ray.init; the run's dashboard line says how to sign in with the token"),
 )
-"""The worker warnings kept off the console (each still in ``workers.log``): vLLM's and torch's start-up
-notes of a CPU run, and vLLM's per-sync rotary line."""
+"""The warnings kept off the console (each still in ``workers.log``): vLLM's and torch's start-up notes of a
+CPU run, vLLM's per-sync rotary line, and Ray's token line in the driver (:class:`QuietDriverLines`)."""
 NEVER_QUIET = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b|Traceback|^\w*(Error|Exception):")
 """A line like this reaches the console whatever :data:`QUIET` says."""
 
@@ -159,15 +162,52 @@ class WorkerLogRouter:
                 self.echo(f"(worker) {line.strip()}")
 
 
+class QuietDriverLines(logging.Filter):
+    """On the driver's handlers of a third-party logger (Ray's): holds its :data:`QUIET` lines back from the
+    console; :func:`route_worker_logs` writes them into ``workers.log`` (prefixed ``[driver]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.held: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        line = f"{record.levelname} {record.filename}:{record.lineno} -- {record.getMessage()}"
+        if record.levelno >= logging.ERROR or not is_quiet(line):
+            return True
+        self.held.append(line)
+        return False
+
+
+DRIVER_FILTER = QuietDriverLines()
+"""The one filter of this process (:func:`quiet_driver_loggers`)."""
+DRIVER_LOGGERS = ("ray",)
+"""Third-party loggers with handlers of their own in the driver (Ray's does not propagate to the root logger)."""
+
+
+def quiet_driver_loggers() -> None:
+    """Put :data:`DRIVER_FILTER` on the handlers of :data:`DRIVER_LOGGERS` (once; call after importing them)."""
+    for name in DRIVER_LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            if DRIVER_FILTER not in handler.filters:
+                handler.addFilter(DRIVER_FILTER)
+
+
 def route_worker_logs(run_dir: str | Path) -> WorkerLogRouter | None:
-    """Start routing this Ray session's worker logs into ``<run_dir>/logs/workers.log`` (needs ``ray.init``).
+    """Start routing this Ray session's worker logs into ``<run_dir>/logs/workers.log`` (needs ``ray.init``); the
+    driver's quiet lines held so far go there first.
 
     Returns None when the session's log folder is not on this machine.
     """
     from ray._private import worker
 
+    out_file = Path(run_dir) / "logs" / "workers.log"
+    if DRIVER_FILTER.held:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        with out_file.open("a", encoding="utf-8") as out:
+            out.write("".join(f"[driver] {line}\n" for line in DRIVER_FILTER.held))
+        DRIVER_FILTER.held.clear()
     node = worker._global_node
     logs = Path(node.get_logs_dir_path()) if node is not None else None
     if logs is None or not logs.is_dir():
         return None
-    return WorkerLogRouter(logs, Path(run_dir) / "logs" / "workers.log").start()
+    return WorkerLogRouter(logs, out_file).start()

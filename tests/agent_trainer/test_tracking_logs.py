@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from agent_trainer.run_logs import QUIET, WorkerLogRouter, dedup_key, is_quiet
+import io
+import logging
+
+from agent_trainer.run_logs import QUIET, QuietDriverLines, WorkerLogRouter, dedup_key, is_quiet
 
 STEP_LINES = [
     "\x1b[36m(VLLMRolloutWorker pid=28804)\x1b[0m (MainProcess pid=28804) INFO 11-22 10:38:{s:02d} [inplace.py:91] "
@@ -81,8 +84,33 @@ def test_the_quiet_start_up_warnings_stay_in_the_file_and_off_the_console(tmp_pa
     assert [line.removeprefix("(worker) ") for line in shown] == own  # our warnings and every error still shown
     written = (tmp_path / "workers.log").read_text()
     assert all(line in written for line in STARTUP)
-    assert all(any(q.matches(line) for line in STARTUP) for q in QUIET)  # no pattern of the table is dead
+    assert all(any(q.matches(line) for line in STARTUP + [RAY_TOKEN]) for q in QUIET)  # no pattern is dead
     assert all(q.reason and "\n" not in q.reason for q in QUIET)
+
+
+RAY_TOKEN = ("WARNING authentication_token_setup.py:85 -- Token authentication is enabled for this Ray cluster. "
+             "Set RAY_AUTH_MODE=disabled to opt out.")
+"""Ray's line in the driver at ray.init, as its handler's format writes it."""
+
+
+def test_the_drivers_quiet_lines_are_held_for_the_log_and_others_pass():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(filename)s:%(lineno)s -- %(message)s"))
+    quiet = QuietDriverLines()
+    handler.addFilter(quiet)
+    logger = logging.getLogger("ray.test_quiet")
+
+    def emit(level, filename, lineno, message):
+        handler.handle(logger.makeRecord(logger.name, level, filename, lineno, message, (), None))
+
+    emit(logging.WARNING, "authentication_token_setup.py", 85, RAY_TOKEN.split(" -- ", 1)[1])
+    emit(logging.WARNING, "worker.py", 10, "Ray's own warning that matters")
+    emit(logging.ERROR, "authentication_token_setup.py", 85, "Token authentication is enabled for this Ray cluster")
+    shown = stream.getvalue().splitlines()
+    assert quiet.held == [RAY_TOKEN]
+    assert shown == ["WARNING worker.py:10 -- Ray's own warning that matters",
+                     "ERROR authentication_token_setup.py:85 -- Token authentication is enabled for this Ray cluster"]
 
 
 def test_quiet_needs_the_source_file_and_the_text():
