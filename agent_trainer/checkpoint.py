@@ -10,7 +10,8 @@ Layout under ``trainer.default_local_dir`` (verl's names)::
             rng/      rank_<r>.json (python, numpy, torch RNG of each rank)
         critic/       the same for the value model (AutoModelForTokenClassification)
         trainer_state.json   global step, KL controller, env seed counters, driver RNG
-        config.yaml          the resolved config of the run that saved it
+        config.yaml          the resolved config of the run that saved it (``agent_trainer.eval --checkpoint``'s)
+        eval/                what ``python -m agent_trainer.eval --checkpoint`` wrote about it
 
 A save writes into ``.tmp_global_step_N`` and renames it when every part is
 on disk; only then is ``latest_checkpointed_iteration.txt`` replaced (also by

@@ -1,6 +1,14 @@
-"""Evaluate a model (a checkpoint's ``actor`` folder, or any HF model) on the validation split; no training.
+"""Evaluate a checkpoint (--checkpoint, with its run's own config) or any HF model on the validation split.
 
-    python -m agent_trainer.eval --config-name frozenlake model_path=<run dir>/global_step_N/actor eval.k=4
+    python -m agent_trainer.eval --checkpoint <run dir>/global_step_N [key=value ...]
+    python -m agent_trainer.eval --checkpoint <run dir> eval.k=4        (its newest checkpoint)
+    python -m agent_trainer.eval --config-name frozenlake model_path=<any HF model> eval.k=4
+
+With ``--checkpoint`` the config is the one the run saved in the checkpoint (``global_step_N/config.yaml``,
+YAML, already resolved), so none of the training overrides is repeated; the model is its ``actor`` folder and
+the outputs go beside it, in ``global_step_N/eval/``. Overrides on the command line apply on top, key by key;
+an alias of config/base.yaml or of the schema (``model_path``, ``micro_batch_size_per_gpu``,
+``ppo_mini_batch_size``, ``trainer.seed``, ...) still carries to the keys that follow it (:func:`aliases`).
 
 Only the rollout engines and the val env actors start: no FSDP actor, optimizer, critic or
 reference. Two passes over the same validation seeds (``es_manager.val``):
@@ -17,15 +25,18 @@ validated exactly as for training (one line naming the key on a mistake, before 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
+import os
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent_trainer import cli_args
+from agent_trainer import checkpoint, cli_args
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.worker_registry import worker_api
@@ -38,6 +49,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONFIG = "frozenlake"
 """The config ``--config-name`` names when it is not given (as for agent_trainer.main)."""
 REPORT = "eval_report.json"
+CHECKPOINT_FLAG = "--checkpoint"
+EVAL_FOLDER = "eval"
+"""``--checkpoint``'s outputs: ``<checkpoint>/eval/`` (eval.output_dir unless given)."""
+
+
+USAGE = (__doc__.splitlines()[0] + "\n\n  --checkpoint PATH             a checkpoint folder (<run dir>/global_step_N) or a "
+         "run folder (its newest):\n                                its saved config and its actor; outputs in "
+         "<checkpoint>/eval/\n                                (instead of --config-name)")
 
 
 def summarize(states: list[EpisodeState], pass_key: str | None = None) -> dict:
@@ -131,19 +150,157 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     return report
 
 
+def find_checkpoint(path: str) -> Path:
+    """The checkpoint folder ``--checkpoint`` names: a ``global_step_N`` folder, or a run folder (its newest).
+
+    Raises ValueError in one line when it is neither, or when its actor has no Hugging Face weights.
+    """
+    folder = Path(os.path.abspath(Path(path).expanduser()))
+    if not checkpoint.is_complete(folder):
+        latest = checkpoint.find_latest(folder) if folder.is_dir() else None
+        if latest is None:
+            raise ValueError(f"{CHECKPOINT_FLAG} {path}: not a checkpoint folder (<run dir>/global_step_N with "
+                             f"{checkpoint.STATE_FILE}) nor a run folder holding one; give a checkpoint of a "
+                             "finished save (trainer.save_freq)")
+        folder = latest
+    if not (folder / "config.yaml").is_file():
+        raise ValueError(f"{CHECKPOINT_FLAG} {path}: {folder} has no config.yaml (saved by an older version); "
+                         f"evaluate its actor with --config-name NAME model_path={folder / 'actor'}")
+    if not list((folder / "actor").glob("*.safetensors")):
+        raise ValueError(f"{CHECKPOINT_FLAG} {path}: {folder / 'actor'} holds only shards (the run had "
+                         f"trainer.save_hf_model=false); write its Hugging Face weights with `python -m "
+                         f"agent_trainer.export {folder} --out <folder>` and evaluate that as model_path")
+    return folder
+
+
+@functools.lru_cache(maxsize=1)
+def aliases() -> dict[str, str]:
+    """``{key: its ${...} expression}`` for every key of config/base.yaml and the schema that follows another one.
+
+    A checkpoint's config is resolved; an override of the key an alias follows (``model_path=...``) puts the
+    alias's expression back first, so it follows as it did in training (:func:`checkpoint_config`).
+    """
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from agent_trainer.main import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        base = OmegaConf.to_container(compose("base"), resolve=False)
+    out: dict[str, str] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict):
+                walk(value, f"{path}.")
+            elif isinstance(value, str) and "${" in value:
+                out[path] = value
+    walk(base, "")
+    return out
+
+
+def override_key(override: str) -> str:
+    """The key a ``key=value`` (``+key=``, ``++key=``, ``~key``) override sets."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def checkpoint_config(folder: Path, overrides: Sequence[str]) -> dict:
+    """The config of an evaluation of checkpoint ``folder``: the run's saved config (YAML, never a pickle), its
+    ``actor`` as the model, ``<folder>/eval`` as eval.output_dir, then (by :func:`compose_checkpoint`) the
+    overrides. Aliases of an overridden key get their ``${...}`` back (:func:`aliases`)."""
+    import yaml
+
+    raw = yaml.safe_load((folder / "config.yaml").read_text())
+    raw["model_path"] = str(folder / "actor")
+    raw.setdefault("eval", {})["output_dir"] = str(folder / EVAL_FOLDER)
+    given = {override_key(o) for o in overrides} | {"model_path", "eval.output_dir"}
+    for key, expression in aliases().items():
+        sources = set(re.findall(r"\$\{([\w.]+)\}", expression))
+        if key not in given and sources & given and not key.startswith("hydra."):
+            *parents, leaf = key.split(".")
+            node = raw
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = expression
+    return raw
+
+
+def compose_checkpoint(folder: Path, overrides: Sequence[str]) -> tuple[AgentTrainerConfig, dict]:
+    """What ``--checkpoint`` evaluates: :func:`checkpoint_config` with the command line's overrides composed on
+    top by hydra, onto the typed schema as any config/<name>.yaml; validated as for training."""
+    import tempfile
+
+    import yaml
+    from hydra import compose, initialize_config_dir
+
+    from agent_trainer.main import CONFIG_ERRORS, prepare, refusal
+
+    raw = {"defaults": ["agent_trainer_schema", "_self_"], **checkpoint_config(folder, overrides)}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "checkpoint.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+            with initialize_config_dir(config_dir=tmp, version_base=None):
+                composed = compose("checkpoint", overrides=list(overrides))
+        return prepare(composed, overrides)
+    except CONFIG_ERRORS as err:
+        raise SystemExit(refusal(err, overrides)) from None
+
+
+def beside_the_checkpoint(cfg: AgentTrainerConfig) -> None:
+    """A model_path that is a checkpoint's ``actor`` folder, with eval.output_dir left at its default: the outputs
+    go beside the checkpoint (``<checkpoint>/eval``), as with ``--checkpoint``, not into the config's run folder."""
+    model = Path(cfg.actor_rollout_ref.model.path)
+    if model.name == "actor" and checkpoint.is_complete(model.parent) and \
+            cfg.eval.output_dir == f"{cfg.trainer.default_local_dir}/{EVAL_FOLDER}":
+        cfg.eval.output_dir = str(model.parent / EVAL_FOLDER)
+        logger.info("model_path is checkpoint %s's actor: the outputs go beside it, in %s (--checkpoint %s would "
+                    "also take the run's own config)", model.parent, cfg.eval.output_dir, model.parent)
+
+
+def split_checkpoint_flag(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--checkpoint PATH`` (or ``--checkpoint=PATH``) taken out of ``argv``; the rest. One line on a mistake."""
+    path, rest = None, []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == CHECKPOINT_FLAG:
+            if not args or args[0].startswith("-") or "=" in args[0]:
+                raise SystemExit(f"agent-trainer eval: {CHECKPOINT_FLAG} needs a folder, e.g. "
+                                 f"{CHECKPOINT_FLAG} outputs/<project>/<experiment>/global_step_10")
+            path = args.pop(0)
+        elif arg.startswith(f"{CHECKPOINT_FLAG}="):
+            path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if path is not None and any(a in cli_args.CONFIG_NAME_FLAGS or a.startswith("--config-name=") for a in rest):
+        raise SystemExit(f"agent-trainer eval: {CHECKPOINT_FLAG} takes the run's own config from the checkpoint; "
+                         "drop --config-name (key=value overrides apply on top)")
+    return path, rest
+
+
 def main(argv: Sequence[str] | None = None) -> dict | None:
     """Console entry point (``--config-name NAME`` and ``key=value`` overrides, ``--help``; ``agent_trainer.cli_args``);
     a config mistake exits with one line before Ray starts."""
     from agent_trainer.checks.rl import check_eval
     from agent_trainer.main import CONFIG_DIR, compose_and_prepare, refusal
 
-    args = cli_args.command_line(sys.argv[1:] if argv is None else argv, "python -m agent_trainer.eval",
-                                 __doc__.splitlines()[0], DEFAULT_CONFIG, CONFIG_DIR)
+    checkpoint_path, argv = split_checkpoint_flag(list(sys.argv[1:] if argv is None else argv))
+    args = cli_args.command_line(argv, "python -m agent_trainer.eval", USAGE, DEFAULT_CONFIG, CONFIG_DIR)
     if args is None:
         return None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = args.overrides
-    cfg, env_tags = compose_and_prepare(overrides, config_name=args.config_name)
+    if checkpoint_path is None:
+        cfg, env_tags = compose_and_prepare(overrides, config_name=args.config_name)
+        beside_the_checkpoint(cfg)
+    else:
+        try:
+            folder = find_checkpoint(checkpoint_path)
+        except ValueError as err:
+            raise SystemExit(f"agent-trainer eval: {err}") from None
+        logger.info("evaluating checkpoint %s with its run's config (%s)", folder, folder / "config.yaml")
+        cfg, env_tags = compose_checkpoint(folder, overrides)
     try:
         check_eval(cfg)
     except ValueError as err:

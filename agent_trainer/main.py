@@ -145,6 +145,7 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
 
     if ray.is_initialized():
         return
+    run_logs.quiet_driver_loggers()  # Ray's token line at ray.init: into workers.log, not the console
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     namespace = f"agent_trainer.{cfg.trainer.experiment_name}.{stamp}"
     # Ray's own INFO lines (its dashboard line among them) stay quiet; the run logs one line below.

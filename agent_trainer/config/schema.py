@@ -269,7 +269,8 @@ class EvalConfig:
     """Sampled episodes per validation seed (actor_rollout_ref.rollout.temperature/top_p/top_k); pass@k counts
     a seed solved when any of its k succeeds. 0 = greedy only."""
     output_dir: str = "${trainer.default_local_dir}/eval"
-    """Where eval_report.json, the trajectories and their viewer.html go."""
+    """Where eval_report.json, the trajectories and their viewer.html go; with ``--checkpoint`` (or a checkpoint's
+    ``actor`` as model_path) it is ``<checkpoint>/eval`` unless given."""
 
 
 @dataclass

@@ -210,6 +210,17 @@ def test_worker_logs_are_in_the_run_directory(run):
     assert "Starting to load model" in logs  # the engine worker's start-up INFO line
 
 
+def test_third_party_start_up_warnings_stay_in_the_log_and_off_the_console(run):
+    watcher, run_dir = run
+    from agent_trainer.run_logs import QUIET
+
+    logs = (run_dir / "logs" / "workers.log").read_text().splitlines()
+    in_log = {q.text for q in QUIET for line in logs if q.matches(line)}
+    assert "RotaryEmbedding: Failed to load weights" in in_log and len(in_log) >= 3, in_log  # vLLM printed them
+    on_console = [line for line in watcher.lines for q in QUIET if q.matches(line)]
+    assert not on_console, on_console
+
+
 def test_live_metrics_reach_the_prometheus_endpoint(run):
     watcher, _ = run
     s = watcher.samples
@@ -256,21 +267,28 @@ def test_trajectories_viewer_and_curves_are_written(run, tmp_path):
 
 
 def test_evaluating_the_checkpoint_starts_no_trainer_worker(run, tiny_model_path, tmp_path):
+    """``--checkpoint``: the run's own config (its val seeds, turns, reply length are not repeated), the outputs
+    beside the checkpoint, an override on top."""
+    from agent_trainer.run_logs import QUIET
+
     _, run_dir = run
-    out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "agent_trainer.eval", "--config-name", "frozenlake",
-           f"model_path={run_dir}/global_step_{STEPS}/actor", f"eval.output_dir={out}", "eval.k=2",
-           "es_manager.val.env_groups=2", "es_manager.val.env_configs.n_groups=[2]", "agent_proxy.max_turn=2",
-           "actor_rollout_ref.rollout.response_length=24"]
+    out = run_dir / f"global_step_{STEPS}" / "eval"
+    cmd = [sys.executable, "-m", "agent_trainer.eval", "--checkpoint", str(run_dir), "eval.k=2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "eval_report.json").read_text())
-    assert report["model_path"].endswith(f"global_step_{STEPS}/actor") and report["seeds"] == 2
+    assert report["model_path"] == str(run_dir / f"global_step_{STEPS}" / "actor") and report["seeds"] == 2
     assert report["greedy"]["episodes"] == 2 and report["sampled"]["episodes"] == 4 and report["sampled"]["k"] == 2
     tag = report["sampled"]["per_tag"]["FrozenLakeDescribed"]  # config/frozenlake.yaml's val tag
     assert 0 <= tag["success_rate"] <= tag["pass@2"] <= 1 and -5 < tag["episode_reward_mean"] < 5
     assert sorted(p.name for p in (out / "trajectories").glob("*.jsonl")) == ["val_greedy_step_0.jsonl",
                                                                              "val_sampled_step_0.jsonl"]
+    records = [json.loads(line) for line in (out / "trajectories" / "val_greedy_step_0.jsonl").read_text().splitlines()]
+    assert records and all(len(r["turns"]) <= 2 for r in records)  # the run's agent_proxy.max_turn=2
     assert (out / "trajectories" / "viewer.html").stat().st_size > 1000
-    started = set(re.findall(r":actor_name:(\w+)", (out / "logs" / "workers.log").read_text()))
+    workers_log = (out / "logs" / "workers.log").read_text()
+    started = set(re.findall(r":actor_name:(\w+)", workers_log))
     assert started == {"VLLMRolloutWorker", "EnvStateManager"}, started  # no FSDP actor, critic or reference
+    console = (proc.stdout + proc.stderr).splitlines()
+    assert not [line for line in console for q in QUIET if q.matches(line)]
+    assert any(q.matches(line) for line in workers_log.splitlines() for q in QUIET)

@@ -1,0 +1,104 @@
+"""docs/writing_an_environment.md's walkthrough runs as written: its marked blocks, in order, in an empty folder.
+
+A block is marked by the comment line above it: ``<!-- first-hour: run -->`` (a bash or python block, run),
+``<!-- first-hour: run e2e -->`` (run by the e2e test only: training, evaluation, the viewer files),
+``<!-- first-hour: file PATH -->`` (its text is written to PATH, relative to where the commands are) or
+``<!-- first-hour: not run (reason) -->``. Every bash and python block of the page is marked, so a command
+added to the page is run here or says why not. The e2e test trains 2 steps instead of 10 on fewer
+validation seeds (:data:`SHORTER`), nothing else changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "writing_an_environment.md"
+MARKED = re.compile(r"<!-- first-hour: (?P<what>[^\n]*?) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```", re.DOTALL)
+END = "FIRST_HOUR_BLOCK_END"
+SHORTER = {
+    "trainer.total_training_steps=10": "trainer.total_training_steps=2",
+    "es_manager.val.env_groups=16 es_manager.val.env_configs.n_groups=[16]":
+        "es_manager.val.env_groups=4 es_manager.val.env_configs.n_groups=[4]",
+    "eval.k=4": "eval.k=2",
+}
+"""What the e2e test shortens in the page's commands (each must be there)."""
+
+
+def blocks() -> list[tuple[str, str, str]]:
+    """``(what, lang, body)`` of every marked block, in the page's order."""
+    return [(m["what"], m["lang"], m["body"]) for m in MARKED.finditer(DOC.read_text())]
+
+
+def script(e2e: bool) -> str:
+    """The page's commands as one bash script: files written, bash run, python fed to ``python -``."""
+    lines = ["set -euo pipefail"]
+    for what, lang, body in blocks():
+        if what.startswith("file "):
+            path = what.removeprefix("file ").strip()
+            lines.append(f"mkdir -p \"$(dirname {path})\" && cat > {path} <<'{END}'\n{body}{END}")
+        elif what == "run" or (what == "run e2e" and e2e):
+            lines.append(body if lang == "bash" else f"python - <<'{END}'\n{body}{END}")
+    return "\n".join(lines) + "\n"
+
+
+def run_script(text: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
+    """Run it as a user would, with this checkout's ``python`` first on PATH and importable."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(["bash", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_command_block_is_marked():
+    text = DOC.read_text()
+    commands = re.findall(r"(?:^|\n)([^\n]*)\n```(bash|python|sh|shell)\n", text)
+    unmarked = [f"{lang} block after {line!r}" for line, lang in commands if not line.startswith("<!-- first-hour:")]
+    assert not unmarked, unmarked
+    whats = [what for what, _, _ in blocks()]
+    for what in whats:
+        assert what in ("run", "run e2e") or what.startswith("file ") or re.fullmatch(r"not run \(.+\)", what), what
+    assert {"run", "run e2e"} <= set(whats) and any(w.startswith("file ") for w in whats)
+
+
+def test_the_walkthrough_up_to_training_runs_as_written(tmp_path):
+    """Project, env file, tags file, check_env, the env by hand: no Ray, no model."""
+    proc = run_script(script(e2e=False), tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "8 of 8 checks passed (1 tag)" in proc.stdout, proc.stdout
+    project = tmp_path / "my_project"
+    assert (project / "my_games" / "guess.py").read_text() == (ROOT / "envs/examples/guess_number.py").read_text()
+
+
+@pytest.mark.e2e
+def test_the_first_hour_runs_as_written(tmp_path, tiny_model_path):
+    """Check, train PPO and GRPO (2 steps each), evaluate the PPO checkpoint, find the viewers: one pass."""
+    text = script(e2e=True)
+    for long, short in SHORTER.items():
+        assert long in text, f"the page no longer has {long!r}; update SHORTER"
+        text = text.replace(long, short)
+    if not (ROOT / "models" / "tiny-qwen2" / "config.json").is_file():  # a checkout without `make model`
+        text = text.replace("$AGENT_TRAINER/models/tiny-qwen2", str(Path(tiny_model_path).resolve()))
+    proc = run_script(text, tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    runs = tmp_path / "my_project" / "runs"
+    for name, critic in (("guess_ppo", True), ("guess_grpo", False)):
+        records = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2]
+        assert ("critic/vf_loss" in records[-1]) == critic and "env/MyGuess/num_actions" in records[-1]
+        assert (runs / name / "global_step_2" / "actor" / "model.safetensors").is_file()
+    report = json.loads((runs / "guess_ppo" / "global_step_2" / "eval" / "eval_report.json").read_text())
+    assert report["seeds"] == 4 and report["greedy"]["episodes"] == 4 and report["sampled"]["episodes"] == 8
+    assert set(report["greedy"]["per_tag"]) == {"MyGuess"}
+    assert "'episodes': 4" in proc.stdout  # the page's last command printed the greedy pass
+    for viewer in (runs / "guess_ppo" / "trajectories", runs / "guess_ppo" / "global_step_2" / "eval" / "trajectories"):
+        assert (viewer / "viewer.html").stat().st_size > 1000
+        records = [json.loads(line) for f in viewer.glob("*.jsonl") for line in f.read_text().splitlines()]
+        assert records and {r["tag"] for r in records} == {"MyGuess"}
