@@ -13,8 +13,10 @@ Steps:
 
 1. Corpus: the environments' own text (instructions, legends, action
    descriptions, reset observations for a few dozen seeds and a few random
-   steps per tag from ``config/envs.yaml``) plus the prompt strings of
-   ``agent_trainer.prompts``.
+   steps per tag from ``config/envs.yaml`` plus the tags files of
+   ``--extra-envs-config``, which add to it) plus the prompt strings of
+   ``agent_trainer.prompts``; optionally made-up environments
+   (``--generic-fraction``, ``launch.generic_corpus``).
 2. Tokenizer: byte-level BPE trained on that corpus with Qwen2's
    pre-tokenizer, ChatML special tokens (``<|endoftext|>`` pad,
    ``<|im_start|>``, ``<|im_end|>`` eos) and Qwen2's chat template;
