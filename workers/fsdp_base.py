@@ -395,10 +395,17 @@ class FSDPWorker:
         ``hf_model`` (``trainer.save_hf_model``) rank 0 then also assembles the Hugging Face
         weights (``model.safetensors``; loadable by ``from_pretrained`` and vLLM) from the shard
         files, one tensor at a time, after a barrier.
+
+        With a LoRA adapter (``workers/lora.py``) the shards hold the adapter and its optimizer state only (the
+        base weights are ``model_path``'s, which a resume loads again), and ``hf_model`` writes peft's adapter
+        folder instead of the model's weights (``adapter_config.json``, ``adapter_model.safetensors``:
+        ``peft.PeftModel.from_pretrained(base, path)`` loads it).
         """
         assert self.model is not None  # internal: after init_model
         out = Path(path)
-        sharded_checkpoint.save(self.model, self.optimizer, out, rank=self.rank, world_size=self.world_size)
+        keep = self._checkpoint_filter()
+        sharded_checkpoint.save(self.model, self.optimizer, out, rank=self.rank, world_size=self.world_size,
+                                keep=keep)
         checkpoint.write_json(out / "rng" / f"rank_{self.rank}.json", checkpoint.rng_state())
         if self.rank == 0:
             sharded_checkpoint.write_hf_config(self.model, out)
@@ -407,8 +414,18 @@ class FSDPWorker:
         if hf_model:
             if dist.is_initialized():
                 dist.barrier()  # every rank's shard files are on disk
-            if self.rank == 0:
+            if self.rank == 0 and keep is not None:
+                from workers.lora import write_adapter
+
+                write_adapter(out / sharded_checkpoint.SHARDS_DIR, out, self.model_config)
+            elif self.rank == 0:
                 sharded_checkpoint.write_hf_weights(out / sharded_checkpoint.SHARDS_DIR, out)
+
+    def _checkpoint_filter(self) -> Callable[[str], bool] | None:
+        """What a checkpoint of this model keeps: a LoRA adapter's parameters only (their names), else all (None)."""
+        from workers import lora
+
+        return lora.is_adapter_tensor if lora.has_adapter(self.model) else None
 
     def load_checkpoint(self, path: str, role: str | None = None) -> None:
         """Restore what :meth:`save_checkpoint` wrote (every rank calls, concurrently; ``role`` as there).
@@ -422,7 +439,10 @@ class FSDPWorker:
         assert self.model is not None
         src = Path(path)
         if sharded_checkpoint.has_shards(src):
-            sharded_checkpoint.load(self.model, self.optimizer, src, rank=self.rank, world_size=self.world_size)
+            sharded_checkpoint.load(self.model, self.optimizer, src, rank=self.rank, world_size=self.world_size,
+                                    keep=self._checkpoint_filter())
+        elif self._checkpoint_filter() is not None:
+            raise ValueError(f"checkpoint {src} has no shards/; a LoRA run resumes from the sharded adapter only")
         else:
             self._load_full_checkpoint(src)
         if self.optimizer is not None:

@@ -20,7 +20,6 @@ adapter switched off (:func:`adapter_disabled`). A checkpoint holds the adapter 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from pathlib import Path
 from typing import Iterator
@@ -184,8 +183,7 @@ def write_adapter(shards: Path, out: Path, cfg: ModelConfig) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sc.write_safetensors(out / ADAPTER_WEIGHTS, specs, lambda key: reader.rows(by_peft[key]), {"format": "pt"})
-    config = lora_config(cfg).to_dict()
-    config["base_model_name_or_path"] = cfg.path
-    config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
-    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=str))
+    config = lora_config(cfg)
+    config.base_model_name_or_path = cfg.path
+    config.save_pretrained(str(out))  # adapter_config.json, as peft writes it
     return out / ADAPTER_WEIGHTS

@@ -128,3 +128,53 @@ def test_a_sync_sends_the_merged_weights_under_the_plain_names(tiny_model_path):
         engine_view = target_logits(plain, inputs, batch["attention_mask"]).log_probs()
     actor_view = worker.compute_log_prob(TensorBatch({**batch.tensors, "response_mask": batch["attention_mask"]}))
     assert (engine_view[mask] - actor_view["old_log_probs"][mask]).abs().max() < 1e-4
+
+
+def test_the_checkpoint_is_the_adapter_in_peft_layout_and_resumes_bit_exactly(tiny_model_path, tmp_path):
+    """Save after two updates: the shards hold the adapter and its AdamW state only, the folder is peft's
+    (PeftModel.from_pretrained onto the base model gives the actor's log-probs), and a fresh actor loading it
+    continues with identical weights, moments and learning rate."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from workers import sharded_checkpoint
+    from workers.fsdp_base import ModelInputs, target_logits
+
+    original = _actor(tiny_model_path)
+    for step in range(2):
+        _train(original, seed=step)
+    folder = tmp_path / "actor"
+    original.save_checkpoint(str(folder))
+    assert (folder / "adapter_config.json").is_file() and not (folder / "model.safetensors").exists()
+    index = sharded_checkpoint.read_index(folder / "shards")
+    trained = {n for n, p in original.model.named_parameters() if p.requires_grad}
+    assert {e["key"] for k, e in index["tensors"].items() if k.startswith("model/")} == trained
+    assert set(load_file(str(folder / "adapter_model.safetensors"))) == {
+        "base_model.model." + n.replace(".default.", ".") for n in trained}
+    with pytest.raises(ValueError, match="LoRA adapter only"):
+        sharded_checkpoint.write_hf_weights(folder / "shards", tmp_path / "export")
+
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_path), str(folder))
+    batch = _batch(7)
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad():
+        peft_lp = target_logits(peft_model.eval(), ModelInputs(batch["input_ids"], batch["attention_mask"],
+                                                               batch["position_ids"]), batch["attention_mask"])
+    actor_lp = original.compute_log_prob(TensorBatch({**batch.tensors, "response_mask": batch["attention_mask"]}))
+    assert (peft_lp.log_probs()[mask] - actor_lp["old_log_probs"][mask]).abs().max() < 1e-5
+
+    resumed = _actor(tiny_model_path)
+    resumed.load_checkpoint(str(folder))
+    assert resumed.lr_scheduler.last_epoch == original.lr_scheduler.last_epoch == 2
+    for worker in (original, resumed):
+        _train(worker, seed=5)
+    for key, value in original.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    orig_state, res_state = original.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert len(orig_state) == len(trained)
+    for pid, entries in orig_state.items():
+        for name, value in entries.items():
+            assert torch.equal(value, res_state[pid][name]), (pid, name)
+    with pytest.raises(ValueError, match="holds a LoRA adapter but this run trains a full model"):
+        _actor(tiny_model_path, lora=False).load_checkpoint(str(folder))
