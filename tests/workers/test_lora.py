@@ -178,3 +178,21 @@ def test_the_checkpoint_is_the_adapter_in_peft_layout_and_resumes_bit_exactly(ti
             assert torch.equal(value, res_state[pid][name]), (pid, name)
     with pytest.raises(ValueError, match="holds a LoRA adapter but this run trains a full model"):
         _actor(tiny_model_path, lora=False).load_checkpoint(str(folder))
+
+
+@pytest.mark.parametrize("option", ["gradient_checkpointing", "bf16"])
+def test_the_adapter_trains_with_gradient_checkpointing_and_under_bf16(tiny_model_path, option):
+    """Activation checkpointing (frozen embeddings: their output is made to require grad) and bf16 compute
+    (autocast without a process group) still give the adapter gradients, and the base stays put."""
+    cfg = ActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
+                      optim=OptimConfig(lr=5e-2),
+                      fsdp=FSDPConfig(world_size=1, mixed_precision="bf16" if option == "bf16" else "none"))
+    model = _lora_model(tiny_model_path, enable_gradient_checkpointing=option == "gradient_checkpointing")
+    worker = ActorWorker(rank=0, world_size=1, model=model, actor=cfg, device="cpu", seed=3)
+    worker.init_model()
+    assert worker.model.is_gradient_checkpointing == (option == "gradient_checkpointing")
+    before = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+    for step in range(2):
+        assert _train(worker, seed=step)["actor/grad_norm"] > 0
+    for name, param in worker.model.named_parameters():
+        assert torch.equal(param, before[name]) != param.requires_grad, name
