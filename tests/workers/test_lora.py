@@ -70,12 +70,14 @@ def test_only_the_adapter_gets_gradients_and_optimizer_state(tiny_model_path):
 
 def test_the_reference_is_the_model_with_its_adapter_off(tiny_model_path):
     """A colocated reference with LoRA is no second model: the adapter switched off gives the separate
-    ReferenceWorker's (base) log-probs, before and after updates that move the policy."""
+    ReferenceWorker's log-probs (ref.colocate=false: it loads model_path, the base, whatever the lora keys), before
+    and after updates that move the policy."""
     ref = RefConfig(log_prob_micro_batch_size_per_gpu=4)
-    separate = ReferenceWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), ref=ref, device="cpu")
+    separate = ReferenceWorker(rank=0, world_size=1, model=_lora_model(tiny_model_path), ref=ref, device="cpu")
     separate.init_model()
     batch = _batch()
     expected = separate.compute_ref_log_prob(batch)["ref_log_prob"]
+    assert not any(".lora_" in name for name, _ in separate.model.named_parameters())
     actor = _actor(tiny_model_path, ref=ref, use_kl_loss=True, kl_loss_coef=0.1)
     assert actor.ref_model is None  # no second copy of the weights
     for step in range(2):
