@@ -198,3 +198,19 @@ def test_the_adapter_trains_with_gradient_checkpointing_and_under_bf16(tiny_mode
         assert _train(worker, seed=step)["actor/grad_norm"] > 0
     for name, param in worker.model.named_parameters():
         assert torch.equal(param, before[name]) != param.requires_grad, name
+
+
+def test_the_decoder_layers_are_found_in_place_and_inside_a_peft_wrapper(tiny_model_path):
+    """FSDP2's units: the actor's in-place adapter leaves the layers where they were; a ``PeftModel`` hides them
+    two levels down (``base_model.model``), where ``_decoder_layers`` looks too."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from workers.fsdp_base import _decoder_layers
+
+    worker = _actor(tiny_model_path)
+    assert len(_decoder_layers(worker.model)) == 2
+    wrapped = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                             LoraConfig(r=2, target_modules=["q_proj"]))
+    layers = _decoder_layers(wrapped)
+    assert len(layers) == 2 and layers[0] is wrapped.get_base_model().model.layers[0]
