@@ -70,12 +70,14 @@ def test_only_the_adapter_gets_gradients_and_optimizer_state(tiny_model_path):
 
 def test_the_reference_is_the_model_with_its_adapter_off(tiny_model_path):
     """A colocated reference with LoRA is no second model: the adapter switched off gives the separate
-    ReferenceWorker's (base) log-probs, before and after updates that move the policy."""
+    ReferenceWorker's log-probs (ref.colocate=false: it loads model_path, the base, whatever the lora keys), before
+    and after updates that move the policy."""
     ref = RefConfig(log_prob_micro_batch_size_per_gpu=4)
-    separate = ReferenceWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), ref=ref, device="cpu")
+    separate = ReferenceWorker(rank=0, world_size=1, model=_lora_model(tiny_model_path), ref=ref, device="cpu")
     separate.init_model()
     batch = _batch()
     expected = separate.compute_ref_log_prob(batch)["ref_log_prob"]
+    assert not any(".lora_" in name for name, _ in separate.model.named_parameters())
     actor = _actor(tiny_model_path, ref=ref, use_kl_loss=True, kl_loss_coef=0.1)
     assert actor.ref_model is None  # no second copy of the weights
     for step in range(2):
@@ -196,3 +198,19 @@ def test_the_adapter_trains_with_gradient_checkpointing_and_under_bf16(tiny_mode
         assert _train(worker, seed=step)["actor/grad_norm"] > 0
     for name, param in worker.model.named_parameters():
         assert torch.equal(param, before[name]) != param.requires_grad, name
+
+
+def test_the_decoder_layers_are_found_in_place_and_inside_a_peft_wrapper(tiny_model_path):
+    """FSDP2's units: the actor's in-place adapter leaves the layers where they were; a ``PeftModel`` hides them
+    two levels down (``base_model.model``), where ``_decoder_layers`` looks too."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from workers.fsdp_base import _decoder_layers
+
+    worker = _actor(tiny_model_path)
+    assert len(_decoder_layers(worker.model)) == 2
+    wrapped = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                             LoraConfig(r=2, target_modules=["q_proj"]))
+    layers = _decoder_layers(wrapped)
+    assert len(layers) == 2 and layers[0] is wrapped.get_base_model().model.layers[0]
