@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from agent_trainer import cli_args, core_algos, memory_plan, run_logs, watchdog
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.preflight import preflight_envs
+from agent_trainer.checks.rl import check_lora_targets
 from agent_trainer.config import AgentTrainerConfig, config_schema
 from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
@@ -59,6 +60,7 @@ def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
         raise ValueError(f"trainer.resume_from_path = {resume!r} is not a folder; point it at a checkpoint "
                          "folder (<run dir>/global_step_N)")
     model = resolve_model("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    check_lora_targets(cfg, model)
     if core_algos.critic_enabled(cfg) and cfg.critic.model.path != cfg.actor_rollout_ref.model.path:
         resolve_model("critic.model.path", cfg.critic.model.path)
     if cfg.reward_model.enable:

@@ -9,7 +9,8 @@ and turns):
 
 - PPO + GAE (``config/frozenlake.yaml``), bi-level GAE (``frozenlake_bilevel``), GRPO
   (``frozenlake_grpo``), multi-turn GRPO with context condensation (``frozenlake_grpo_multiturn``), and on
-  make train's task also GiGPO (``frozenlake_gigpo``, make train's recipe);
+  make train's task also GiGPO (``frozenlake_gigpo``, make train's recipe); on request (``--algos``) GiGPO
+  with a LoRA adapter (``gigpo_lora``: rank 16, lr 1e-3; ``bench/lora.py --learning`` compares it with GiGPO);
 - environments (default: ``nodeadends`` and ``sokoban``):
   ``nodeadends``, make train's task (``FrozenLakeNoDeadEnds``, 4x4 maps where stepping Down or Right onto
   ice always reaches the goal) from make train's warm start (``config/sft_frozenlake_nodeadends.yaml``: a
@@ -91,6 +92,11 @@ ALGOS = {
     "grpo": ("GRPO", "frozenlake_grpo"),
     "grpo_multiturn": ("multi-turn GRPO (condensed)", "frozenlake_grpo_multiturn"),
     "gigpo": ("GiGPO (make train's recipe)", "frozenlake_gigpo"),
+    "gigpo_lora": ("GiGPO, LoRA rank 16 (lr 1e-3)", "frozenlake_gigpo"),
+}
+ALGO_OVERRIDES = {  # key=value after the env's own (the later value of a key wins)
+    "gigpo_lora": ("actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora_alpha=32",
+                   "actor_rollout_ref.actor.optim.lr=1e-3"),
 }
 SHARED_ALGOS = ("ppo_gae", "bilevel_gae", "grpo", "grpo_multiturn")
 DOC = REPO / "docs" / "results.md"
@@ -173,7 +179,8 @@ def rl(env_key: str, algo: str, seed: int, model: Path, args) -> Path:
              *env_overrides(env, args.val_groups), *env.rl_overrides, f"trainer.seed={seed}",
              f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}",
              "trainer.val_before_train=true", "trainer.resume_mode=disable", f"trainer.default_local_dir={out}",
-             f"trainer.experiment_name={env_key}_{algo}_seed{seed}", *args.rl_overrides], log_file(out))
+             f"trainer.experiment_name={env_key}_{algo}_seed{seed}", *ALGO_OVERRIDES.get(algo, ()),
+             *args.rl_overrides], log_file(out))
     return out
 
 

@@ -41,6 +41,8 @@ class RunSpec:
     """Log every episode of the last step (P2 reuses the prompts)."""
     every_step: bool = False
     """With ``keep_trajectories``: log every step's episodes, not only the last's (P1 replays steps 2..N)."""
+    save_last: bool = False
+    """Save a checkpoint at the last step (its size goes to ``RunResult.checkpoint_bytes``)."""
 
 
 @dataclass
@@ -68,6 +70,9 @@ class RunResult:
     """Every training step's metrics, in order (``history[k]`` is step k + 1)."""
     trajectories: dict[int, list[dict]] = field(default_factory=dict)
     """Step -> its logged episodes (the last step's, or every step's with ``RunSpec.every_step``)."""
+    checkpoint_bytes: dict[str, int] = field(default_factory=dict)
+    """With ``RunSpec.save_last``: bytes on disk of the last checkpoint, in all and per part (``actor``,
+    ``actor/shards``, ``critic``, ...)."""
 
     @property
     def last_episodes(self) -> list[dict]:
@@ -86,7 +91,7 @@ def command(spec: RunSpec, run_dir: str) -> list[str]:
     """The trainer's command line for ``spec``, writing to ``run_dir``."""
     cmd = [sys.executable, "-m", "agent_trainer.main", "--config-name", spec.config,
            f"trainer.default_local_dir={run_dir}", f"trainer.total_training_steps={spec.steps}",
-           "trainer.test_freq=0", "trainer.progress_bar=false", "trainer.save_freq=-1"]
+           "trainer.test_freq=0", "trainer.progress_bar=false", f"trainer.save_freq={spec.steps if spec.save_last else -1}"]
     if spec.keep_trajectories:  # written at the last step only, or at every step
         cmd += [f"trainer.log_trajectories_freq={1 if spec.every_step else spec.steps}",
                 "trainer.log_trajectories_per_tag=1000"]
@@ -111,13 +116,28 @@ def run(spec: RunSpec, log_dir: Path) -> RunResult:
         if code != 0:
             raise RuntimeError(f"{spec.label}: trainer exited {code}; log {log_path}:\n{log_tail(log_path)}")
         history = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+        saved = checkpoint_sizes(Path(run_dir) / f"global_step_{spec.steps}") if spec.save_last else {}
         trajectories = {}
         if spec.keep_trajectories:
             for step in range(1 if spec.every_step else spec.steps, spec.steps + 1):
                 sample = Path(run_dir) / "trajectories" / f"step_{step}.jsonl"
                 trajectories[step] = [json.loads(line) for line in sample.read_text().splitlines() if line.strip()]
     shown = " ".join(c if c != sys.executable else "python" for c in cmd)
-    return summarize(spec, history, shown, rss, wall, trajectories)
+    result = summarize(spec, history, shown, rss, wall, trajectories)
+    result.checkpoint_bytes = saved
+    return result
+
+
+def checkpoint_sizes(folder: Path) -> dict[str, int]:
+    """Bytes of a checkpoint folder: ``total``, each top-level part and each part's sub-folders."""
+    def size(path: Path) -> int:
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+    sizes = {"total": size(folder)}
+    for part in sorted(p for p in folder.iterdir() if p.is_dir()):
+        sizes[part.name] = size(part)
+        sizes.update({f"{part.name}/{sub.name}": size(sub) for sub in sorted(part.iterdir()) if sub.is_dir()})
+    return sizes
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

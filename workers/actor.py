@@ -42,12 +42,14 @@ def _prepare_causal_lm(model: ModelConfig):
 
 
 def sharded_causal_lm(worker: FSDPWorker, model: ModelConfig, dtype: str | None = None, *,
-                      cpu_offload: bool = False) -> torch.nn.Module:
+                      cpu_offload: bool = False, lora: bool = False) -> torch.nn.Module:
     """``model.path``'s causal LM sharded on ``worker``'s ranks (:meth:`FSDPWorker.load_pretrained`: meta-device
-    build, rank 0 reads, broadcast into the shards), in ``dtype`` (None: ``model.dtype``)."""
+    build, rank 0 reads, broadcast into the shards), in ``dtype`` (None: ``model.dtype``); with ``lora`` carrying
+    ``model``'s LoRA adapter (``workers/lora.py``)."""
     config = AutoConfig.from_pretrained(model.path)
     return worker.load_pretrained(AutoModelForCausalLM, model.path, config, dtype=dtype or model.dtype,
-                                  prepare=_prepare_causal_lm(model), cpu_offload=cpu_offload)
+                                  prepare=_prepare_causal_lm(model), cpu_offload=cpu_offload,
+                                  lora=model if lora else None)
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:
@@ -126,6 +128,9 @@ class ActorWorker(ReferenceWorker):
                              f"for a GPU, but this worker runs on {self.device}; set it to false or run on GPUs")
         self.ref_batching = ref_batching(ref) if ref is not None else None
         self.hosts_ref = ref is not None
+        self.lora = model.lora_rank > 0
+        """A LoRA adapter is trained (``workers/lora.py``): the reference is this model with it switched off."""
+        self.lora_seed = seed
         self.critic = None if critic is None else CriticWorker(
             rank=rank, world_size=world_size, critic=dataclasses.replace(critic, fsdp=actor.fsdp), device=device,
             seed=seed)
@@ -134,13 +139,26 @@ class ActorWorker(ReferenceWorker):
     def init_model(self) -> None:
         """Load, shard, and build the optimizer (every rank, concurrently); the frozen reference too when hosted
         (in ``ref.dtype``, its shards in host memory with ``ref.fsdp.param_offload``)."""
-        self.model = sharded_causal_lm(self, self.model_config)
+        self.model = sharded_causal_lm(self, self.model_config, lora=self.lora)
         self.build_optimizer(self.config.optim)
-        if self.hosts_ref:  # its own copy from model_path: the policy's weights move, the reference's never do
+        # its own copy from model_path: the policy's weights move, the reference's never do (with LoRA: the
+        # policy's base weights never move, and the reference is the policy with its adapter off)
+        if self.hosts_ref and not self.lora:
             self.ref_model = frozen(sharded_causal_lm(self, self.model_config, self.ref_config.dtype,
                                                       cpu_offload=self.ref_config.fsdp.param_offload))
         if self.critic is not None:
             self.critic.init_model()
+
+    def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
+        """``ref_log_prob`` [B, T]: the frozen reference's (:meth:`ReferenceWorker.compute_ref_log_prob`), or with
+        LoRA the policy model's with its adapter switched off (the base weights never move; no second model)."""
+        if not (self.lora and self.hosts_ref):
+            return super().compute_ref_log_prob(batch)
+        from workers.lora import adapter_disabled
+
+        self.model.eval()
+        with adapter_disabled(self.model):
+            return TensorBatch({"ref_log_prob": self._log_probs(batch, self.model, self.ref_batching)})
 
     def compute_values(self, batch: TensorBatch) -> TensorBatch:
         """The colocated critic's ``values`` (``CriticWorker.compute_values``)."""

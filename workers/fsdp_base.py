@@ -248,7 +248,7 @@ class FSDPWorker:
 
     def load_pretrained(self, auto_class, path: str, config, *, dtype: str,
                         prepare: Callable[[torch.nn.Module], None] | None = None, fresh_prefixes: tuple[str, ...] = (),
-                        cpu_offload: bool = False) -> torch.nn.Module:
+                        cpu_offload: bool = False, lora=None) -> torch.nn.Module:
         """The sharded model of ``auto_class`` (an ``AutoModelFor...``) with ``config``, weights from ``path``.
 
         With a process group (every rank calls, concurrently): the model is built from its config on the
@@ -267,28 +267,49 @@ class FSDPWorker:
         files lack fails on every rank, naming it.
 
         Without a process group: ``from_pretrained`` then ``prepare`` and a move to the device, as before.
+
+        ``lora`` (a ``ModelConfig`` with ``lora_rank`` > 0): a LoRA adapter is injected after ``prepare``, before
+        sharding (``workers/lora.py``): each adapted layer's FSDP unit holds its frozen base weight and its adapter
+        together. The files' weights then load under their ``base_layer`` names and rank 0 broadcasts fresh adapter
+        weights (:func:`workers.lora.initial_adapter_weights`, seeded with ``lora_seed``), so every rank starts
+        from the same adapter.
         """
         torch_dtype = DTYPES[dtype]
         if not dist.is_initialized():
             model = auto_class.from_pretrained(path, config=config, dtype=torch_dtype)
             if prepare is not None:
                 prepare(model)
+            if lora is not None:
+                _add_adapter(model, lora)
+                from workers.lora import initial_adapter_weights
+
+                model.load_state_dict(initial_adapter_weights(model, self.lora_seed), strict=False)
             return self.shard_model(model)
         with torch.device("meta"):
             model = auto_class.from_config(config, dtype=torch_dtype)
         if prepare is not None:
             prepare(model)
+        if lora is not None:
+            _add_adapter(model, lora)
         self.shard_model(model, cpu_offload=cpu_offload)
         model.to_empty(device="cpu" if cpu_offload else self.device)
         restore_non_persistent_buffers(model, self.device)
-        self._load_from_rank0(model, path, fresh_prefixes)
+        self._load_from_rank0(model, path, fresh_prefixes, lora_seed=None if lora is None else self.lora_seed)
         return model
 
-    def _load_from_rank0(self, model: torch.nn.Module, path: str, fresh_prefixes: tuple[str, ...]) -> None:
+    lora_seed: int = 0
+    """The seed of a LoRA adapter's first weights (the same on every rank; the trainer's seed)."""
+
+    def _load_from_rank0(self, model: torch.nn.Module, path: str, fresh_prefixes: tuple[str, ...],
+                         lora_seed: int | None = None) -> None:
         """Fill every rank's shards of ``model`` from ``path``'s safetensors, which rank 0 alone reads (one file at
         a time, each broadcast tensor by tensor into the shards); a weight missing from the files fails on every
-        rank with one message. Collective."""
+        rank with one message. Collective. With a LoRA adapter (``lora_seed`` set) the files' names of the adapted
+        weights are renamed to the model's ``base_layer`` names and rank 0 adds the adapter's first weights."""
+        from workers import lora
+
         expected = set(get_model_state_dict(model, options=StateDictOptions(full_state_dict=False)))
+        renames = lora.base_weight_names(model) if lora_seed is not None else {}
         files = weight_files(path) if self.rank == 0 else None
         box = [None if files is None else [str(f) for f in files]]
         dist.broadcast_object_list(box, src=0)
@@ -296,9 +317,15 @@ class FSDPWorker:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
         for file in box[0]:
             weights = read_weight_file(Path(file)) if self.rank == 0 else {}
+            weights = {renames.get(name, name): value for name, value in weights.items()}
             loaded.update(weights)
             set_model_state_dict(model, weights, options=options)
             del weights
+        if lora_seed is not None:
+            weights = lora.initial_adapter_weights(model, lora_seed) if self.rank == 0 else {}
+            loaded.update(weights)
+            set_model_state_dict(model, weights, options=options)
+            loaded.update(name for name in expected if lora.is_adapter_tensor(name))  # every rank checks the same
         missing = sorted(name for name in expected - loaded - tied_weight_names(model)
                          if not name.startswith(fresh_prefixes))
         problem = [f"model path {path!r} lacks weights {missing[:8]} for {type(model).__name__}" if missing else None]
@@ -309,8 +336,9 @@ class FSDPWorker:
     def build_optimizer(self, optim: OptimConfig) -> None:
         """AdamW with a linear warm-up schedule."""
         assert self.model is not None  # internal: called after the model is built
+        trained = [p for p in self.model.parameters() if p.requires_grad]  # all of them, or a LoRA adapter's
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
+            trained, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
         )
         warmup = max(0, optim.warmup_steps)
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -367,10 +395,17 @@ class FSDPWorker:
         ``hf_model`` (``trainer.save_hf_model``) rank 0 then also assembles the Hugging Face
         weights (``model.safetensors``; loadable by ``from_pretrained`` and vLLM) from the shard
         files, one tensor at a time, after a barrier.
+
+        With a LoRA adapter (``workers/lora.py``) the shards hold the adapter and its optimizer state only (the
+        base weights are ``model_path``'s, which a resume loads again), and ``hf_model`` writes peft's adapter
+        folder instead of the model's weights (``adapter_config.json``, ``adapter_model.safetensors``:
+        ``peft.PeftModel.from_pretrained(base, path)`` loads it).
         """
         assert self.model is not None  # internal: after init_model
         out = Path(path)
-        sharded_checkpoint.save(self.model, self.optimizer, out, rank=self.rank, world_size=self.world_size)
+        keep = self._checkpoint_filter()
+        sharded_checkpoint.save(self.model, self.optimizer, out, rank=self.rank, world_size=self.world_size,
+                                keep=keep)
         checkpoint.write_json(out / "rng" / f"rank_{self.rank}.json", checkpoint.rng_state())
         if self.rank == 0:
             sharded_checkpoint.write_hf_config(self.model, out)
@@ -379,8 +414,18 @@ class FSDPWorker:
         if hf_model:
             if dist.is_initialized():
                 dist.barrier()  # every rank's shard files are on disk
-            if self.rank == 0:
+            if self.rank == 0 and keep is not None:
+                from workers.lora import write_adapter
+
+                write_adapter(out / sharded_checkpoint.SHARDS_DIR, out, self.model_config)
+            elif self.rank == 0:
                 sharded_checkpoint.write_hf_weights(out / sharded_checkpoint.SHARDS_DIR, out)
+
+    def _checkpoint_filter(self) -> Callable[[str], bool] | None:
+        """What a checkpoint of this model keeps: a LoRA adapter's parameters only (their names), else all (None)."""
+        from workers import lora
+
+        return lora.is_adapter_tensor if lora.has_adapter(self.model) else None
 
     def load_checkpoint(self, path: str, role: str | None = None) -> None:
         """Restore what :meth:`save_checkpoint` wrote (every rank calls, concurrently; ``role`` as there).
@@ -394,7 +439,10 @@ class FSDPWorker:
         assert self.model is not None
         src = Path(path)
         if sharded_checkpoint.has_shards(src):
-            sharded_checkpoint.load(self.model, self.optimizer, src, rank=self.rank, world_size=self.world_size)
+            sharded_checkpoint.load(self.model, self.optimizer, src, rank=self.rank, world_size=self.world_size,
+                                    keep=self._checkpoint_filter())
+        elif self._checkpoint_filter() is not None:
+            raise ValueError(f"checkpoint {src} has no shards/; a LoRA run resumes from the sharded adapter only")
         else:
             self._load_full_checkpoint(src)
         if self.optimizer is not None:
@@ -834,8 +882,20 @@ def _output_head_input(model: torch.nn.Module, select: Callable[[torch.Tensor], 
         hook.remove()
 
 
+def _add_adapter(model: torch.nn.Module, lora_cfg) -> None:
+    """A LoRA adapter in ``model`` (``workers/lora.py``); with gradient checkpointing the input embeddings' output
+    requires grad, so the checkpointed layers' adapters get gradients though the embeddings are frozen."""
+    from workers import lora
+
+    lora.add_adapter(model, lora_cfg)
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()
+
+
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a Hugging Face causal LM / token classifier."""
+    """The transformer blocks of a Hugging Face causal LM / token classifier (inside a ``peft.PeftModel`` too)."""
+    if hasattr(model, "get_base_model"):  # peft's wrapper: PeftModel -> LoraModel -> the HF model
+        model = model.get_base_model()
     for attr in ("model", "transformer"):
         base = getattr(model, attr, None)
         if base is not None:

@@ -58,6 +58,8 @@ FORMAT = "agent_trainer.sharded"
 VERSION = 1
 SHARDS_DIR = "shards"
 INDEX_FILE = "index.json"
+ADAPTER_KEY = "adapter_only"
+"""``index.json``'s flag (true) of a checkpoint holding a LoRA adapter's parameters only, not the model."""
 HF_MAX_FILE_BYTES = 5 * 1024**3
 """The HF folder's weights are split into files of at most this size (Hugging Face's default, 5 GB)."""
 
@@ -219,8 +221,12 @@ def _target_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int | None, int | 
     return local, lo, hi
 
 
-def model_entries(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors a checkpoint holds (parameters once, persistent buffers) and the tied names' aliases."""
+def model_entries(model: torch.nn.Module, keep: Callable[[str], bool] | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors a checkpoint holds (parameters once, persistent buffers) and the tied names' aliases; with
+    ``keep``, only the names it accepts (a LoRA adapter's: :data:`ADAPTER_KEY`)."""
+    if keep is not None:
+        return {name: param for name, param in model.named_parameters() if keep(name)}, {}
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     first: dict[int, str] = {}
@@ -267,8 +273,11 @@ def _describe(tensor: torch.Tensor, key: str, kind: str, rank: int, world_size: 
 
 
 def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, folder: Path, rank: int,
-         world_size: int) -> dict[str, int]:
+         world_size: int, keep: Callable[[str], bool] | None = None) -> dict[str, int]:
     """Write this rank's shards into ``folder/shards`` (every rank calls; no collective). Returns bytes per file.
+
+    ``keep`` (a LoRA model: ``workers.lora.is_adapter_tensor``): only the parameters it accepts are saved (the
+    frozen base comes from ``model_path`` again), and ``index.json`` says so (:data:`ADAPTER_KEY`).
 
     Rank 0 also writes ``index.json``. Each rank holds one tensor at a time beyond the model and optimizer.
     Every FSDP unit is resharded first: FSDP2 leaves the root unit gathered after a forward without backward (a
@@ -281,9 +290,11 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, folder
             unit.reshard()  # a no-op for a unit that is sharded
     out = Path(folder) / SHARDS_DIR
     out.mkdir(parents=True, exist_ok=True)
-    entries, aliases = model_entries(model)
+    entries, aliases = model_entries(model, keep)
     index: dict[str, Any] = {"format": FORMAT, "version": VERSION, "world_size": world_size,
                              "architecture": architecture(model), "tensors": {}, "aliases": aliases}
+    if keep is not None:
+        index[ADAPTER_KEY] = True
     written: dict[str, int] = {}
 
     def write(kind: str, named: Iterable[tuple[str, torch.Tensor, dict]]) -> None:
@@ -329,19 +340,25 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, folder
 
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, folder: Path, rank: int,
-         world_size: int) -> None:
+         world_size: int, keep: Callable[[str], bool] | None = None) -> None:
     """Fill this rank's shards of the model (and optimizer) from ``folder/shards`` (every rank; no collective).
 
     At the saving world size each rank reads its own files; at another, each rank reads its rows
-    from the files that hold them. Raises ValueError when the checkpoint does not fit the model.
+    from the files that hold them. Raises ValueError when the checkpoint does not fit the model. ``keep``: as in
+    :func:`save` (a LoRA adapter's checkpoint fills the adapter only, and only a LoRA model reads one).
     """
     src = Path(folder) / SHARDS_DIR
     index = read_index(src)
+    if bool(index.get(ADAPTER_KEY)) != (keep is not None):
+        saved, this = ("a LoRA adapter", "a full model") if index.get(ADAPTER_KEY) else ("a full model", "LoRA")
+        raise ValueError(f"checkpoint {folder} holds {saved} but this run trains {this}: resume with the "
+                         "actor_rollout_ref.model.lora_rank it was saved with, or start over "
+                         "(trainer.resume_mode=disable)")
     reader = ShardReader(src, index)
     same_world = index["world_size"] == world_size
     own = {kind: shard_file(kind, rank, world_size) if same_world else None for kind in ("model", "optim")}
     tensors = index["tensors"]
-    entries, _ = model_entries(model)
+    entries, _ = model_entries(model, keep)
     saved_alias = index.get("aliases", {})
 
     def model_entry(name: str) -> dict | None:
@@ -409,6 +426,10 @@ def write_hf_weights(shards: Path, out: Path, dtype: torch.dtype | None = None,
     owns them by), as ``save_pretrained`` does. ``dtype`` casts floating tensors (default: as saved).
     """
     index = read_index(shards)
+    if index.get(ADAPTER_KEY):
+        raise ValueError(f"{shards.parent} holds a LoRA adapter only, not the model's weights: its "
+                         "adapter_config.json and adapter_model.safetensors (written with trainer.save_hf_model) load "
+                         "onto the base model with peft.PeftModel.from_pretrained")
     reader = ShardReader(shards, index)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -126,10 +126,21 @@ class _Packer:
 
 def sync_tensor_names(model: torch.nn.Module) -> list[str]:
     """What a sync sends, in state-dict order: each parameter once (a tied alias such as ``lm_head.weight``
-    is left to the engine, as it ties it itself) and every persistent buffer."""
+    is left to the engine, as it ties it itself) and every persistent buffer. With a LoRA adapter
+    (``workers/lora.py``) the names are the plain model's: the adapter's own parameters are left out (they are
+    merged into their base weight) and ``.base_layer`` is dropped (:func:`sync_sources`)."""
+    return list(sync_sources(model))
+
+
+def sync_sources(model: torch.nn.Module) -> dict[str, str]:
+    """{name the engine gets: the model's own name} in state-dict order (:func:`sync_tensor_names`); the two differ
+    only for a LoRA model's adapted weights (``q_proj.weight`` <- ``q_proj.base_layer.weight``)."""
+    from workers.lora import is_adapter_tensor, sync_name
+
     params = {name for name, _ in model.named_parameters()}  # remove_duplicate: a tied alias is named once
     buffers = {name for name, _ in model.named_buffers()}
-    return [name for name in model.state_dict() if name in params or name in buffers]
+    return {sync_name(name): name for name in model.state_dict()
+            if (name in params or name in buffers) and not is_adapter_tensor(name)}
 
 
 def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, dtype: torch.dtype | None = None,
@@ -142,13 +153,23 @@ def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, d
     Each bucket holds at most ``bucket_bytes`` (16-byte-aligned tensors), or one tensor larger than that
     alone. The flat buffer is reused: use (send) each bucket before asking for the next.
     Peak: one unit's full parameters plus one bucket.
+
+    A LoRA model (``workers/lora.py``) sends the plain model's names and shapes: each adapted weight merged,
+    ``W + (alpha / r) B A`` (:func:`workers.lora.merged_weight`; its adapter is in its FSDP unit, gathered with it).
     """
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    wanted = sync_tensor_names(model)
-    metas = dict(model.named_parameters())
-    metas.update(model.named_buffers())
+    from workers.lora import adapted_module_name, merged_weight
+
+    sources = sync_sources(model)
+    wanted = list(sources)
+    own = dict(model.named_parameters())
+    own.update(model.named_buffers())
+    metas = {name: own[source] for name, source in sources.items()}
+    adapted = {name: model.get_submodule(module) for name, source in sources.items()
+               if (module := adapted_module_name(source)) is not None}
+    send_name = {source: name for name, source in sources.items()}
     out_dtype = {n: dtype if dtype is not None and metas[n].is_floating_point() else metas[n].dtype for n in wanted}
     total = sum(_aligned(math.prod(metas[n].shape) * out_dtype[n].itemsize) for n in wanted)
     first = next(iter(metas.values()), None)
@@ -164,9 +185,11 @@ def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, d
             unit.unshard()
         try:
             if keep:
-                ready = [(n, p) for n, p in model.named_parameters()
-                         if n in order and n not in done and not isinstance(p, DTensor)]
+                ready = [(send_name[n], p) for n, p in model.named_parameters()
+                         if n in send_name and send_name[n] not in done and not isinstance(p, DTensor)]
                 for name, param in sorted(ready, key=lambda item: order[item[0]]):
+                    if name in adapted:
+                        param = merged_weight(adapted[name], param)
                     nbytes = _aligned(param.numel() * out_dtype[name].itemsize)
                     if packer.full_for(nbytes):
                         yield packer.take()
@@ -179,8 +202,8 @@ def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, d
         return
     buffers = dict(model.named_buffers())
     for name in wanted:
-        if name not in done and name in buffers:
-            value = buffers[name]
+        if name not in done and sources[name] in buffers:
+            value = buffers[sources[name]]
             if packer.full_for(_aligned(value.numel() * out_dtype[name].itemsize)):
                 yield packer.take()
             packer.add(name, value, out_dtype[name])

@@ -30,7 +30,7 @@ from agent_trainer.config.errors import check_choice
 from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 from agent_trainer.config.schema import AgentTrainerConfig
 from agent_trainer.config.splits import CONFIG_SPLITS
-from agent_trainer.config.workers import FSDPConfig, RolloutConfig
+from agent_trainer.config.workers import FSDPConfig, ModelConfig, RolloutConfig
 from agent_trainer.ctx_manager import COLLATED_KEYS
 
 
@@ -69,6 +69,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _check_rollout_correction(cfg)
     _check_datasets(cfg)
     _check_reward_model(cfg)
+    _check_lora(cfg)
     validate_multiturn(cfg)
 
 
@@ -496,3 +497,53 @@ def _check_reward_model(cfg: AgentTrainerConfig) -> None:
           f"reward_model.enable = True with algorithm.adv_estimator = {estimator!r}: the greedy baseline episodes "
           "are not scored by the reward model, so the baseline would miss its reward; pick "
           "algorithm.adv_estimator=grpo")
+
+
+def _check_lora(cfg: AgentTrainerConfig) -> None:
+    """LoRA (``actor_rollout_ref.model.lora_rank`` > 0) trains the actor's adapter; the critic has none, and a
+    colocated reference is the actor's model with its adapter off, in the actor's dtype and memory."""
+    arr = cfg.actor_rollout_ref
+    if cfg.critic.model.lora_rank:
+        raise ValueError(f"critic.model.lora_rank = {cfg.critic.model.lora_rank!r}: LoRA trains the actor only here; "
+                         "set critic.model.lora_rank=0 (the critic trains its full model)")
+    defaults = ModelConfig()
+    for section, model in (("actor_rollout_ref.model", arr.model), ("critic.model", cfg.critic.model)):
+        for key in ("lora_alpha", "target_modules", "lora_dropout"):
+            value = getattr(model, key)
+            if not model.lora_rank and value != getattr(defaults, key):
+                raise ValueError(f"{section}.{key} = {value!r} does nothing with {section}.lora_rank = 0 (LoRA "
+                                 f"off); set actor_rollout_ref.model.lora_rank (e.g. 8) to train a LoRA adapter, or "
+                                 f"drop {section}.{key}")
+    if not arr.model.lora_rank or not (cfg.ref_enabled and arr.ref.colocate):
+        return
+    if arr.ref.dtype is not None and arr.ref.dtype != arr.model.dtype:
+        raise ValueError(f"actor_rollout_ref.ref.dtype = {arr.ref.dtype!r} with actor_rollout_ref.model.lora_rank = "
+                         f"{arr.model.lora_rank}: the colocated reference is the actor's model with its adapter off, "
+                         f"in actor_rollout_ref.model.dtype = {arr.model.dtype!r}; set actor_rollout_ref.ref.dtype=null "
+                         "(or actor_rollout_ref.ref.colocate=false for a reference model of its own)")
+    if arr.ref.fsdp.param_offload:
+        raise ValueError(f"actor_rollout_ref.ref.fsdp.param_offload = True with actor_rollout_ref.model.lora_rank = "
+                         f"{arr.model.lora_rank}: the colocated reference is the actor's model with its adapter off and "
+                         "has no weights of its own to offload; set actor_rollout_ref.ref.fsdp.param_offload=false")
+
+
+def check_lora_targets(cfg: AgentTrainerConfig, model_config) -> None:
+    """``actor_rollout_ref.model.target_modules`` must name linear modules of the model (built on the meta device
+    from ``model_config``, its ``PretrainedConfig``), or be [all-linear]; needs torch and transformers."""
+    model = cfg.actor_rollout_ref.model
+    targets = list(model.target_modules)
+    if not model.lora_rank or targets == ["all-linear"]:
+        return
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(model_config)
+    head = lm.get_output_embeddings()
+    known = sorted({name.rsplit(".", 1)[-1] for name, module in lm.named_modules()
+                    if isinstance(module, torch.nn.Linear) and module is not head})
+    unknown = [t for t in targets if t not in known]
+    if unknown or not targets:
+        raise ValueError(f"actor_rollout_ref.model.target_modules = {targets}: {unknown or 'nothing'} matches no "
+                         f"linear module of {type(lm).__name__} (its linear modules: {known}); name some of those, "
+                         "or [all-linear]")

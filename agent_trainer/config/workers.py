@@ -30,6 +30,18 @@ class ModelConfig:
     actor_rollout_ref.ref.dtype, each defaulting to this one."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (long multi-turn sequences on GPU)."""
+    lora_rank: int = 0
+    """LoRA rank (verl's key): > 0 trains a peft LoRA adapter of this rank on the target_modules instead of the full
+    model (actor only: the base weights stay frozen, only the adapter gets gradients and AdamW state; the reference
+    policy is the same model with the adapter switched off; the engines get the merged weights W + (alpha/r) B A;
+    checkpoints hold the adapter in peft's layout). 0 = off. docs/lora.md."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (verl's key): the adapter's output is scaled by lora_alpha / lora_rank."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """With lora_rank > 0: the linear modules that get an adapter, by the last part of their name (q_proj, v_proj,
+    gate_proj, ...), or [all-linear] for every linear layer but the output head (verl's default, peft's shorthand)."""
+    lora_dropout: float = 0.0
+    """With lora_rank > 0: dropout on the adapter's input during the update (log-prob passes run without it)."""
 
 
 @dataclass

@@ -324,3 +324,50 @@ def test_both_transports_through_vllms_multiprocess_client(stack, tiny_model_pat
             assert _engine_vs_actor(actor_wg, engine) < 1e-4, transport
     finally:
         ray.kill(engine)
+
+
+@pytest.fixture(scope="module")
+def lora_actor(tiny_model_path, stack):
+    """A 2-rank FSDP2 actor training a LoRA adapter (two updates, so the adapter is not zero), beside ``stack``."""
+    from agent_trainer.batch import TensorBatch
+    from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
+    from workers.actor import ActorWorker
+    from workers.worker_group import WorkerGroup
+
+    actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=5e-2),
+                        grad_clip=1e9, fsdp=FSDPConfig(world_size=2, num_cpus_per_rank=0.25))
+    model = ModelConfig(path=tiny_model_path, lora_rank=4, lora_alpha=8.0, target_modules=["q_proj", "v_proj",
+                                                                                            "down_proj"])
+    group = WorkerGroup(ActorWorker, name="ws_lora_actor", world_size=2, num_cpus_per_rank=0.25, num_gpus_per_rank=0.0,
+                        distributed=True, placement_timeout_s=120, collective_timeout_s=120,
+                        init_kwargs={"model": model, "actor": actor, "device": "cpu", "seed": 0})
+    group.execute_all("init_model")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 1000, (4, 12), generator=gen)
+    response = torch.zeros(4, 12, dtype=torch.long)
+    response[:, 4:] = 1
+    batch = TensorBatch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                         "position_ids": torch.arange(12).expand(4, 12).clone(), "response_mask": response,
+                         "advantages": torch.randn(4, 12, generator=gen) * response})
+    group.dp_execute("update_actor", batch)
+    yield group
+    group.shutdown()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_after_a_lora_sync_the_engines_logprobs_equal_the_lora_actors(stack, lora_actor, transport):
+    """Merge-on-sync: the engine gets W + (alpha/r) B A under the plain names, the same tensors in number and size
+    as a full sync, and then scores as the LoRA actor does (as closely as after a full sync)."""
+    from workers.weight_sync import sync_weights
+
+    base_actor, engine, disk = stack
+    _reset_engine(engine, disk)
+    assert _engine_vs_actor(lora_actor, engine) > 1e-2
+    seen: list[dict] = []
+    sync_weights(lora_actor, [engine], SyncPlan(transport, 0.25, False, 120.0), on_stats=seen.append)
+    assert seen[0]["error"] is None
+    assert _engine_vs_actor(lora_actor, engine) < 1e-4
+    assert _engine_vs_actor(base_actor, engine) > 1e-3  # the adapter is in what the engine got
+    model_bytes = sum(t.numel() * 4 for n, t in disk.items() if n != "lm_head.weight")
+    assert model_bytes <= seen[0]["bytes"] < model_bytes * 1.01  # the full model's tensors, no adapter's
