@@ -636,6 +636,7 @@ def build_reward_model(policy_dir: str | Path, out_dir: str | Path, *, seed: int
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1)
     model.config.pad_token_id = tokenizer.pad_token_id
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         model.score.weight.copy_(torch.randn(model.score.weight.shape, generator=gen) / model.config.hidden_size ** 0.5)
     tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
