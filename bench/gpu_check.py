@@ -16,11 +16,17 @@ What it runs (each part prints one JSON line and the whole record goes to ``--ou
    ``update_weights`` (the e2e test's tolerance is 1e-2 on GPUs); ``sleep``/``wake_up`` free and restore memory.
 5. ``offload_to_cpu`` / ``reload_to_device`` of the actor (``fsdp.param_offload`` / ``optimizer_offload``) free
    the GPU memory they say and the next update still runs.
+6. ``--sweep``: the update alone with other micro-batch sizes and without gradient checkpointing.
+7. ``--lora R``: the full update and then the LoRA actor at rank R (docs/lora.md) on the same job: what trains,
+   speed, peak memory, the reference as the adapter switched off, and the merged weights of a sync in the HF
+   engine (``--skip-main`` leaves out parts 2-5).
 
     python bench/gpu_check.py --out /tmp/gpu_check.json          # on a machine with a CUDA device
+    python bench/gpu_check.py --sweep --out /tmp/gpu_check.json
+    python bench/gpu_check.py --skip-main --lora 64 --out /tmp/gpu_lora.json
 
-Needs torch, transformers, safetensors, omegaconf (the config layer); not Ray, not vLLM. Figures go to
-docs/benchmarks.md ("On a GPU").
+Needs torch, transformers, safetensors, omegaconf (the config layer) and, for ``--lora``, peft; not Ray, not
+vLLM. Figures go to docs/benchmarks.md ("On a GPU") and docs/lora.md.
 """
 
 from __future__ import annotations
@@ -228,6 +234,94 @@ def update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpoi
     del worker
 
 
+def sampled_rows(engine, prompts: list[list[int]], max_tokens: int) -> tuple[list, TensorBatch, torch.Tensor]:
+    """The engine's samples of ``prompts`` as right-padded rows (response_mask on the sampled tokens) and the
+    engine's log-probs of those tokens in the same layout."""
+    outs = engine.generate(prompts, max_tokens=max_tokens, temperature=1.0, seed=2)
+    width = max(len(p) + len(o.token_ids) for p, o in zip(prompts, outs))
+    ids, attn, resp = (torch.zeros(len(outs), width, dtype=torch.long) for _ in range(3))
+    engine_lp = torch.zeros(len(outs), width)
+    for b, (p, o) in enumerate(zip(prompts, outs)):
+        seq = p + o.token_ids
+        ids[b, :len(seq)] = torch.tensor(seq)
+        attn[b, :len(seq)] = 1
+        resp[b, len(p):len(seq)] = 1
+        engine_lp[b, len(p):len(seq)] = torch.tensor(o.logprobs)
+    batch = TensorBatch({"input_ids": ids, "attention_mask": attn, "response_mask": resp,
+                         "position_ids": torch.arange(width).expand(len(outs), width).clone()})
+    return outs, batch, engine_lp
+
+
+def lora_check(model_dir: Path, n_params: int, args) -> None:
+    """The actor with a LoRA adapter (``actor_rollout_ref.model.lora_rank``; docs/lora.md) on the same job: what
+    trains, the update's speed and peak memory, the reference as the adapter switched off, and the merged weights
+    of a sync (the buckets the engines get) loaded into the HF engine, which then scores as the actor does."""
+    import gc
+
+    from transformers import AutoConfig
+
+    from workers.actor import ActorWorker
+    from workers.rollout import HFRolloutWorker
+    from workers.weight_sync import iter_weight_buckets, unpack_bucket
+
+    gc.collect()
+    if on_gpu():
+        torch.cuda.empty_cache()
+    config = AutoConfig.from_pretrained(model_dir)
+    actor_cfg = ActorConfig(ppo_mini_batch_size=args.rows, ppo_micro_batch_size_per_gpu=args.micro_rows,
+                            grad_clip=1.0, optim=OptimConfig(lr=1e-4),
+                            fsdp=FSDPConfig(world_size=1, mixed_precision="bf16"))
+    ref_cfg = RefConfig(log_prob_micro_batch_size_per_gpu=args.micro_rows, dtype="float32",
+                        fsdp=FSDPConfig(world_size=1, mixed_precision="bf16"))
+    model = ModelConfig(path=str(model_dir), dtype="float32", enable_gradient_checkpointing=True,
+                        lora_rank=args.lora, lora_alpha=2.0 * args.lora, target_modules=["all-linear"])
+    reset_peak()
+    worker = ActorWorker(rank=0, world_size=1, model=model, actor=actor_cfg, ref=ref_cfg, device=DEVICE)
+    _, load_s = synced(worker.init_model)
+    trained = sum(p.numel() for p in worker.model.parameters() if p.requires_grad)
+    batch = rows(args.rows, args.seq, args.prompt, config.vocab_size, seed=0)
+    batch["old_log_probs"] = worker.compute_log_prob(batch)["old_log_probs"]
+    ref = worker.compute_ref_log_prob(batch)["ref_log_prob"]
+    mask = batch["response_mask"].bool()
+    start_equal = float((ref - batch["old_log_probs"])[mask].abs().max())  # lora_B starts at 0: the same model
+    reset_peak()
+    times = [synced(lambda: worker.update_actor(batch))[1] for _ in range(args.steps + 1)][1:]
+    median = sorted(times)[len(times) // 2]
+    tokens = args.rows * args.seq
+    achieved = flops_per_token(n_params, config, args.seq) * tokens / median / 1e12
+    peak_tf = peak_tflops(torch.cuda.get_device_name() if on_gpu() else "cpu")
+    after = worker.compute_log_prob(batch)["old_log_probs"]
+    ref_after = worker.compute_ref_log_prob(batch)["ref_log_prob"]
+    report("lora_update", lora_rank=args.lora, trained_parameters=trained, of=n_params, load_s=round(load_s, 1),
+           seconds_per_update=[round(t, 3) for t in times], tokens_per_s=round(tokens / median),
+           mfu=round(achieved / peak_tf, 3) if peak_tf else None,
+           peak_allocated_gib=round(torch.cuda.max_memory_allocated() / GIB, 2) if on_gpu() else 0,
+           reference_equals_policy_at_start_max_abs=start_equal,
+           policy_moved=float((after - batch["old_log_probs"])[mask].abs().mean()),
+           reference_unchanged_max_abs=float((ref_after - ref)[mask].abs().max()))
+
+    engine = HFRolloutWorker(str(model_dir), device=DEVICE, dtype="bfloat16", max_model_len=args.seq)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, config.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(args.seq // 32, args.seq // 8, (8,), generator=gen)]
+    sent, (_, sync_s) = {}, (None, 0.0)
+
+    def sync() -> None:
+        for bucket in iter_weight_buckets(worker.model, True, 256 * 2**20, torch.bfloat16):
+            names, tensors = unpack_bucket(bucket.specs, bucket.flat)
+            sent.update((n, t.clone()) for n, t in zip(names, tensors))
+
+    _, sync_s = synced(sync)
+    engine.update_weights(sent)
+    _, sampled, engine_lp = sampled_rows(engine, prompts, args.gen_tokens)
+    where = sampled["response_mask"].bool()
+    actor_lp = worker.compute_log_prob(sampled)["old_log_probs"]
+    report("lora_sync", tensors=len(sent), gib=round(sum(t.numel() * t.element_size() for t in sent.values()) / GIB, 2),
+           gather_s=round(sync_s, 2), engine_vs_actor_mean_abs=float((actor_lp - engine_lp)[where].abs().mean()),
+           engine_vs_actor_max_abs=float((actor_lp - engine_lp)[where].abs().max()))
+    del worker, engine
+
+
 def hf_rollout(model_dir: Path, worker, args) -> None:
     from workers.actor import ActorWorker  # noqa: F401  (worker is one)
     from workers.rollout import HFRolloutWorker, tokens_per_second
@@ -248,22 +342,9 @@ def hf_rollout(model_dir: Path, worker, args) -> None:
            tokens=sum(len(o.token_ids) for o in outs), tokens_per_s=round(tokens_per_second(outs, seconds)))
 
     def engine_vs_actor(tag: str) -> None:
-        outs = engine.generate(prompts[:8], max_tokens=args.gen_tokens, temperature=1.0, seed=2)
-        width = max(len(p) + len(o.token_ids) for p, o in zip(prompts, outs))
-        ids = torch.zeros(len(outs), width, dtype=torch.long)
-        attn = torch.zeros(len(outs), width, dtype=torch.long)
-        resp = torch.zeros(len(outs), width, dtype=torch.long)
-        engine_lp = torch.zeros(len(outs), width)
-        for b, (p, o) in enumerate(zip(prompts, outs)):
-            seq = p + o.token_ids
-            ids[b, :len(seq)] = torch.tensor(seq)
-            attn[b, :len(seq)] = 1
-            resp[b, len(p):len(seq)] = 1
-            engine_lp[b, len(p):len(seq)] = torch.tensor(o.logprobs)
-        batch = TensorBatch({"input_ids": ids, "attention_mask": attn, "response_mask": resp,
-                             "position_ids": torch.arange(width).expand(len(outs), width).clone()})
+        outs, batch, engine_lp = sampled_rows(engine, prompts[:8], args.gen_tokens)
+        width, where = batch["input_ids"].shape[1], batch["response_mask"].bool()
         actor_lp = worker.compute_log_prob(batch)["old_log_probs"]
-        where = resp.bool()
         diff = (actor_lp - engine_lp)[where].abs()
         extra = {}
         if tag == "before_update":  # which side is off: both against a float32 forward of the same weights
@@ -278,7 +359,7 @@ def hf_rollout(model_dir: Path, worker, args) -> None:
                      "engine_full_forward_bf16_vs_fp32": float((scored - exact)[where].abs().mean()),
                      "engine_sampled_vs_its_full_forward": float((engine_lp - scored)[where].abs().mean()),
                      "mean_logprob": float(exact[where].mean())}
-        report(f"engine_vs_actor_{tag}", tokens=int(resp.sum()), mean_abs=float(diff.mean()),
+        report(f"engine_vs_actor_{tag}", tokens=int(where.sum()), mean_abs=float(diff.mean()),
                max_abs=float(diff.max()), within_e2e_tolerance=bool(diff.mean() < 1e-2), **extra)
 
     engine_vs_actor("before_update")
@@ -321,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--shape", default=str(SHAPES), help="a model folder's config.json to build at random")
     parser.add_argument("--sweep", action="store_true", help="also time other micro-batch sizes / checkpointing")
+    parser.add_argument("--lora", type=int, default=0, help="also the LoRA actor at this rank (docs/lora.md)")
+    parser.add_argument("--skip-main", action="store_true", help="only the --sweep and --lora parts")
     parser.add_argument("--cpu", action="store_true", help="run on CPU over gloo (to try the script here)")
     args = parser.parse_args(argv)
     DEVICE, SHAPES = ("cpu" if args.cpu else "cuda"), Path(args.shape).resolve()
@@ -336,11 +419,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             dist.init_process_group("gloo", rank=0, world_size=1)
         try:
-            worker = actor_update(model_dir, n_params, args)
-            hf_rollout(model_dir, worker, args)
-            del worker
+            if not args.skip_main:
+                worker = actor_update(model_dir, n_params, args)
+                hf_rollout(model_dir, worker, args)
+                del worker
             for micro_rows, checkpointing in SWEEP if args.sweep else ():
                 update_speed(model_dir, n_params, args, micro_rows, checkpointing)
+            if args.lora:  # full fine-tuning of the same job beside it, in the same run
+                update_speed(model_dir, n_params, args, args.micro_rows, True)
+                lora_check(model_dir, n_params, args)
         finally:
             dist.destroy_process_group()
     Path(args.out).write_text(json.dumps(RECORD, indent=1))

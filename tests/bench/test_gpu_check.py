@@ -1,5 +1,6 @@
 """bench/gpu_check.py, the torch-level GPU checks, run here on CPU over gloo (``--cpu``) with the tiny model's
-shape: every part runs and reports, so the script a GPU session runs has not rotted since the last GPU."""
+shape: every part runs and reports (the LoRA part too), so the script a GPU session runs has not rotted since
+the last GPU."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
     proc = subprocess.run(
         [sys.executable, "bench/gpu_check.py", "--cpu", "--shape", tiny_model_path, "--rows", "4", "--micro-rows",
          "2", "--seq", "64", "--prompt", "16", "--steps", "1", "--gen-prompts", "4", "--gen-tokens", "8",
-         "--sweep", "--out", str(out)],
+         "--sweep", "--lora", "8", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
@@ -28,3 +29,8 @@ def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
     before = record["engine_vs_actor_before_update"]
     assert before["engine_sampled_vs_its_full_forward"] < 1e-4  # one bf16 CPU engine agrees with itself
     assert record["engine_vs_actor_after_sync"]["mean_abs"] < 1e-2
+    lora = record["lora_update"]
+    assert 0 < lora["trained_parameters"] < lora["of"] / 4  # only the adapter trains
+    assert lora["reference_equals_policy_at_start_max_abs"] == 0.0  # lora_B starts at 0: adapter off == on
+    assert lora["policy_moved"] > 0 and lora["reference_unchanged_max_abs"] == 0.0
+    assert record["lora_sync"]["engine_vs_actor_mean_abs"] < 1e-2  # the merged weights reached the engine
