@@ -11,6 +11,7 @@ import torch
 
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
+from tests.workers.test_fsdp_workers import _ragged_batch
 from workers.actor import ActorWorker, ReferenceWorker
 from workers.weight_sync import iter_weight_buckets, sync_tensor_names, unpack_bucket
 
@@ -18,16 +19,7 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 
 def _batch(seed: int = 0, lengths=(16, 9, 12, 5, 16, 7), T: int = 16) -> TensorBatch:
-    gen = torch.Generator().manual_seed(seed)
-    B = len(lengths)
-    attention = torch.zeros(B, T, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        attention[b, :n] = 1
-    response = attention.clone()
-    response[:, :4] = 0
-    return TensorBatch({"input_ids": torch.randint(3, 200, (B, T), generator=gen) * attention,
-                        "attention_mask": attention, "position_ids": torch.arange(T).expand(B, T).clone(),
-                        "response_mask": response, "advantages": torch.randn(B, T, generator=gen) * response})
+    return _ragged_batch(list(lengths), T, seed)
 
 
 def _lora_model(path: str, **overrides) -> ModelConfig:
