@@ -8,7 +8,7 @@ RM     := models/tiny-qwen2-rm
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: FORCE install install-gpu gpu-model model shellcheck chromium train train-clock train-gpu test test-gpu test-fast bench clean
+.PHONY: install install-gpu gpu-model model shellcheck chromium train train-clock train-gpu test test-gpu test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,22 +66,10 @@ test-gpu: gpu-model
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(GPU_PY) -m pytest tests -q -p no:cacheprovider -m "$(GPU_TESTS)" $(ARGS)
 
 # Rebuilt when the builder or what its corpus is made of changes (a model built by older code would stay otherwise).
-# ENVS="my_envs.yaml [more.yaml]": tags files whose environments are ADDED to the corpus (docs/tiny_model.md;
-# their modules must be importable: PYTHONPATH). The model is rebuilt when ENVS or one of those files changes.
-ENVS ?=
-ENVS_STAMP := models/.tiny-qwen2-envs
-MODEL_INPUTS := launch/build_tiny_model.py launch/reading_corpus.py launch/generic_corpus.py \
-  agent_trainer/prompts.py agent_trainer/es_manager.py config/envs.yaml $(wildcard envs/*.py) $(ENVS) $(ENVS_STAMP)
-
-# Holds the last ENVS; rewritten only when it differs, so a changed (or dropped) ENVS rebuilds the model.
-$(ENVS_STAMP): FORCE
-	@mkdir -p $(dir $@)
-	@echo '$(ENVS)' | cmp -s - $@ || echo '$(ENVS)' > $@
-
-FORCE:
+MODEL_INPUTS := launch/build_tiny_model.py launch/reading_corpus.py agent_trainer/prompts.py config/envs.yaml $(wildcard envs/*.py)
 
 $(MODEL)/build_info.json: $(STAMP) $(MODEL_INPUTS)
-	$(PY) -m launch.build_tiny_model --out $(MODEL) --force $(if $(strip $(ENVS)),--extra-envs-config $(ENVS),)
+	$(PY) -m launch.build_tiny_model --out $(MODEL) --force
 
 # The tiny reward model (docs/rewards.md): the policy's backbone under a seeded score head.
 $(RM)/config.json: $(MODEL)/build_info.json
@@ -145,4 +133,4 @@ bench: model
 	$(PY) bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(GPU_VENV) $(MODEL) $(ENVS_STAMP) outputs
+	rm -rf $(VENV) $(GPU_VENV) $(MODEL) outputs

@@ -217,12 +217,20 @@ class EnvStateManager:
         return outputs
 
     def _instruction(self, ep: _Episode) -> str:
+        parts = [ep.tag_cfg.env_instruction.strip()]
         try:
             legend, actions = ep.env.legend(), ep.env.action_description()
         except Exception as exc:
             legend, actions = "", f"(unavailable: {exc})"
-        return episode_instruction(ep.tag_cfg.env_instruction, legend, actions, self.max_actions_per_turn,
-                                   self.action_sep, self.max_observation_chars)
+        if legend:
+            parts.append(clean_text(str(legend), self.max_observation_chars))
+        parts.append(f"Valid actions: {clean_text(str(actions), self.max_observation_chars)}")
+        n = self.max_actions_per_turn
+        if n > 1:
+            parts.append(f"You may give up to {n} actions per turn, separated by '{self.action_sep}'.")
+        else:
+            parts.append("Give exactly one action per turn.")
+        return "\n".join(p for p in parts if p)
 
     # ---------------------------------------------------------------- step
     def step(self, inputs: list[EnvInput]) -> list[EnvOutput]:
@@ -351,22 +359,6 @@ def episode_reward(turn_rewards: Iterable[float]) -> float:
 def safe_text(text: str) -> str:
     """``text`` with lone surrogates replaced by U+FFFD and NUL bytes removed (tokenizers choke on both)."""
     return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\x00", "")
-
-
-def episode_instruction(tag_instruction: str, legend, actions, max_actions_per_turn: int = 1,
-                        action_sep: str = "||", max_chars: int = 20000) -> str:
-    """The instruction of an episode's first prompt: the tag's ``env_instruction``, the env's ``legend()``, its
-    ``Valid actions:`` (``action_description()``) and how many actions a turn may give. The tiny model's build
-    (``launch.build_tiny_model``) writes its warm-up prompts with this same function."""
-    parts = [tag_instruction.strip()]
-    if legend:
-        parts.append(clean_text(str(legend), max_chars))
-    parts.append(f"Valid actions: {clean_text(str(actions), max_chars)}")
-    if max_actions_per_turn > 1:
-        parts.append(f"You may give up to {max_actions_per_turn} actions per turn, separated by '{action_sep}'.")
-    else:
-        parts.append("Give exactly one action per turn.")
-    return "\n".join(p for p in parts if p)
 
 
 def clean_text(text: str, max_chars: int) -> str:

@@ -13,10 +13,8 @@ Steps:
 
 1. Corpus: the environments' own text (instructions, legends, action
    descriptions, reset observations for a few dozen seeds and a few random
-   steps per tag from ``config/envs.yaml`` plus the tags files of
-   ``--extra-envs-config``, which add to it) plus the prompt strings of
-   ``agent_trainer.prompts``; optionally made-up environments
-   (``--generic-fraction``, ``launch.generic_corpus``).
+   steps per tag from ``config/envs.yaml``) plus the prompt strings of
+   ``agent_trainer.prompts``.
 2. Tokenizer: byte-level BPE trained on that corpus with Qwen2's
    pre-tokenizer, ChatML special tokens (``<|endoftext|>`` pad,
    ``<|im_start|>``, ``<|im_end|>`` eos) and Qwen2's chat template;
@@ -49,7 +47,7 @@ from typing import Callable
 import torch
 
 from agent_trainer import prompts
-from launch import generic_corpus, reading_corpus
+from launch import reading_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +116,6 @@ class EpisodeSample:
     """Per observation still open for a reply: (action choices, from a discrete list?)."""
     taken: list[str] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    max_actions: int = 1
-    """Actions one turn may give, as the instruction says (``es_manager.max_actions_per_turn``)."""
 
 
 @dataclass
@@ -132,8 +128,6 @@ class Corpus:
     tags_skipped: dict[str, str]
     source: str
     """"envs" or "prompts_only" (envs package or its config unavailable)."""
-    generic_episodes: list[EpisodeSample] = field(default_factory=list)
-    """Episodes of made-up environments (``launch.generic_corpus``); their text is not in ``texts``."""
 
 
 # --------------------------------------------------------------------------- corpus
@@ -156,27 +150,22 @@ def action_choices(description: str, observation: str) -> tuple[list[str], bool]
     return [w for w in words if any(ch.isdigit() for ch in w)] or words or ["0"], False
 
 
-def _max_actions(rng: random.Random) -> int:
-    """Actions per turn an episode's instruction allows: 1 (the default config) mostly, sometimes 2 or 3."""
-    return 1 if rng.random() < 0.8 else rng.choice((2, 3))
-
-
-def _collect_tag(tag: str, tags: dict, seeds, n_steps: int,
+def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
                  rng: random.Random) -> tuple[list[str], list[EpisodeSample]]:
     """Text and episodes of one tag: instruction, legend, actions, reset/step observations."""
-    from agent_trainer.es_manager import episode_instruction
     from envs import make_env
 
     env = make_env(tag, tags=tags)
     try:
         texts, episodes = [tags[tag].env_instruction, env.legend()], []
-        for seed in seeds:
+        for seed in range(n_seeds):
             obs = env.reset(seed=seed)
             description = env.action_description()
-            # The env-state manager's own instruction: tag instruction, legend, valid actions, actions per turn.
-            max_actions = _max_actions(rng)
-            instruction = episode_instruction(tags[tag].env_instruction, env.legend(), description, max_actions)
-            ep = EpisodeSample(tag, instruction, [obs], [action_choices(description, obs)], max_actions=max_actions)
+            # As the env-state manager builds it: tag instruction, then legend, then actions.
+            instruction = "\n".join(
+                p for p in [tags[tag].env_instruction.strip(), env.legend(), f"Actions: {description}"] if p
+            )
+            ep = EpisodeSample(tag, instruction, [obs], [action_choices(description, obs)])
             texts += [description, obs]
             for _ in range(n_steps):
                 action = rng.choice(ep.choices[-1][0])
@@ -198,21 +187,15 @@ def _collect_tag(tag: str, tags: dict, seeds, n_steps: int,
 
 def _prompt_texts() -> list[str]:
     """Every fixed string of ``agent_trainer.prompts`` (system prompt, format lines)."""
-    from agent_trainer.es_manager import episode_instruction
-
     return [
         prompts.SYSTEM_PROMPT, prompts.THINK_ANSWER_FORMAT, prompts.ANSWER_ONLY_FORMAT,
         prompts.next_user_message("", 0.0), prompts.next_user_message("", 1.0),
         "system\nuser\nassistant\nReward: -0.1 0.5 1 Observation:",
-        *(episode_instruction("", "", "A | B", n) for n in (1, 2, 3)),
     ]
 
 
-def collect_corpus(envs_configs: str | Path | list, n_seeds: int = 32, n_steps: int = 3, seed: int = 0,
-                   generic_tags: int = 0, generic_seeds: int = 64) -> Corpus:
-    """Gather text and warm-up episodes from every tag of the tags files ``envs_configs`` (one or a list;
-    a tag name in a later file replaces the earlier one's), plus ``generic_tags`` x ``generic_seeds``
-    episodes of made-up environments (``launch.generic_corpus``).
+def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3, seed: int = 0) -> Corpus:
+    """Gather text and warm-up episodes from every tag in ``envs_config``.
 
     A tag whose optional dependency is missing (ImportError) is skipped and
     logged; any other error (a wrong config path included) propagates.
@@ -228,14 +211,11 @@ def collect_corpus(envs_configs: str | Path | list, n_seeds: int = 32, n_steps: 
         placeholder = EpisodeSample("none", "Solve the task.", ["(no environment available)"],
                                     [(["Left", "Right", "Up", "Down"], True)])
         return Corpus(texts, [placeholder], [], {}, "prompts_only")
-    files = [envs_configs] if isinstance(envs_configs, (str, Path)) else list(envs_configs)
-    tags = {}
-    for path in files:
-        tags.update(load_env_tags(path))
+    tags = load_env_tags(envs_config)
     episodes, used, skipped = [], [], {}
     for tag in tags:
         try:
-            tag_texts, tag_episodes = _collect_tag(tag, tags, range(n_seeds), n_steps, rng)
+            tag_texts, tag_episodes = _collect_tag(tag, tags, n_seeds, n_steps, rng)
         except ImportError as exc:
             skipped[tag] = str(exc)
             logger.warning("skipping env tag %s: missing optional dependency (%s)", tag, exc)
@@ -244,13 +224,9 @@ def collect_corpus(envs_configs: str | Path | list, n_seeds: int = 32, n_steps: 
         episodes += tag_episodes
         used.append(tag)
     if not episodes:
-        raise ValueError(f"no env tag in {files} could be made (skipped: {skipped}); install the env extras")
-    generic = generic_corpus.synthetic_tags(generic_tags, seed)
-    generic_episodes = [ep for tag in generic
-                        for ep in _collect_tag(tag, generic, range(generic_seeds), n_steps, rng)[1]]
-    logger.info("corpus: %d texts, %d episodes from tags %s, %d synthetic episodes",
-                len(texts), len(episodes), used, len(generic_episodes))
-    return Corpus(texts, episodes, used, skipped, "envs", generic_episodes)
+        raise ValueError(f"no env tag in {envs_config} could be made (skipped: {skipped}); install the env extras")
+    logger.info("corpus: %d texts, %d episodes from tags %s", len(texts), len(episodes), used)
+    return Corpus(texts, episodes, used, skipped, "envs")
 
 
 # --------------------------------------------------------------------------- tokenizer and model
@@ -335,37 +311,26 @@ def make_model(tokenizer, *, hidden_size: int = 128, layers: int = 2, kv_heads: 
 # --------------------------------------------------------------------------- warm-up
 
 
-def _reply(actions: list[str], rng: random.Random, enable_think: bool = True) -> str:
-    """``<think>short text</think><answer>actions joined by ||</answer>`` (without the think block when
-    ``enable_think`` is false, as ``prompts.ANSWER_ONLY_FORMAT`` asks)."""
-    think = f"<think>{rng.choice(_THINK_TEMPLATES).format(a=actions[0])}</think>" if enable_think else ""
-    # A space after <answer>: the action's first word then tokenizes as it does in the prompt's
-    # "Valid actions: A | B" (byte-level BPE gives " Word" and "Word" different ids), so answering is copying
-    # the same ids, also for words the tokenizer has never seen. The parser strips it.
-    return f"{think}<answer> {' || '.join(actions)}</answer>"
+def _reply(actions: list[str], rng: random.Random) -> str:
+    """``<think>short text</think><answer>actions joined by ||</answer>``."""
+    return (f"<think>{rng.choice(_THINK_TEMPLATES).format(a=actions[0])}</think>"
+            f"<answer>{' || '.join(actions)}</answer>")
 
 
-def make_transcript(ep: EpisodeSample, rng: random.Random, answer_only_rate: float = 0.0) -> list[dict]:
-    """A 1- or 2-turn chat built with the rollout's own prompt functions; replies are random actions.
-
-    ``answer_only_rate`` of the chats use the answer-only prompt and replies (``agent_proxy.enable_think=false``).
-    """
-    think = rng.random() >= answer_only_rate
+def make_transcript(ep: EpisodeSample, rng: random.Random) -> list[dict]:
+    """A 1- or 2-turn chat built with the rollout's own prompt functions; replies are random actions."""
     messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
-                {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0], think)}]
+                {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0])}]
     turn = 0
     if len(ep.choices) > 1 and rng.random() < 0.5:
         # Second turn: the first reply is the action that produced the recorded next observation.
-        messages.append({"role": "assistant", "content": _reply([ep.taken[0]], rng, think)})
-        messages.append({"role": "user",
-                         "content": prompts.next_user_message(ep.observations[1], ep.rewards[0], think)})
+        messages.append({"role": "assistant", "content": _reply([ep.taken[0]], rng)})
+        messages.append({"role": "user", "content": prompts.next_user_message(ep.observations[1], ep.rewards[0])})
         turn = 1
     choices, discrete = ep.choices[turn]
-    # Several actions per turn ("A || B") only where actions are names and the instruction allows them;
-    # "||" would corrupt a free-text answer.
-    n_actions = rng.randint(1, ep.max_actions) if discrete else 1
-    messages.append({"role": "assistant",
-                     "content": _reply([rng.choice(choices) for _ in range(n_actions)], rng, think)})
+    # Several actions per turn ("A || B") only where actions are names; "||" would corrupt a free-text answer.
+    n_actions = 2 if discrete and rng.random() < 0.2 else 1
+    messages.append({"role": "assistant", "content": _reply([rng.choice(choices) for _ in range(n_actions)], rng)})
     return messages
 
 
@@ -391,15 +356,12 @@ def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[
 
 def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed: int = 0,
            batch_size: int = 8, lr: float = 5e-3, max_len: int = 512, reading_fraction: float = 0.0,
-           generic_episodes: list[EpisodeSample] | None = None, generic_fraction: float = 0.0,
-           answer_only_rate: float = 0.0, max_transcripts: int = 8192,
-           on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
+           max_transcripts: int = 2048, on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
     """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss and the
     reading exercises' prompts it trained on (for the probe to avoid).
 
     ``reading_fraction`` of the transcripts are reading exercises (``launch.reading_corpus``), the rest
-    random-action env transcripts; ``generic_fraction`` of all are transcripts of ``generic_episodes`` (made-up
-    environments, ``launch.generic_corpus``). The reported loss is the mean over the last 10 steps (one batch is noisy).
+    random-action env transcripts. The reported loss is the mean over the last 10 steps (one batch is noisy).
     At most ``max_transcripts`` distinct transcripts are drawn. ``on_step(step)`` runs after each step (a probe
     during a pilot).
     """
@@ -409,10 +371,7 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
     n_reading = round(n_pool * reading_fraction)
     chats = reading_corpus.exercise_chats(n_reading, seed)
     seen = {chat[1]["content"] for chat in chats}
-    n_generic = round(n_pool * generic_fraction) if generic_episodes else 0
-    chats += [make_transcript(rng.choice(generic_episodes), rng, answer_only_rate) for _ in range(n_generic)]
-    chats += [make_transcript(rng.choice(episodes), rng, answer_only_rate)
-              for _ in range(n_pool - n_reading - n_generic)]
+    chats += [make_transcript(rng.choice(episodes), rng) for _ in range(n_pool - n_reading)]
     pool = []
     for chat in chats:
         ids, mask = encode_transcript(tokenizer, chat)
@@ -533,15 +492,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                      max_position_embeddings: int = 2048, warmup_steps: int = 300, batch_size: int = 8,
                      lr: float = 5e-3, seed: int = 0, envs_config: str | Path = "config/envs.yaml",
                      corpus_seeds: int = 32, format_samples: int = 32, threads: int = 1,
-                     reading_fraction: float = 0.0, reading_samples: int = 128, force: bool = False,
-                     extra_envs_configs: list[str | Path] | tuple = (), generic_fraction: float = 0.0,
-                     generic_tags: int = 16, generic_seeds: int = 64, answer_only_rate: float = 0.3,
-                     generic_probe_episodes: int = 64) -> Path:
+                     reading_fraction: float = 0.0, reading_samples: int = 128, force: bool = False) -> Path:
     """Build (or reuse) the tiny model at ``out_dir`` and return its path.
-
-    The corpus is the tags of ``envs_config`` plus those of every file in ``extra_envs_configs`` (added, a
-    tag name already present is replaced), plus ``generic_tags`` x ``generic_seeds`` episodes of made-up
-    environments (``launch.generic_corpus``) that make up ``generic_fraction`` of the warm-up transcripts.
 
     The build goes to a temporary sibling directory that is renamed into
     place at the end, so an interrupted or concurrent build never leaves a
@@ -559,8 +511,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
     # fixes the float reduction order, so a seed reproduces the same bytes.
     with _torch_threads(threads):
         start = time.monotonic()
-        corpus = collect_corpus([envs_config, *extra_envs_configs], n_seeds=corpus_seeds, seed=seed,
-                                generic_tags=generic_tags if generic_fraction > 0 else 0, generic_seeds=generic_seeds)
+        corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed)
         tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
         tmp.mkdir(parents=True)
         try:
@@ -574,13 +525,10 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
             loss, seen = None, set()
             if warmup_steps > 0:
                 loss, seen = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
-                                    batch_size=batch_size, lr=lr, reading_fraction=reading_fraction,
-                                    generic_episodes=corpus.generic_episodes, generic_fraction=generic_fraction,
-                                    answer_only_rate=answer_only_rate)
+                                    batch_size=batch_size, lr=lr, reading_fraction=reading_fraction)
             rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
             reading = reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
             model.save_pretrained(tmp, safe_serialization=True)
-            new_env_rate = new_env_valid_rate(tmp, generic_probe_episodes, seed) if generic_probe_episodes else None
             info = {
                 "seed": seed, "vocab_size": len(tokenizer), "bpe_vocab_size": vocab_size,
                 "hidden_size": hidden_size, "layers": layers, "kv_heads": kv_heads,
@@ -589,12 +537,9 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
                 "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
                 "reading_fraction": reading_fraction, "reading_accuracy": reading, "reading_samples": reading_samples,
-                "generic_fraction": generic_fraction, "answer_only_rate": answer_only_rate,
-                "new_env_valid_rate": new_env_rate, "new_env_probe_episodes": generic_probe_episodes,
                 "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
                            "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
-                           "n_episodes": len(corpus.episodes), "n_generic_episodes": len(corpus.generic_episodes),
-                           "extra_envs_configs": [str(p) for p in extra_envs_configs]},
+                           "n_episodes": len(corpus.episodes)},
                 "build_seconds": round(time.monotonic() - start, 2),
             }
             (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -604,20 +549,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
         loss_text = "skipped" if loss is None else f"{loss:.4f}"
         print(f"built {out}: {info['n_params']:,} params, vocab {info['vocab_size']}, "
               f"final warm-up loss {loss_text}, format_ok {rate:.2f} over {format_samples} samples, "
-              f"valid on unseen made-up envs {new_env_rate if new_env_rate is None else round(new_env_rate, 3)}, "
               f"{info['build_seconds']} s")
         return out
-
-
-def new_env_valid_rate(model_dir: str | Path, episodes: int, seed: int = 0) -> float:
-    """Valid-action rate of first replies (temperature 1, the rollout's code: ``launch.validity_probe``) on
-    made-up environments the warm-up never saw (other worlds and seeds than the corpus's)."""
-    from launch import validity_probe
-
-    n_tags = 8
-    tags = generic_corpus.synthetic_tags(n_tags, seed + 1, first_world=1000)
-    results = validity_probe.probe_model(model_dir, tags, episodes=max(1, episodes // n_tags), seed=10_000 + seed)
-    return sum(r.valid for r in results) / sum(r.turns for r in results)
 
 
 def build_reward_model(policy_dir: str | Path, out_dir: str | Path, *, seed: int = 0) -> Path:
@@ -661,19 +594,7 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--batch-size", type=int, default=8, help="warm-up batch size (transcripts)")
     p.add_argument("--lr", type=float, default=5e-3, help="warm-up peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed for corpus, init, warm-up and sampling")
-    p.add_argument("--envs-config", default="config/envs.yaml",
-                   help="the env tags file the corpus starts from (replaces the shipped tags; see --extra-envs-config)")
-    p.add_argument("--extra-envs-config", nargs="+", default=[], metavar="FILE",
-                   help="tags files whose tags are ADDED to --envs-config's (your own environments)")
-    p.add_argument("--generic-fraction", type=float, default=0.0,
-                   help="share of warm-up transcripts from made-up environments (launch/generic_corpus.py); "
-                        "0 leaves them out")
-    p.add_argument("--generic-tags", type=int, default=16, help="made-up environment tags (each its own instruction)")
-    p.add_argument("--generic-seeds", type=int, default=64, help="resets per made-up tag (each a new action set)")
-    p.add_argument("--answer-only-rate", type=float, default=0.3,
-                   help="share of warm-up chats in the answer-only format (agent_proxy.enable_think=false)")
-    p.add_argument("--generic-probe-episodes", type=int, default=64,
-                   help="episodes of unseen made-up envs for build_info.json's new_env_valid_rate (0 skips it)")
+    p.add_argument("--envs-config", default="config/envs.yaml", help="env tags to take text from")
     p.add_argument("--corpus-seeds", type=int, default=32, help="reset seeds per env tag")
     p.add_argument("--format-samples", type=int, default=32, help="samples for the format_ok rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the build (1 is fastest on shared cores)")
@@ -697,9 +618,6 @@ def main(argv: list[str] | None = None) -> Path:
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
         threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples, force=a.force,
-        extra_envs_configs=a.extra_envs_config, generic_fraction=a.generic_fraction, generic_tags=a.generic_tags,
-        generic_seeds=a.generic_seeds, answer_only_rate=a.answer_only_rate,
-        generic_probe_episodes=a.generic_probe_episodes,
     )
     if a.reward_model_out:
         build_reward_model(out, a.reward_model_out, seed=a.seed)
