@@ -2,6 +2,7 @@
 
     python -m agent_trainer.export outputs/<project>/<experiment>/global_step_40 --out exported/
     python -m agent_trainer.export outputs/.../global_step_40/actor --out exported/ --dtype bfloat16
+    python -m agent_trainer.export outputs/.../global_step_40 --out exported/ --merge   # a LoRA checkpoint
 
 A checkpoint always holds each rank's shards (``actor/shards/``, ``workers/sharded_checkpoint.py``);
 the HF weights next to them are written only with ``trainer.save_hf_model=true``. This entry
@@ -9,6 +10,13 @@ builds the HF folder from the shards alone: no Ray, no GPU, no process group, on
 memory at a time. The model config comes from the checkpoint (``config.json``); the tokenizer
 files (saved with the actor) are copied. The result loads with ``from_pretrained``, starts a run
 as ``model_path`` and serves with ``vllm serve``. See docs/checkpointing.md.
+
+A LoRA checkpoint (``actor_rollout_ref.model.lora_rank`` > 0: its shards hold the adapter only) exports with
+``--merge``: the base model (the run's ``actor_rollout_ref.model.path`` from ``global_step_N/config.yaml``, or
+``--base``) with the adapter merged in, ``W + (alpha / r) B A``, as a plain Hugging Face folder (peft's
+``merge_and_unload``; the adapter folder is peft's ``adapter_config.json`` + ``adapter_model.safetensors``, written
+from the shards first when the checkpoint was saved without them). ``--merge`` on a full-model checkpoint is
+refused: there is nothing to merge. See docs/lora.md.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from agent_trainer.worker_registry import worker_api
@@ -42,14 +51,32 @@ def model_folder(path: Path, part: str = "actor") -> Path:
                      f"(no {sharded_checkpoint.SHARDS_DIR}/{sharded_checkpoint.INDEX_FILE} in it or in {part}/)")
 
 
-def export(path: Path, out: Path, part: str = "actor", dtype: str | None = None) -> Path:
-    """Write the HF folder of ``path`` (a ``global_step_N`` folder or its ``actor``/``critic``) into ``out``."""
+def is_adapter_checkpoint(src: Path) -> bool:
+    """Whether the model part folder ``src`` holds a LoRA adapter only (``index.json``'s ``adapter_only``)."""
+    index = sharded_checkpoint.read_index(src / sharded_checkpoint.SHARDS_DIR)
+    return bool(index.get(sharded_checkpoint.ADAPTER_KEY))
+
+
+def export(path: Path, out: Path, part: str = "actor", dtype: str | None = None, merge: bool = False,
+           base: Path | None = None) -> Path:
+    """Write the HF folder of ``path`` (a ``global_step_N`` folder or its ``actor``/``critic``) into ``out``;
+    ``merge``: of a LoRA checkpoint, the base model (``base``, else the run's) with the adapter merged in."""
     src = model_folder(path, part)
     out = Path(out)
     if out.resolve() == src.resolve():
         raise ValueError("--out must be another folder than the checkpoint's")
     if out.exists() and any(out.glob("*.safetensors")):
         raise ValueError(f"{out} already holds weights; choose an empty --out")
+    adapter = is_adapter_checkpoint(src)
+    if adapter and not merge:
+        raise ValueError(f"{src} holds a LoRA adapter only, not the model's weights: add --merge to write the base "
+                         "model with the adapter merged in")
+    if merge and not adapter:
+        raise ValueError(f"{src} holds a full model, there is no LoRA adapter to merge: drop --merge")
+    if base is not None and not merge:
+        raise ValueError("--base is the base model of a LoRA checkpoint's --merge: add --merge or drop --base")
+    if adapter:
+        return export_merged(src, out, dtype=dtype, base=base)
     out.mkdir(parents=True, exist_ok=True)
     for name in MODEL_FILES:
         if (src / name).is_file():
@@ -76,6 +103,88 @@ def export(path: Path, out: Path, part: str = "actor", dtype: str | None = None)
     return out
 
 
+def run_model_config(src: Path) -> dict | None:
+    """``actor_rollout_ref.model`` of the run's saved ``config.yaml`` next to the part folder ``src`` (in the
+    ``global_step_N`` folder above it); None when there is none (only the actor folder was kept)."""
+    import yaml
+
+    saved = src.parent / "config.yaml"
+    if not saved.is_file():
+        return None
+    raw = yaml.safe_load(saved.read_text()) or {}
+    model = (raw.get("actor_rollout_ref") or {}).get("model")
+    return model if isinstance(model, dict) else None
+
+
+def base_model_path(src: Path, model: dict | None, base: Path | None) -> Path:
+    """The base model a LoRA checkpoint's adapter merges onto: ``base``, else the run's ``model.path`` (a local
+    folder, or a Hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, which ``from_pretrained`` resolves)."""
+    if base is not None:
+        if not (Path(base) / "config.json").is_file():
+            raise ValueError(f"--base {base} is not a Hugging Face model folder (no config.json); pass the folder "
+                             "of the model the LoRA run trained on")
+        return Path(base)
+    if model is None:
+        raise ValueError(f"{src.parent / 'config.yaml'} is missing, so the LoRA run's base model is unknown: pass "
+                         "--base PATH (the run's actor_rollout_ref.model.path)")
+    path = str(model.get("path") or "")
+    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).exists()
+    if not path or "${" in path or not (hub_id or (Path(path) / "config.json").is_file()):
+        raise ValueError(f"the run's base model {path or '(none)'} (actor_rollout_ref.model.path in "
+                         f"{src.parent / 'config.yaml'}) is not a model folder here: pass --base PATH")
+    return Path(path)
+
+
+def adapter_folder(src: Path, model: dict | None, base: Path, tmp: Path) -> Path:
+    """peft's adapter folder of the part folder ``src``: ``src`` itself when the run saved it
+    (``trainer.save_hf_model``), else written from the shards into ``tmp`` with the run's lora keys."""
+    lora = worker_api("lora")
+    if (src / lora.ADAPTER_CONFIG).is_file() and (src / lora.ADAPTER_WEIGHTS).is_file():
+        return src
+    if model is None:
+        raise ValueError(f"{src} has no {lora.ADAPTER_CONFIG} (saved with trainer.save_hf_model=false) and "
+                         f"{src.parent / 'config.yaml'} is missing, so the adapter's lora_alpha and target_modules "
+                         "are unknown: pass the global_step_N folder that holds the run's config.yaml")
+    from agent_trainer.config import ModelConfig
+
+    keys = {k: model[k] for k in ("lora_rank", "lora_alpha", "lora_dropout", "target_modules") if k in model}
+    lora.write_adapter(src / sharded_checkpoint.SHARDS_DIR, tmp, ModelConfig(path=str(base), **keys))
+    return tmp
+
+
+def export_merged(src: Path, out: Path, dtype: str | None = None, base: Path | None = None) -> Path:
+    """Write the plain HF folder of the LoRA checkpoint part ``src``: the base model with its adapter merged in
+    (computed in float32, saved in ``dtype``, by default the adapter's training dtype), its config and the
+    tokenizer (the checkpoint's, else the base model's)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = run_model_config(src)
+    base = base_model_path(src, model, base)
+    index = sharded_checkpoint.read_index(src / sharded_checkpoint.SHARDS_DIR)
+    saved = {entry["dtype"] for entry in index["tensors"].values()}
+    target = sharded_checkpoint.dtype_of(dtype) if dtype else (
+        sharded_checkpoint.dtype_of(saved.pop()) if len(saved) == 1 else torch.float32)
+    with tempfile.TemporaryDirectory(prefix="adapter-") as tmp:
+        folder = adapter_folder(src, model, base, Path(tmp))
+        plain = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+        merged = PeftModel.from_pretrained(plain, str(folder)).merge_and_unload()
+    merged = merged.to(target)
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(out), safe_serialization=True)
+    for folder in (src, src.parent / "actor", base):
+        if (folder / "tokenizer_config.json").is_file():
+            for name in TOKENIZER_FILES:
+                if (folder / name).is_file():
+                    shutil.copy2(folder / name, out / name)
+            break
+    files = list(out.glob("*.safetensors"))
+    print(f"exported {src} merged onto {base} -> {out} ({len(files)} weight file{'s' if len(files) > 1 else ''}, "
+          f"{str(target).removeprefix('torch.')})")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent_trainer.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a global_step_N folder, or its actor/ or critic/ folder")
@@ -84,9 +193,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="which model of a global_step_N folder (default: actor)")
     parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                         help="cast the floating weights (default: as saved, the training dtype)")
+    parser.add_argument("--merge", action="store_true",
+                        help="a LoRA checkpoint: write the base model with the adapter merged in (docs/lora.md)")
+    parser.add_argument("--base", default=None,
+                        help="with --merge: the base model folder (default: the run's actor_rollout_ref.model.path "
+                             "from the checkpoint's config.yaml)")
     args = parser.parse_args(argv)
     try:
-        export(Path(args.checkpoint), Path(args.out), part=args.part, dtype=args.dtype)
+        export(Path(args.checkpoint), Path(args.out), part=args.part, dtype=args.dtype, merge=args.merge,
+               base=Path(args.base) if args.base else None)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

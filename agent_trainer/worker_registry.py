@@ -30,6 +30,7 @@ WORKER_API: dict[str, str] = {
     "sync_weights": "workers.weight_sync:sync_weights",
     "decoder_layers": "workers.fsdp_base:_decoder_layers",
     "sharded_checkpoint": "workers.sharded_checkpoint",
+    "lora": "workers.lora",
 }
 """Name -> ``"package.module:attribute"`` (or ``"package.module"`` for a whole module)."""
 
