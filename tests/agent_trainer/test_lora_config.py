@@ -103,3 +103,13 @@ def test_an_adapter_folder_without_adapter_files_is_refused(tiny_model_path, tmp
         _prepare(tiny_model_path, f"{M}.lora_rank=4", f"{M}.lora_adapter_path={tmp_path}")
     message = str(err.value.code)
     assert "\n" not in message and "lacks ['adapter_config.json', 'adapter_model.safetensors']" in message, message
+
+
+def test_an_adapter_folder_as_model_path_is_refused_naming_lora_adapter_path(tiny_model_path, tmp_path):
+    """An SFT-with-LoRA final/ holds no model weights: as model_path it is refused, pointing at the right keys."""
+    folder = _peft_folder(tiny_model_path, tmp_path / "a")
+    with pytest.raises(SystemExit) as err:
+        _prepare(folder)
+    message = str(err.value.code)
+    assert "\n" not in message and f".path = {folder!r} is a LoRA adapter folder" in message, message
+    assert f"{M}.lora_adapter_path" in message
