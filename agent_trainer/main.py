@@ -90,6 +90,11 @@ def resolve_model(key: str, path: str):
             raise ValueError(f"{key} = {path!r} does not exist; build the tiny model with `make model` "
                              "(python -m launch.build_tiny_model --out models/tiny-qwen2) or set model_path "
                              "to a Hugging Face folder or hub id (org/name)")
+    folder = Path(path).expanduser()
+    if _adapter_only(folder):
+        raise ValueError(f"{key} = {path!r} is a LoRA adapter folder (adapter_config.json, no model weights): set "
+                         "model_path to the base model it was trained on and actor_rollout_ref.model.lora_adapter_path "
+                         "to this folder, with its lora_rank / lora_alpha / target_modules (docs/lora.md)")
     from transformers import AutoConfig
 
     try:
@@ -98,6 +103,13 @@ def resolve_model(key: str, path: str):
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         raise ValueError(f"{key} = {path!r} cannot be loaded as a Hugging Face model ({reason}); set model_path "
                          "to a folder with a config.json or a reachable (or cached) hub id") from None
+
+
+def _adapter_only(folder: Path) -> bool:
+    """``folder`` holds a peft adapter and no model weights (a LoRA SFT's ``final/``, a LoRA checkpoint's actor)."""
+    if not (folder / "adapter_config.json").is_file():
+        return False
+    return not any(f.name != "adapter_model.safetensors" for f in folder.glob("*.safetensors*"))
 
 
 def load_envs_file(path: str) -> dict:

@@ -396,19 +396,28 @@ def train(run: SFTRun) -> list[dict[str, float]]:
     trainer = SFTTrainer(run)
     trainer.init_workers()
     history = trainer.fit()
-    print(summary(history, trainer.run_dir), flush=True)
+    print(summary(history, trainer.run_dir, run.rl.actor_rollout_ref.model), flush=True)
     return history
 
 
-def summary(history: list[dict[str, float]], run_dir: Path) -> str:
-    """One paragraph: validation loss and env success at the start and the end, and the model folder."""
+def summary(history: list[dict[str, float]], run_dir: Path, model=None) -> str:
+    """One paragraph: validation loss and env success at the start and the end, and the model folder; with a LoRA
+    ``model`` (the RL config's ``actor_rollout_ref.model``) the RL command starts from the base plus the adapter."""
     first, last = history[0], history[-1]
     parts = [f"SFT done after {last.get('sft/epoch', 0):.0f} epoch(s)"]
     for key in ("val/sft_loss", "val/sft_token_acc", "val/success_rate"):
         if key in last:
             start = f"{first[key]:.4g} -> " if key in first and first is not last else ""
             parts.append(f"{key} {start}{last[key]:.4g}")
-    parts.append(f"model: {run_dir / FINAL_LINK} (RL: python -m agent_trainer.main model_path={run_dir / FINAL_LINK})")
+    final = run_dir / FINAL_LINK
+    if model is not None and model.lora_rank:
+        m = "actor_rollout_ref.model"
+        targets = "[" + ",".join(model.target_modules) + "]"
+        parts.append(f"adapter: {final} (RL: python -m agent_trainer.main model_path={model.path} "
+                     f"{m}.lora_rank={model.lora_rank} {m}.lora_alpha={model.lora_alpha} '{m}.target_modules={targets}' "
+                     f"{m}.lora_adapter_path={final})")
+    else:
+        parts.append(f"model: {final} (RL: python -m agent_trainer.main model_path={final})")
     return "; ".join(parts)
 
 

@@ -281,9 +281,9 @@ class FSDPWorker:
                 prepare(model)
             if lora is not None:
                 _add_adapter(model, lora)
-                from workers.lora import initial_adapter_weights
+                from workers.lora import starting_adapter_weights
 
-                model.load_state_dict(initial_adapter_weights(model, self.lora_seed), strict=False)
+                model.load_state_dict(starting_adapter_weights(model, lora, self.lora_seed), strict=False)
             return self.shard_model(model)
         with torch.device("meta"):
             model = auto_class.from_config(config, dtype=torch_dtype)
@@ -294,22 +294,24 @@ class FSDPWorker:
         self.shard_model(model, cpu_offload=cpu_offload)
         model.to_empty(device="cpu" if cpu_offload else self.device)
         restore_non_persistent_buffers(model, self.device)
-        self._load_from_rank0(model, path, fresh_prefixes, lora_seed=None if lora is None else self.lora_seed)
+        self._load_from_rank0(model, path, fresh_prefixes, lora=lora)
         return model
 
     lora_seed: int = 0
     """The seed of a LoRA adapter's first weights (the same on every rank; the trainer's seed)."""
 
     def _load_from_rank0(self, model: torch.nn.Module, path: str, fresh_prefixes: tuple[str, ...],
-                         lora_seed: int | None = None) -> None:
+                         lora=None) -> None:
         """Fill every rank's shards of ``model`` from ``path``'s safetensors, which rank 0 alone reads (one file at
         a time, each broadcast tensor by tensor into the shards); a weight missing from the files fails on every
-        rank with one message. Collective. With a LoRA adapter (``lora_seed`` set) the files' names of the adapted
-        weights are renamed to the model's ``base_layer`` names and rank 0 adds the adapter's first weights."""
-        from workers import lora
+        rank with one message. Collective. With a LoRA adapter (``lora``, its ``ModelConfig``) the files' names of the
+        adapted weights are renamed to the model's ``base_layer`` names and rank 0 adds the adapter's first weights:
+        fresh ones seeded with ``lora_seed``, or ``lora.lora_adapter_path``'s
+        (:func:`workers.lora.starting_adapter_weights`)."""
+        from workers import lora as lora_mod
 
         expected = set(get_model_state_dict(model, options=StateDictOptions(full_state_dict=False)))
-        renames = lora.base_weight_names(model) if lora_seed is not None else {}
+        renames = lora_mod.base_weight_names(model) if lora is not None else {}
         files = weight_files(path) if self.rank == 0 else None
         box = [None if files is None else [str(f) for f in files]]
         dist.broadcast_object_list(box, src=0)
@@ -321,11 +323,18 @@ class FSDPWorker:
             loaded.update(weights)
             set_model_state_dict(model, weights, options=options)
             del weights
-        if lora_seed is not None:
-            weights = lora.initial_adapter_weights(model, lora_seed) if self.rank == 0 else {}
+        if lora is not None:
+            problem = [None]
+            try:
+                weights = lora_mod.starting_adapter_weights(model, lora, self.lora_seed) if self.rank == 0 else {}
+            except ValueError as err:  # the adapter folder does not fit the model: every rank raises
+                weights, problem = {}, [str(err)]
+            dist.broadcast_object_list(problem, src=0)
+            if problem[0]:
+                raise ValueError(problem[0])
             loaded.update(weights)
             set_model_state_dict(model, weights, options=options)
-            loaded.update(name for name in expected if lora.is_adapter_tensor(name))  # every rank checks the same
+            loaded.update(name for name in expected if lora_mod.is_adapter_tensor(name))  # every rank checks the same
         missing = sorted(name for name in expected - loaded - tied_weight_names(model)
                          if not name.startswith(fresh_prefixes))
         problem = [f"model path {path!r} lacks weights {missing[:8]} for {type(model).__name__}" if missing else None]

@@ -187,3 +187,44 @@ def write_adapter(shards: Path, out: Path, cfg: ModelConfig) -> Path:
     config.base_model_name_or_path = cfg.path
     config.save_pretrained(str(out))  # adapter_config.json, as peft writes it
     return out / ADAPTER_WEIGHTS
+
+
+def model_key(peft_name: str) -> str:
+    """The model's adapter parameter name for a name peft saved (the inverse of :func:`peft_key`):
+    ``base_model.model.<module>.lora_A.weight`` -> ``<module>.lora_A.default.weight``."""
+    name = peft_name.removeprefix("base_model.model.")
+    for part in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
+        name = name.replace(f".{part}.", f".{part}.{ADAPTER}.")
+        if name.endswith(f".{part}"):
+            name = f"{name}.{ADAPTER}"
+    return name
+
+
+def read_adapter(folder: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``folder``'s ``adapter_model.safetensors`` (a peft adapter folder: an SFT's ``final/``, a checkpoint's
+    ``actor``, any ``save_pretrained`` of a ``PeftModel``) under ``model``'s adapter parameter names, in their dtype,
+    on CPU. Its tensors must be exactly ``model``'s adapter, same shapes (else ValueError, one line, naming some)."""
+    from safetensors.torch import load_file
+
+    expected = {name: param for name, param in model.named_parameters() if is_adapter_tensor(name)}
+    saved = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    weights = {model_key(name): value for name, value in saved.items()}
+    where = f"actor_rollout_ref.model.lora_adapter_path = {str(folder)!r}"
+    missing, extra = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{where}: its {ADAPTER_WEIGHTS} does not fit this run's adapter (missing "
+                         f"{[peft_key(n) for n in missing[:4]]}, unexpected {[peft_key(n) for n in extra[:4]]}); "
+                         "set lora_rank / lora_alpha / target_modules as the adapter was trained")
+    for name, value in weights.items():
+        if tuple(value.shape) != tuple(expected[name].shape):
+            raise ValueError(f"{where}: {peft_key(name)} has shape {list(value.shape)}, this run's adapter "
+                             f"{list(expected[name].shape)}; set lora_rank as the adapter was trained")
+    return {name: value.to(expected[name].dtype) for name, value in weights.items()}
+
+
+def starting_adapter_weights(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The adapter's first weights: ``cfg.lora_adapter_path``'s (:func:`read_adapter`) when set, else fresh ones
+    seeded with ``seed`` (:func:`initial_adapter_weights`)."""
+    if cfg.lora_adapter_path:
+        return read_adapter(cfg.lora_adapter_path, model)
+    return initial_adapter_weights(model, seed)

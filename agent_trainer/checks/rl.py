@@ -11,6 +11,8 @@ model's config.json (model paths, ``envs_file``, ``max_position_embeddings``) ru
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 from agent_trainer import core_algos
 from agent_trainer.agents.registry import resolve_agent_cls
@@ -508,6 +510,11 @@ def _check_lora(cfg: AgentTrainerConfig) -> None:
                          "set critic.model.lora_rank=0 (the critic trains its full model)")
     defaults = ModelConfig()
     for section, model in (("actor_rollout_ref.model", arr.model), ("critic.model", cfg.critic.model)):
+        if not model.lora_rank and model.lora_adapter_path:
+            raise ValueError(f"{section}.lora_adapter_path = {model.lora_adapter_path!r} with {section}.lora_rank = "
+                             "0 (LoRA off): the adapter would not be loaded; set actor_rollout_ref.model.lora_rank "
+                             "(and lora_alpha, target_modules) to the adapter's adapter_config.json r, lora_alpha and "
+                             f"target_modules, or drop {section}.lora_adapter_path")
         for key in ("lora_alpha", "target_modules", "lora_dropout"):
             value = getattr(model, key)
             if not model.lora_rank and value != getattr(defaults, key):
@@ -527,23 +534,82 @@ def _check_lora(cfg: AgentTrainerConfig) -> None:
                          "has no weights of its own to offload; set actor_rollout_ref.ref.fsdp.param_offload=false")
 
 
-def check_lora_targets(cfg: AgentTrainerConfig, model_config) -> None:
-    """``actor_rollout_ref.model.target_modules`` must name linear modules of the model (built on the meta device
-    from ``model_config``, its ``PretrainedConfig``), or be [all-linear]; needs torch and transformers."""
-    model = cfg.actor_rollout_ref.model
-    targets = list(model.target_modules)
-    if not model.lora_rank or targets == ["all-linear"]:
-        return
+def _linear_modules(model_config) -> tuple[str, list[str]]:
+    """(class name, the distinct last name parts of its ``nn.Linear`` modules but the output head) of the model
+    built on the meta device from ``model_config``; needs torch and transformers."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(model_config)
     head = lm.get_output_embeddings()
-    known = sorted({name.rsplit(".", 1)[-1] for name, module in lm.named_modules()
-                    if isinstance(module, torch.nn.Linear) and module is not head})
+    return type(lm).__name__, sorted({name.rsplit(".", 1)[-1] for name, module in lm.named_modules()
+                                      if isinstance(module, torch.nn.Linear) and module is not head})
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+"""What a peft adapter folder holds (``actor_rollout_ref.model.lora_adapter_path``)."""
+
+
+def check_lora_adapter(cfg: AgentTrainerConfig, model_config) -> None:
+    """``actor_rollout_ref.model.lora_adapter_path`` is a peft adapter folder whose ``adapter_config.json`` has this
+    run's r, lora_alpha and target_modules (``all-linear`` on either side compared as the model's linear modules):
+    the run's keys are never taken from the folder silently, each difference is refused naming both values."""
+    model = cfg.actor_rollout_ref.model
+    folder = model.lora_adapter_path
+    if not model.lora_rank or not folder:
+        return
+    key = "actor_rollout_ref.model.lora_adapter_path"
+    lacking = [name for name in ADAPTER_FILES if not (Path(folder) / name).is_file()]
+    if lacking:
+        raise ValueError(f"{key} = {folder!r} lacks {lacking}: point it at a peft adapter folder (an SFT run's "
+                         "final/, a checkpoint's actor/ with trainer.save_hf_model, a PeftModel.save_pretrained)")
+    try:
+        saved = json.loads((Path(folder) / ADAPTER_FILES[0]).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{key} = {folder!r}: its {ADAPTER_FILES[0]} is not readable JSON ({err}); "
+                         "re-save the adapter with peft") from None
+    if saved.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{key} = {folder!r} holds a {saved.get('peft_type')} adapter; only LoRA adapters load here")
+
+    def modules(value) -> list[str]:
+        if isinstance(value, str):
+            return _linear_modules(model_config)[1] if value == "all-linear" else [value]
+        return sorted({name.rsplit(".", 1)[-1] for name in value or []})  # peft may save full module names
+
+    run_targets = list(model.target_modules)
+    differ = []
+    if saved.get("r") != model.lora_rank:
+        differ.append(f"r = {saved.get('r')} but actor_rollout_ref.model.lora_rank = {model.lora_rank}")
+    if saved.get("lora_alpha") is None or float(saved["lora_alpha"]) != float(model.lora_alpha):
+        differ.append(f"lora_alpha = {saved.get('lora_alpha')} but actor_rollout_ref.model.lora_alpha = "
+                      f"{model.lora_alpha}")
+    saved_targets = saved.get("target_modules")
+    if saved_targets != run_targets and modules(saved_targets) != modules(
+            run_targets[0] if run_targets == ["all-linear"] else run_targets):
+        shown = saved_targets if isinstance(saved_targets, str) else modules(saved_targets)
+        differ.append(f"target_modules = {shown} but actor_rollout_ref.model.target_modules = {run_targets}")
+    if saved.get("use_dora") or saved.get("bias", "none") != "none" or saved.get("modules_to_save"):
+        differ.append("it uses DoRA, trained biases or modules_to_save, which this actor's adapter has not")
+    if differ:
+        raise ValueError(f"{key} = {folder!r}: its {ADAPTER_FILES[0]} has {'; '.join(differ)}; set the run's keys "
+                         "to the adapter's (they shape the adapter the weights load into)")
+
+
+def check_lora_targets(cfg: AgentTrainerConfig, model_config) -> None:
+    """``actor_rollout_ref.model.target_modules`` must name linear modules of the model (built on the meta device
+    from ``model_config``, its ``PretrainedConfig``), or be [all-linear]; needs torch and transformers. Then
+    :func:`check_lora_adapter`."""
+    model = cfg.actor_rollout_ref.model
+    targets = list(model.target_modules)
+    if not model.lora_rank:
+        return
+    check_lora_adapter(cfg, model_config)
+    if targets == ["all-linear"]:
+        return
+    lm_name, known = _linear_modules(model_config)
     unknown = [t for t in targets if t not in known]
     if unknown or not targets:
         raise ValueError(f"actor_rollout_ref.model.target_modules = {targets}: {unknown or 'nothing'} matches no "
-                         f"linear module of {type(lm).__name__} (its linear modules: {known}); name some of those, "
+                         f"linear module of {lm_name} (its linear modules: {known}); name some of those, "
                          "or [all-linear]")

@@ -42,6 +42,11 @@ class ModelConfig:
     gate_proj, ...), or [all-linear] for every linear layer but the output head (verl's default, peft's shorthand)."""
     lora_dropout: float = 0.0
     """With lora_rank > 0: dropout on the adapter's input during the update (log-prob passes run without it)."""
+    lora_adapter_path: str | None = None
+    """With lora_rank > 0 (verl's key): a peft adapter folder (adapter_config.json + adapter_model.safetensors:
+    an SFT run's final/, a checkpoint's actor/, any PeftModel.save_pretrained) whose weights the adapter starts
+    from instead of fresh ones; path stays the base model. Its r / lora_alpha / target_modules must equal
+    lora_rank / lora_alpha / target_modules (refused before the run otherwise). null = fresh adapter. docs/lora.md."""
 
 
 @dataclass

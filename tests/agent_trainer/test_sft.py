@@ -127,3 +127,17 @@ def test_collate_right_pads_with_masks_and_positions():
 def test_docs_config_table_is_current():
     page = (REPO / DOCS_PAGE).read_text()
     assert render_docs(page) == page, "run: .venv/bin/python -m launch.config_docs"
+
+
+def test_the_summary_of_a_lora_sft_gives_the_rl_command_with_the_adapter(tmp_path):
+    """A LoRA SFT's final/ is an adapter folder: the RL command keeps the base as model_path."""
+    from agent_trainer.config import ModelConfig
+    from agent_trainer.sft import summary
+
+    history = [{"val/sft_loss": 2.0}, {"val/sft_loss": 1.0, "sft/epoch": 1.0}]
+    lora = ModelConfig(path="models/tiny-qwen2", lora_rank=8, lora_alpha=16.0, target_modules=["q_proj", "v_proj"])
+    text = summary(history, tmp_path, lora)
+    assert (f"model_path=models/tiny-qwen2 actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16.0 "
+            f"'actor_rollout_ref.model.target_modules=[q_proj,v_proj]' "
+            f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'final'}") in text
+    assert f"model_path={tmp_path / 'final'}" in summary(history, tmp_path, ModelConfig(path="models/tiny-qwen2"))

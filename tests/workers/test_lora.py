@@ -26,11 +26,12 @@ def _lora_model(path: str, **overrides) -> ModelConfig:
     return ModelConfig(path=path, **{"lora_rank": 4, "lora_alpha": 8.0, "target_modules": TARGETS, **overrides})
 
 
-def _actor(path: str, lora: bool = True, ref: RefConfig | None = None, lr: float = 5e-2, **actor) -> ActorWorker:
+def _actor(path: str, lora: bool = True, ref: RefConfig | None = None, lr: float = 5e-2, seed: int = 3,
+           adapter: str | None = None, **actor) -> ActorWorker:
     cfg = ActorConfig(**{"ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": 2, "grad_clip": 1e9,
                          "optim": OptimConfig(lr=lr, warmup_steps=2), "fsdp": FSDPConfig(world_size=1), **actor})
-    model = _lora_model(path) if lora else ModelConfig(path=path)
-    worker = ActorWorker(rank=0, world_size=1, model=model, actor=cfg, device="cpu", ref=ref, seed=3)
+    model = _lora_model(path, lora_adapter_path=adapter) if lora else ModelConfig(path=path)
+    worker = ActorWorker(rank=0, world_size=1, model=model, actor=cfg, device="cpu", ref=ref, seed=seed)
     worker.init_model()
     return worker
 
@@ -206,3 +207,67 @@ def test_the_decoder_layers_are_found_in_place_and_inside_a_peft_wrapper(tiny_mo
                              LoraConfig(r=2, target_modules=["q_proj"]))
     layers = _decoder_layers(wrapped)
     assert len(layers) == 2 and layers[0] is wrapped.get_base_model().model.layers[0]
+
+
+def _peft_log_probs(base_path: str, folder, batch: TensorBatch) -> torch.Tensor:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from workers.fsdp_base import ModelInputs, target_logits
+
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), str(folder))
+    with torch.no_grad():
+        return target_logits(peft_model.eval(), ModelInputs(batch["input_ids"], batch["attention_mask"],
+                                                            batch["position_ids"]), batch["attention_mask"]).log_probs()
+
+
+def test_an_actor_started_from_a_saved_adapter_gives_the_saving_actors_log_probs(tiny_model_path, tmp_path):
+    """lora_adapter_path: a fresh actor (another seed, so other fresh weights) loads the adapter folder another
+    actor saved and computes its log-probs, which are also peft's own for that folder on the base model; the
+    adapter keeps training from there (only it moves)."""
+    original = _actor(tiny_model_path)
+    for step in range(2):
+        _train(original, seed=step)
+    folder = tmp_path / "actor"
+    original.save_checkpoint(str(folder))
+    started = _actor(tiny_model_path, seed=11, adapter=str(folder))
+    fresh = _actor(tiny_model_path, seed=11)
+    batch = _batch(7)
+    batch = TensorBatch({**batch.tensors, "response_mask": batch["attention_mask"]})
+    mask = batch["attention_mask"].bool()
+    expected = original.compute_log_prob(batch)["old_log_probs"]
+    got = started.compute_log_prob(batch)["old_log_probs"]
+    assert torch.equal(got, expected)
+    assert not torch.allclose(fresh.compute_log_prob(batch)["old_log_probs"], expected)  # the folder mattered
+    assert (_peft_log_probs(tiny_model_path, folder, batch)[mask] - got[mask]).abs().max() < 1e-5
+    for name, value in original.model.state_dict().items():
+        assert torch.equal(value, started.model.state_dict()[name]), name
+    assert _train(started, seed=3)["actor/grad_norm"] > 0
+
+
+def test_an_adapter_saved_by_peft_itself_starts_the_actor(tiny_model_path, tmp_path):
+    """Any peft folder (PeftModel.save_pretrained of get_peft_model with random B) loads: same log-probs as peft."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    wrapped = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
+                             LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False))
+    wrapped.save_pretrained(str(tmp_path / "peft"))
+    started = _actor(tiny_model_path, adapter=str(tmp_path / "peft"))
+    batch = _batch(2)
+    batch = TensorBatch({**batch.tensors, "response_mask": batch["attention_mask"]})
+    mask = batch["attention_mask"].bool()
+    got = started.compute_log_prob(batch)["old_log_probs"]
+    assert (_peft_log_probs(tiny_model_path, tmp_path / "peft", batch)[mask] - got[mask]).abs().max() < 1e-5
+    assert not torch.allclose(got, _actor(tiny_model_path, lora=False).compute_log_prob(batch)["old_log_probs"])
+
+
+def test_an_adapter_folder_of_another_shape_is_refused_when_loading(tiny_model_path, tmp_path):
+    """The worker's own check (the config check before Ray compares adapter_config.json; this is the weights)."""
+    original = _actor(tiny_model_path)
+    original.save_checkpoint(str(tmp_path / "actor"))
+    cfg = ActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, fsdp=FSDPConfig(world_size=1))
+    model = _lora_model(tiny_model_path, target_modules=["q_proj"], lora_adapter_path=str(tmp_path / "actor"))
+    worker = ActorWorker(rank=0, world_size=1, model=model, actor=cfg, device="cpu", seed=3)
+    with pytest.raises(ValueError, match="does not fit this run's adapter"):
+        worker.init_model()

@@ -1,0 +1,52 @@
+"""SFT with LoRA, then RL from its adapter, end to end on the tiny model: the SFT entry point trains a peft adapter
+for 2 steps (2 FSDP2 actor ranks, Ray) and links it as ``final`` (a peft adapter folder); an RL run with
+``model_path`` = the base and ``actor_rollout_ref.model.lora_adapter_path`` = that folder starts its actor from the
+SFT's adapter (not fresh weights) and its engine samples step 0 with it merged."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from safetensors.torch import load_file
+
+from e2e_runs import started
+from test_train_e2e import SMALL
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
+LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=[q_proj,v_proj,down_proj]"]
+
+
+def test_sft_with_lora_saves_an_adapter_that_starts_rl(tiny_model_path, tmp_path):
+    run_dir = tmp_path / "sft"
+    cmd = [sys.executable, "-m", "agent_trainer.sft", "--config-name", "sft_frozenlake",
+           f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}", f"rl_overrides={json.dumps(LORA)}",
+           "data.num_episodes=24", "train.max_steps=2", "train.batch_size=8", "train.optim.lr=2e-2",
+           "train.optim.warmup_steps=0", "eval.env_success=false", "eval.val_before_train=true", "eval.test_freq=0"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[-1]["val/sft_loss"] < records[0]["val/sft_loss"]  # the adapter learned something
+    final = run_dir / "final"
+    assert (final / "adapter_config.json").is_file() and not (final / "model.safetensors").exists()
+    saved = load_file(str(final / "adapter_model.safetensors"))
+    assert len(saved) == 2 * 3 * 2 and any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in saved.items())
+
+    overrides = [*SMALL, *LORA, "trainer.total_training_steps=1", f"actor_rollout_ref.model.lora_adapter_path={final}",
+                 "algorithm.adv_estimator=grpo"]
+    with started("frozenlake", tiny_model_path, tmp_path / "rl", *overrides) as trainer:
+        state = ray.get(trainer.actor_wg.execute_all_async("full_state_dict"))[0]
+        adapter = {k: v for k, v in state.items() if ".lora_A.default." in k or ".lora_B.default." in k}
+        assert {"base_model.model." + k.replace(".default.", "."): v for k, v in adapter.items()}.keys() == saved.keys()
+        for name, value in adapter.items():  # the SFT's adapter, not fresh weights (fresh lora_B is zero)
+            assert torch.equal(value, saved["base_model.model." + name.replace(".default.", ".")]), name
+        history = trainer.fit()
+    assert len(history) == 1
+    # step 0's samples came from the engine holding base + the SFT adapter, merged: the actor (same adapter) agrees
+    assert history[0]["actor/rollout_vs_actor_logprob_diff"] < 1e-3
