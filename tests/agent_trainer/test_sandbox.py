@@ -37,12 +37,16 @@ def children_cpu_s() -> float:
 
 
 def sandbox_processes() -> list[psutil.Process]:
-    """Processes running under a sandbox uid, or under this test process (compare with a set taken before a run:
-    earlier tests in the session may leave long-lived helpers, e.g. multiprocessing's resource tracker)."""
+    """Processes under this test process, and those running under a sandbox uid whose parent is one of them or is
+    gone (an orphan: a fork bomb's children); compare with a set taken before a run: earlier tests in the session
+    may leave long-lived helpers, e.g. multiprocessing's resource tracker. Another test process's sandboxes (a
+    parallel test worker's) are not this one's."""
     leftovers = psutil.Process().children(recursive=True)
-    for p in psutil.process_iter(["uids"]):
-        uids = p.info["uids"]
-        if uids and SANDBOX_UID_BASE <= uids.real < SANDBOX_UID_BASE + 4096:
+    mine = {p.pid for p in leftovers} | {os.getpid()}
+    for p in psutil.process_iter(["uids", "ppid"]):
+        uids, parent = p.info["uids"], p.info["ppid"]
+        if uids and SANDBOX_UID_BASE <= uids.real < SANDBOX_UID_BASE + 4096 and p.pid not in mine and (
+                parent in mine or parent <= 1 or not psutil.pid_exists(parent)):
             leftovers.append(p)
     return leftovers
 
