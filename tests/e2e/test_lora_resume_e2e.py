@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from test_lora_e2e import LORA, _is_adapter
-from test_resume_e2e import _command, _finish, _kill_during_save, _metrics, _start
+from test_resume_e2e import _beside_a_kill_b_and_resume, _command, _metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -21,17 +21,8 @@ pytestmark = pytest.mark.e2e
 def test_a_lora_run_killed_mid_save_resumes_where_the_uninterrupted_run_ends(tiny_model_path, tmp_path):
     run_a, run_b = tmp_path / "a", tmp_path / "b"
     overrides = (*LORA, "trainer.save_hf_model=false")
-    proc_a = _start(_command(tiny_model_path, run_a, *overrides), tmp_path / "a.log")
-    try:
-        command_b = _command(tiny_model_path, run_b, *overrides)
-        _kill_during_save(command_b, run_b, step=2)
-        assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
-        resumed_log = tmp_path / "b.resumed.log"
-        resumed = _finish(_start(command_b, resumed_log), resumed_log)
-        _finish(proc_a, tmp_path / "a.log")
-    finally:
-        if proc_a.poll() is None:
-            proc_a.kill()
+    resumed = _beside_a_kill_b_and_resume(_command(tiny_model_path, run_a, *overrides),
+                                          _command(tiny_model_path, run_b, *overrides), run_b, tmp_path)
     assert f"resumed from {run_b / 'global_step_1'}" in resumed
 
     a, b = _metrics(run_a), _metrics(run_b)

@@ -78,6 +78,24 @@ def _kill_during_save(cmd: list[str], run_dir: Path, step: int) -> None:
     assert partial.exists() and not (run_dir / f"global_step_{step}").exists()
 
 
+def _beside_a_kill_b_and_resume(command_a: list[str], command_b: list[str], run_b: Path, tmp_path: Path,
+                                after_kill=lambda: None) -> str:
+    """Run A uninterrupted beside B; SIGKILL B mid-save of step 2 (step 1's checkpoint complete), call
+    ``after_kill()``, start B's command again; wait for both. Returns the resumed run's output."""
+    proc_a = _start(command_a, tmp_path / "a.log")
+    try:
+        _kill_during_save(command_b, run_b, step=2)
+        assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
+        after_kill()
+        resumed_log = tmp_path / "b.resumed.log"
+        resumed = _finish(_start(command_b, resumed_log), resumed_log)
+        _finish(proc_a, tmp_path / "a.log")
+    finally:
+        if proc_a.poll() is None:
+            proc_a.kill()
+    return resumed
+
+
 def _metrics(run_dir: Path) -> dict[int, dict]:
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [m["step"] for m in lines]
@@ -90,20 +108,15 @@ def _metrics(run_dir: Path) -> dict[int, dict]:
 def test_sigkill_mid_save_then_resume_equals_the_uninterrupted_run(tiny_model_path, tmp_path):
     """A runs beside B and B's resumed run (each run is deterministic whatever else shares the cores)."""
     run_a, run_b = tmp_path / "a", tmp_path / "b"
-    proc_a = _start(_command(tiny_model_path, run_a), tmp_path / "a.log")
-    try:
-        command_b = _command(tiny_model_path, run_b, "trainer.save_hf_model=false")
-        _kill_during_save(command_b, run_b, step=2)
-        assert (run_b / "latest_checkpointed_iteration.txt").read_text() == "1"
+
+    def b_saved_only_shards() -> None:
         for part in ("actor", "critic"):  # B saves only the ranks' shards: a resume needs no HF weights
             assert (run_b / "global_step_1" / part / "shards" / "index.json").is_file()
             assert not list((run_b / "global_step_1" / part).glob("model*.safetensors"))
-        resumed_log = tmp_path / "b.resumed.log"
-        resumed = _finish(_start(command_b, resumed_log), resumed_log)
-        _finish(proc_a, tmp_path / "a.log")
-    finally:
-        if proc_a.poll() is None:
-            proc_a.kill()
+
+    resumed = _beside_a_kill_b_and_resume(_command(tiny_model_path, run_a),
+                                          _command(tiny_model_path, run_b, "trainer.save_hf_model=false"), run_b,
+                                          tmp_path, after_kill=b_saved_only_shards)
     assert f"resumed from {run_b / 'global_step_1'}" in resumed
     assert not list(run_b.glob(".tmp_*"))
 
