@@ -103,14 +103,15 @@ def run_pass(cfg: AgentTrainerConfig, tokenizer, engines, env_worker_cls, env_ta
              pass_key: str | None = None) -> dict:
     """One validation rollout; its summary. Its env actors are killed after (the next pass reuses their names)."""
     from agent_trainer import lifecycle
-    from agent_trainer.rollout import SyncMultiTurnRollout
+    from agent_trainer.rollout import make_rollout
     from agent_trainer.trajectories import write_step
 
-    rollout = SyncMultiTurnRollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split=Split.VAL,
-                                   num_env_actors=cfg.agent_proxy.num_env_actors)
+    rollout = make_rollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split=Split.VAL,
+                           num_env_actors=cfg.agent_proxy.num_env_actors)
     try:
         result = rollout.rollout(0)
     finally:
+        rollout.close()
         lifecycle.kill_actors(rollout.env_actors)
     write_step(cfg.eval.output_dir, 0, f"val_{name}", result.states, result.batch, tokenizer,
                cfg.trainer.log_trajectories_per_tag)

@@ -256,7 +256,7 @@ class SFTTrainer:
 
     def init_workers(self) -> None:
         """The actor group (every rank loads and shards the model); engine and env actors for env success."""
-        from agent_trainer.rollout import SyncMultiTurnRollout
+        from agent_trainer.rollout import make_rollout
         build_actor_group, build_engines = worker_api("build_actor_group"), worker_api("build_engines")
         resolve_device = worker_api("resolve_device")
 
@@ -266,10 +266,9 @@ class SFTTrainer:
         if self.cfg.eval.env_success:
             self.engines = build_engines(self.rl, device).workers
             env_cls = worker_api("env_actor_class")(self.rl)
-            self.val_rollout = SyncMultiTurnRollout(self.rl, self.run.tokenizer, self.engines, env_cls,
-                                                    self.run.env_tags, split=Split.VAL,
-                                                    num_env_actors=self.rl.agent_proxy.num_env_actors,
-                                                    on_engine_restart=self.sync_weights)
+            self.val_rollout = make_rollout(self.rl, self.run.tokenizer, self.engines, env_cls, self.run.env_tags,
+                                            split=Split.VAL, num_env_actors=self.rl.agent_proxy.num_env_actors,
+                                            on_engine_restart=self.sync_weights)
 
     def total_steps(self) -> int:
         """Optimizer steps of the run: total_epochs full passes, capped by max_steps."""

@@ -32,7 +32,8 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, trainer_splits
+from agent_trainer.rollout import (RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout,
+                                   trainer_splits)
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
 from agent_trainer.worker_registry import worker_api
@@ -89,9 +90,9 @@ class AgentTrainer:
         w = self.build_workers(self.cfg) if workers is None else workers
         self.take_workers(w)
         rollouts = {
-            split: SyncMultiTurnRollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags,
-                                        split=split, num_env_actors=self.cfg.agent_proxy.num_env_actors,
-                                        on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls)
+            split: make_rollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags, split=split,
+                                num_env_actors=self.cfg.agent_proxy.num_env_actors,
+                                on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls)
             for split in trainer_splits(self.cfg)
         }
         self.rollouts = rollouts
@@ -118,6 +119,8 @@ class AgentTrainer:
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
         self.prefetch.drop()
+        for rollout in self.rollouts.values():
+            rollout.close()
         lifecycle.kill_actors([a for rollout in self.rollouts.values() for a in rollout.env_actors])
         self.rollouts = {}
         for group in self.worker_groups():

@@ -79,7 +79,7 @@ def test_the_walkthrough_up_to_training_runs_as_written(tmp_path):
 
 @pytest.mark.e2e
 def test_the_first_hour_runs_as_written(tmp_path, tiny_model_path):
-    """Check, train PPO and GRPO (2 steps each), evaluate the PPO checkpoint, find the viewers: one pass."""
+    """Check, train PPO (2 steps), evaluate its checkpoint, find the viewers: one pass."""
     text = script(e2e=True)
     for long, short in SHORTER.items():
         assert long in text, f"the page no longer has {long!r}; update SHORTER"
@@ -89,7 +89,7 @@ def test_the_first_hour_runs_as_written(tmp_path, tiny_model_path):
     proc = run_script(text, tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = tmp_path / "my_project" / "runs"
-    for name, critic in (("guess_ppo", True), ("guess_grpo", False)):
+    for name, critic in (("guess_ppo", True),):
         records = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2]
         assert ("critic/vf_loss" in records[-1]) == critic and "env/MyGuess/num_actions" in records[-1]

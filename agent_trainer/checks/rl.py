@@ -34,6 +34,7 @@ from agent_trainer.config.schema import AgentTrainerConfig
 from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.config.workers import FSDPConfig, ModelConfig, RolloutConfig
 from agent_trainer.ctx_manager import COLLATED_KEYS
+from agent_trainer.gateway.task import resolve_agent_fn
 
 
 def validate_config(cfg: AgentTrainerConfig) -> None:
@@ -340,6 +341,19 @@ def _check_agent(cfg: AgentTrainerConfig) -> None:
     """agent_proxy.agent_cls: importable, an Agent subclass, of the layout ctx_manager.mode says (docs/agents.md)."""
 
     resolve_agent_cls(cfg)
+    g = cfg.agent_proxy.gateway
+    if g.agent is None or g.agent == "":
+        return
+    check(not cfg.agent_proxy.agent_cls,
+          f"agent_proxy.agent_cls = {cfg.agent_proxy.agent_cls!r} and agent_proxy.gateway.agent = {g.agent!r} are both "
+          "set; a run has one agent: unset agent_proxy.agent_cls (docs/gateway.md)")
+    resolve_agent_fn(cfg)
+    check(isinstance(g.host, str) and g.host != "",
+          f"agent_proxy.gateway.host = {g.host!r} must be an address to listen on; e.g. agent_proxy.gateway.host=127.0.0.1")
+    check(isinstance(g.port, int) and 0 <= g.port <= 65535,
+          f"agent_proxy.gateway.port = {g.port!r} must be 0 (a free port) to 65535")
+    check(is_number(g.episode_timeout_s) and g.episode_timeout_s > 0,
+          f"agent_proxy.gateway.episode_timeout_s = {g.episode_timeout_s!r} must be > 0 seconds; e.g. 300")
 
 
 def _validate_rollout_shaping(cfg: AgentTrainerConfig) -> None:
@@ -364,7 +378,9 @@ def _check_all_batching(cfg: AgentTrainerConfig) -> None:
     # split of a mini-batch can be checked here. The trainer pads every update to whole mini-batches
     # (trainer.pad_for_update), which also covers batches that rollout filtering shrank.
     train = cfg.es_manager.train
-    rows = None if cfg.ctx_manager.mode == "condensed" else train.env_groups * train.group_size
+    # A gateway agent's calls may make several rows per episode (n > 1, a template that re-renders a reply).
+    varies = cfg.ctx_manager.mode == "condensed" or bool(cfg.agent_proxy.gateway.agent)
+    rows = None if varies else train.env_groups * train.group_size
     actor = cfg.actor_rollout_ref.actor
     _check_batching("actor_rollout_ref.actor", rows, actor.ppo_mini_batch_size,
                     actor.ppo_micro_batch_size_per_gpu, actor.fsdp.world_size)

@@ -15,6 +15,7 @@ from agent_trainer.config.schema import (
     AlgorithmConfig,
     CtxManagerConfig,
     EvalConfig,
+    GatewayConfig,
     GiGPOConfig,
     KLCtrlConfig,
     RewardNormalizationConfig,
@@ -38,7 +39,7 @@ from agent_trainer.config.workers import (
 
 __all__ = [
     "POLICY_LOSS_DEFAULTS", "ActorConfig", "ActorRolloutRefConfig", "AgentProxyConfig", "AgentTrainerConfig",
-    "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "EvalConfig", "FSDPConfig", "GiGPOConfig", "KLCtrlConfig",
+    "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "EvalConfig", "FSDPConfig", "GatewayConfig", "GiGPOConfig", "KLCtrlConfig",
     "ModelConfig", "OptimConfig", "RefConfig", "RewardNormalizationConfig", "RolloutConfig", "RolloutCorrectionConfig",
     "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n", "merge_config",
     "merge_onto_schema", "sft_schema",

@@ -122,6 +122,25 @@ class RewardNormalizationConfig:
 
 
 @dataclass
+class GatewayConfig:
+    """An agent written against the ``openai`` client, trained through the OpenAI-compatible gateway
+    (docs/gateway.md)."""
+
+    agent: str | None = None
+    """Import path (package.module.function or package.module:function) of ``async def run(task, client)``:
+    it plays one episode with an ``openai.AsyncOpenAI`` client whose base URL is the episode's gateway session
+    and returns its reward (a float) or None (the env's rewards). null: the built-in agents (agent_cls)."""
+    host: str = "127.0.0.1"
+    """Where the gateway listens; another address exposes it beyond this machine (every request still needs
+    the run's key)."""
+    port: int = 0
+    """0 takes a free port."""
+    episode_timeout_s: float = 300.0
+    """Per-episode deadline: an agent that has not returned by then is cancelled; its episode ends with the
+    calls it made (rollout/gateway_agent_timeouts)."""
+
+
+@dataclass
 class AgentProxyConfig:
     """The multi-turn loop."""
 
@@ -139,6 +158,7 @@ class AgentProxyConfig:
     template's tool format) or an import path package.module.ClassName of an agent_trainer.agents.base.Agent
     subclass whose layout matches ctx_manager.mode. See docs/agents.md."""
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
 
 @dataclass

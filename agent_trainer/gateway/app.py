@@ -11,6 +11,7 @@ request (``context_length_exceeded`` when the prompt and the budget do not fit `
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import threading
@@ -63,8 +64,9 @@ class Gateway:
     """Prompt plus completion tokens the engine holds."""
     policy_version: Callable[[], int] = lambda: 0
     """The engine's current policy version, recorded with each call."""
-    engine_lock: threading.Lock = field(default_factory=threading.Lock)
-    """One engine call at a time (an engine is not thread-safe)."""
+    engine_lock: threading.Lock | None = field(default_factory=threading.Lock)
+    """One engine call at a time (an engine is not thread-safe); None when ``generate`` is thread-safe itself
+    (a rollout's ``EngineBatcher`` batches the requests of concurrent sessions)."""
 
     def __post_init__(self):
         if not self.api_key:
@@ -95,7 +97,8 @@ def create_app(gateway: Gateway) -> FastAPI:
             body = await http.json()
         except (ValueError, UnicodeDecodeError) as err:
             raise invalid(f"the request body is not valid JSON: {err}") from err
-        req = await run_in_threadpool(chat_request.parse, body, gateway.tokenizer, gateway.max_model_len)
+        req = await run_in_threadpool(chat_request.parse, body, gateway.tokenizer, gateway.max_model_len,
+                                      lambda text: _prefix_of(gateway, session_id, text))
         if req.model != gateway.model:
             raise GatewayError(404, f"The model {req.model!r} does not exist; this gateway serves {gateway.model!r}",
                                param="model", code="model_not_found")
@@ -113,7 +116,7 @@ def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) ->
         index = gateway.store.next_request(session_id)  # the request's place in the session: its arrival
     except KeyError:
         raise _no_session(session_id) from None
-    with gateway.engine_lock:
+    with gateway.engine_lock or contextlib.nullcontext():
         version = gateway.policy_version()
         outputs = gateway.generate([list(req.prompt_ids)] * req.n, max_tokens=req.max_tokens,
                                    temperature=req.temperature, top_p=req.top_p, stop_token_ids=req.stop_token_ids,
@@ -123,7 +126,9 @@ def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) ->
                            "different lengths; nothing is recorded")
     records = [CallRecord(request_index=index, choice_index=i, prompt_ids=tuple(req.prompt_ids),
                           completion_ids=tuple(out.token_ids), logprobs=tuple(out.logprobs),
-                          finish_reason=out.finish_reason, policy_version=version) for i, out in enumerate(outputs)]
+                          finish_reason=out.finish_reason, policy_version=version,
+                          rendered=chat.rendered(gateway.tokenizer, [*req.prompt_ids, *out.token_ids]))
+               for i, out in enumerate(outputs)]
     try:
         gateway.store.record(session_id, records)
     except KeyError:
@@ -132,6 +137,14 @@ def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) ->
     return [responses.Sample(list(r.completion_ids), list(r.logprobs),
                              chat.reply(gateway.tokenizer, list(r.completion_ids), r.finish_reason, stops,
                                         req.parse_tools)) for r in records]
+
+
+def _prefix_of(gateway: Gateway, session_id: str, text: str) -> tuple[str, list[int]] | None:
+    """The session's earlier call this prompt continues (``SessionStore.prefix_of``); 404 for a closed session."""
+    try:
+        return gateway.store.prefix_of(session_id, text)
+    except KeyError:
+        raise _no_session(session_id) from None
 
 
 def _eos_ids(tokenizer) -> set[int]:

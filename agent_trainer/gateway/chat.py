@@ -85,14 +85,30 @@ def _template_tool_call(call: dict, i: int) -> dict:
                                                                  "arguments": arguments}}
 
 
-def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
-    """The chat template applied to the messages and tools, with the assistant's generation prompt, as ids."""
+def prompt_text(tokenizer, messages: list[dict], tools: list[dict] | None) -> str:
+    """The chat template applied to the messages and tools, with the assistant's generation prompt, as text."""
     try:
-        ids = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+        return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
     except Exception as err:  # a template's own raise_exception (e.g. roles out of order) or a missing field
         raise invalid(f"the model's chat template refused these messages: {err}", "messages") from err
-    return list(ids)
+
+
+def prompt_ids(tokenizer, text: str, prefix: tuple[str, list[int]] | None = None) -> list[int]:
+    """The ids of a rendered prompt: its text encoded as ``apply_chat_template(tokenize=True)`` does, or, with
+    ``prefix`` = (text, ids) whose text starts the prompt, those ids followed by the rest of the text encoded.
+
+    The prefix is an earlier call of the session: its prompt ids and the ids the engine sampled, whose text
+    the template rendered again for this request. Keeping them keeps what the engine sampled (a non-canonical
+    tokenisation of the reply included) under the next prompt, so the session's calls merge into one row."""
+    if prefix is None:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    head, ids = prefix
+    return [*ids, *tokenizer.encode(text[len(head):], add_special_tokens=False)]
+
+
+def rendered(tokenizer, ids: list[int]) -> str:
+    """The text of ids as a later prompt's template would render it (special tokens kept, no clean-up)."""
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def stop_token_ids(tokenizer, stop: str | list[str] | None) -> list[int]:

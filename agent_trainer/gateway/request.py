@@ -9,6 +9,7 @@ structured output. Parameters that only label a request for OpenAI's own service
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from openai.types.chat import completion_create_params
@@ -52,8 +53,12 @@ class ChatRequest:
     return_token_ids: bool
 
 
-def parse(body: object, tokenizer, max_model_len: int) -> ChatRequest:
-    """The request body (parsed JSON) as a :class:`ChatRequest`, or a :class:`GatewayError` naming what is wrong."""
+def parse(body: object, tokenizer, max_model_len: int,
+          prefix_of: Callable[[str], tuple[str, list[int]] | None] = lambda text: None) -> ChatRequest:
+    """The request body (parsed JSON) as a :class:`ChatRequest`, or a :class:`GatewayError` naming what is wrong.
+
+    ``prefix_of(text)`` gives the (text, ids) of the session's earlier call whose prompt and sampled ids render
+    as the start of this prompt, if any (``chat.prompt_ids``)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     unknown = sorted(set(body) - set(completion_create_params.CompletionCreateParamsBase.__annotations__)
@@ -69,7 +74,8 @@ def parse(body: object, tokenizer, max_model_len: int) -> ChatRequest:
             raise invalid(f"{key}={params[key]!r} is not supported by this gateway (its engines cannot honour it)",
                           key)
     tools, parse_tools = _tools(params)
-    prompt_ids = chat.prompt_ids(tokenizer, chat.template_messages(params["messages"]), tools)
+    text = chat.prompt_text(tokenizer, chat.template_messages(params["messages"]), tools)
+    prompt_ids = chat.prompt_ids(tokenizer, text, prefix_of(text))
     return ChatRequest(
         model=params["model"], prompt_ids=prompt_ids, n=_n(params.get("n")),
         max_tokens=_budget(params, len(prompt_ids), max_model_len), temperature=_range(params, "temperature", 0, 2),

@@ -43,6 +43,9 @@ class CallRecord:
     """The engine's finish reason: "stop" or "length"."""
     policy_version: int
     """The policy version (weight-sync count) of the engine that sampled them."""
+    rendered: str = ""
+    """The text of the prompt ids and the sampled ids (``chat.rendered``): a later prompt that starts with it
+    continues this call from its ids (``SessionStore.prefix_of``)."""
 
 
 @dataclass
@@ -57,9 +60,13 @@ class TrainingRow:
     """(request_index, choice_index) of every record the row holds, in order."""
     policy_versions: list[int] = field(default_factory=list)
     """The policy version of each record the row holds."""
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """Per record the row holds: where its context starts, where its sampled ids start and end in ``input_ids``."""
 
     def extend(self, context: list[int] | tuple[int, ...], record: CallRecord) -> None:
         """Append ``context`` (mask 0) then the record's sampled ids (mask 1, with their logprobs)."""
+        start = len(self.input_ids)
+        self.spans.append((start, start + len(context), start + len(context) + len(record.completion_ids)))
         self.input_ids += [*context, *record.completion_ids]
         self.response_mask += [0] * len(context) + [1] * len(record.completion_ids)
         self.rollout_log_probs += [0.0] * len(context) + list(record.logprobs)
@@ -151,10 +158,24 @@ class SessionStore:
             session.requests += 1
             return session.requests - 1
 
+    def requests(self, session_id: str) -> int:
+        """Requests an open session has made so far (KeyError when it is not open)."""
+        with self._lock:
+            return self._sessions[session_id].requests
+
     def record(self, session_id: str, records: list[CallRecord]) -> None:
         """Add one request's records to an open session (KeyError when it was closed meanwhile)."""
         with self._lock:
             self._sessions[session_id].records.extend(records)
+
+    def prefix_of(self, session_id: str, text: str) -> tuple[str, list[int]] | None:
+        """The (text, ids) of the open session's call whose prompt and sampled ids render as the longest proper
+        start of ``text`` (a rendered prompt), or None (KeyError when it is not open)."""
+        with self._lock:
+            records = list(self._sessions[session_id].records)
+        best = max((r for r in records if r.rendered and len(r.rendered) < len(text) and text.startswith(r.rendered)),
+                   key=lambda r: len(r.rendered), default=None)
+        return None if best is None else (best.rendered, [*best.prompt_ids, *best.completion_ids])
 
     def records(self, session_id: str) -> list[CallRecord]:
         """A copy of an open session's records, ordered by request then choice."""

@@ -55,6 +55,7 @@ The modules, by responsibility:
 """
 
 from agent_trainer.rollout.engines import get_or_kill, wait_until_ready
+from agent_trainer.rollout.gateway import GatewayRollout
 from agent_trainer.rollout.lanes import BarrierFreeLoop, Lane
 from agent_trainer.rollout.multiturn import MultiTurnRollout, make_context_manager
 from agent_trainer.rollout.resets import EnvResets
@@ -68,7 +69,14 @@ SyncMultiTurnRollout = MultiTurnRollout
 """The rollout's name in the design notes and for users: it plays the turn-synchronous loop, and the loop
 without a barrier when ``rollout.mode=async``."""
 
-__all__ = ["BarrierFreeLoop", "EnvFailure", "EnvResets", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult",
+
+def make_rollout(cfg, tokenizer, engines: list, env_worker_cls, env_tags: dict, **kwargs) -> MultiTurnRollout:
+    """A split's rollout: the user's agent function through the gateway when ``agent_proxy.gateway.agent`` is set
+    (:class:`~agent_trainer.rollout.gateway.GatewayRollout`, docs/gateway.md), else the built-in turn loop."""
+    cls = GatewayRollout if cfg.agent_proxy.gateway.agent else MultiTurnRollout
+    return cls(cfg, tokenizer, engines, env_worker_cls, env_tags, **kwargs)
+
+__all__ = ["BarrierFreeLoop", "EnvFailure", "EnvResets", "GatewayRollout", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult",
            "SPLITS", "SamplingParams", "SyncMultiTurnRollout", "TurnLoop", "check_env_errors", "episode_rewards",
-           "episode_seed", "get_or_kill", "make_context_manager", "rollout_metrics", "sampling_params",
+           "episode_seed", "get_or_kill", "make_context_manager", "make_rollout", "rollout_metrics", "sampling_params",
            "sampling_seed", "screen_nonfinite", "split_config", "trainer_splits", "wait_until_ready"]

@@ -45,6 +45,10 @@ class MultiTurnRollout:
     ``max_tokens`` is its per-turn budget, ``response_length`` the global cap (verl/RAGEN).
     """
 
+    concurrent_env_steps = False
+    """Steps of several episodes of one env actor may run at once (threaded env actors); ``rollout.mode=async``
+    turns it on too."""
+
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
                  split: Split | str = Split.TRAIN, num_env_actors: int = 2,
                  on_engine_restart: Callable[[], object] | None = None, agent_cls: type[Agent] | None = None):
@@ -76,7 +80,7 @@ class MultiTurnRollout:
             env_worker_cls, self.split, [[self.episodes[i] for i in shard] for shard in shards],
             dict(tags=env_tags, format_penalty=es.format_penalty, action_sep=es.action_sep,
                  max_actions_per_turn=es.max_actions_per_turn, max_observation_chars=es.max_observation_chars),
-            max_concurrency=max(len(g) for g in group_shards) if self.barrier_free else 1)
+            max_concurrency=max(len(g) for g in group_shards) if self.barrier_free or self.concurrent_env_steps else 1)
         self.actor_of_env = {int(self.episodes[i].env_id): a for a, shard in enumerate(shards) for i in shard}
         """env_id -> index of the env actor hosting it."""
         self.resets = EnvResets(cfg, self.split, self.split_cfg.env_groups, self.env_pool, self.episodes,
@@ -142,7 +146,7 @@ class MultiTurnRollout:
         self.last_generations = defaultdict(list)
         faults = self.faults = RolloutFaults()
         ctxs = {out.env_id: self.ctx.start(out) for out in self.resets.reset(seeds, faults)}
-        loop = (BarrierFreeLoop if self.barrier_free else TurnLoop)(self, sampling, step, faults)
+        loop = self.make_loop(sampling, step, faults)
         loop.play(ctxs)
         call = self.env_pool.call("get_rollout_states", {i: None for i in range(len(self.env_actors))},
                                   self.cfg.es_manager.env_reset_timeout_s)
@@ -155,6 +159,13 @@ class MultiTurnRollout:
                         faults=faults, reset_prefetched=self.resets.was_prefetched,
                         generations=self.last_generations, timings=loop.timings, describe=self.describe_episode,
                         num_episodes=len(self.episodes))
+
+    def make_loop(self, sampling: SamplingParams, step: int, faults: RolloutFaults) -> TurnLoop:
+        """The loop that plays one rollout's turns: with a barrier between turns, or without (rollout.mode=async)."""
+        return (BarrierFreeLoop if self.barrier_free else TurnLoop)(self, sampling, step, faults)
+
+    def close(self) -> None:
+        """Release what the rollout started besides its env actors (the gateway rollout's HTTP server)."""
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int,
                   budgets: list[int] | None = None,

@@ -26,6 +26,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    stop_token_ids: list[int] | None = None
+    """Ids that end a reply besides the model's eos (the gateway's ``stop``); None: the eos only."""
 
 
 def sampling_params(cfg: AgentTrainerConfig, split: Split) -> SamplingParams:

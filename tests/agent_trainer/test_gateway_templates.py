@@ -5,8 +5,9 @@ model's tokenizer.
 Each conversation runs through the gateway app with the real ``openai`` client (in process, no socket); the
 "engine" returns fixed ids turn by turn. Where the template re-renders a reply to exactly the sampled ids, the
 turns merge into one row whose ids are, turn by turn, the engine's ids and what the template renders between
-them (mask 0); where it does not (Llama's ``trim``, Qwen3 dropping earlier thinking, ids that are not the text's
-own tokenisation), the row breaks and the next turn starts a row of its own: counted, never mis-masked.
+them (mask 0), the sampled ids kept even where the text's own tokenisation differs; where it does not (Llama's
+``trim``, Qwen3 dropping earlier thinking, a client that edits a reply), the row breaks and the next turn starts
+a row of its own: counted, never mis-masked.
 """
 
 from __future__ import annotations
@@ -125,15 +126,31 @@ def test_qwen2_5_tool_loop_merges_with_the_tool_response_turns_as_context(tiny_m
         for k in range(2)])
 
 
-def test_qwen2_5_ids_that_are_not_the_texts_own_tokens_break_the_row(tiny_model_path):
-    """The engine sampled "Up" as two pieces; the client's text re-renders as one: no merge (rLLM's silent
-    retokenisation mismatch), two step-wise rows, each masking exactly its own sampled ids."""
+def test_qwen2_5_ids_that_are_not_the_texts_own_tokens_stay_the_sampled_ids(tiny_model_path):
+    """The engine sampled "Up" as two pieces; the client sends back the text, which the template's tokenisation
+    would make one token (rLLM's silent retokenisation mismatch). The gateway continues the call from its ids:
+    the next prompt holds the two sampled pieces, and the row merges with them under the mask."""
     tok = template_tokenizer(tiny_model_path, "qwen2_5_tools")
     pieces = [tok.convert_tokens_to_ids(t) for t in ("U", "p")]
     assert tok.encode("Up", add_special_tokens=False) != pieces and tok.decode(pieces) == "Up"
     agent = Agent(tok)
     messages = [{"role": "user", "content": "Where to?"}]
-    messages += [agent.turn(messages, pieces + [tok.eos_token_id]), {"role": "user", "content": "And then?"}]
+    replies = [pieces + [tok.eos_token_id], engine_ids(tok, "Down")]
+    messages += [agent.turn(messages, replies[0]), {"role": "user", "content": "And then?"}]
+    agent.turn(messages, replies[1])
+    records = agent.store.records(agent.session)
+    assert list(records[1].prompt_ids[:len(records[0].prompt_ids) + 3]) == list(records[0].prompt_ids) + replies[0]
+    check_merged(tok, records, replies, between=["\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n"])
+
+
+def test_a_client_that_edits_a_reply_starts_a_new_row(tiny_model_path):
+    """The agent sends back another text than the reply (here: the reply edited): no earlier call renders as
+    the start of the prompt, so the row breaks and the next call is a row of its own."""
+    tok = template_tokenizer(tiny_model_path, "qwen2_5_tools")
+    agent = Agent(tok)
+    messages = [{"role": "user", "content": "Where to?"}]
+    agent.turn(messages, engine_ids(tok, "Up"))
+    messages += [{"role": "assistant", "content": "Up, I think"}, {"role": "user", "content": "And then?"}]
     agent.turn(messages, engine_ids(tok, "Down"))
     check_step_wise(agent.store.records(agent.session), breaks=1)
 

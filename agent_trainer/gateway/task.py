@@ -1,0 +1,118 @@
+"""What a user's agent function gets for one training episode: the :class:`Task` it acts in.
+
+A gateway agent is an ordinary async function (``agent_proxy.gateway.agent``, docs/gateway.md)::
+
+    async def run(task: Task, client: openai.AsyncOpenAI) -> float | None:
+        messages = [{"role": "user", "content": task.instruction + "\\n" + task.observation}]
+        while not task.done:
+            reply = await client.chat.completions.create(model=task.model, messages=messages)
+            ...
+            step = await task.step(action)      # the project env acts; its reward is the episode's
+        return None                             # None: the env's rewards; a float replaces their sum
+
+The client's ``base_url`` is the episode's own session of the gateway, so every call it makes is recorded
+and trained on; the task steps the episode's environment (a Ray env actor) and keeps the rewards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent_trainer.config import AgentTrainerConfig
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One environment step as the agent sees it."""
+
+    observation: str
+    reward: float
+    """The step's reward, the env's ``es_manager.format_penalty`` included when the action was not valid."""
+    done: bool
+    info: dict
+
+
+class EpisodeOver(RuntimeError):
+    """``Task.step`` after the episode ended (the env said done, or ``agent_proxy.max_turn`` steps were taken)."""
+
+
+@dataclass
+class Task:
+    """One episode of a project environment, for a gateway agent (see the module docstring)."""
+
+    instruction: str
+    """The environment's instruction (what the task is, the valid actions)."""
+    observation: str
+    """The current observation: the reset's, then the last step's."""
+    tag: str
+    """The env tag (``config/envs.yaml``)."""
+    env_id: int
+    group_id: int
+    model: str
+    """The served model's name, for ``client.chat.completions.create(model=...)``."""
+    max_turns: int
+    """Steps the episode may take (``agent_proxy.max_turn``); the task is done after them."""
+    _step: Callable[[list[str], str], Awaitable[StepResult]] = field(repr=False, default=None)
+    done: bool = False
+    reward: float = 0.0
+    """The rewards of the steps so far, summed."""
+    turns: int = 0
+    """Steps taken so far."""
+    info: dict = field(default_factory=dict)
+    """The last step's info (``success``, ``action_is_valid``, ...)."""
+
+    async def step(self, actions: str | list[str] | None, response: str = "") -> StepResult:
+        """Act in the environment: one action (or a list, up to ``es_manager.max_actions_per_turn``; None or
+        an empty list when the reply had none: the env charges ``es_manager.format_penalty``). ``response``
+        is the reply text, shown in the trajectory viewer (default: the last reply the gateway returned)."""
+        if self.done:
+            raise EpisodeOver(f"the episode of env tag {self.tag!r} (env_id {self.env_id}) is over after "
+                              f"{self.turns} steps; check task.done before stepping")
+        if actions is None:
+            actions = []
+        elif isinstance(actions, str):
+            actions = [actions]
+        if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+            raise TypeError(f"task.step takes an action string or a list of them, got {type(actions).__name__}")
+        result = await self._step(actions, response)
+        self.turns += 1
+        self.observation, self.info = result.observation, result.info
+        self.reward += result.reward
+        self.done = result.done or self.turns >= self.max_turns
+        return result
+
+
+KEY = "agent_proxy.gateway.agent"
+
+
+def resolve_agent_fn(cfg: AgentTrainerConfig) -> Callable:
+    """The run's agent function (``agent_proxy.gateway.agent``): an ``async def run(task, client)``.
+
+    ``package.module.function`` or ``package.module:function``; raises ValueError naming the key."""
+    name = cfg.agent_proxy.gateway.agent
+    module_name, sep, attr = name.partition(":") if ":" in name else name.rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{KEY} = {name!r} is not an import path; write package.module.function or "
+                         "package.module:function (docs/gateway.md)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise ValueError(f"{KEY} = {name!r}: module {module_name!r} does not import ({type(err).__name__}: {err}); "
+                         "it must be importable by the driver (the working directory or PYTHONPATH)") from err
+    fn = getattr(module, attr, None)
+    if fn is None:
+        close = [n for n in dir(module) if inspect.iscoroutinefunction(getattr(module, n, None))]
+        raise ValueError(f"{KEY} = {name!r}: module {module_name!r} has no {attr!r} (its async functions: {close})")
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(f"{KEY} = {name!r} is not an async function; write `async def {attr}(task, client)` "
+                         "(docs/gateway.md)")
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError as err:
+        raise ValueError(f"{KEY} = {name!r} must take two arguments (task, client): {err}") from err
+    return fn

@@ -1,0 +1,432 @@
+"""Training an agent written against the ``openai`` client (``agent_proxy.gateway.agent``, docs/gateway.md).
+
+:class:`GatewayRollout` is a :class:`~agent_trainer.rollout.multiturn.MultiTurnRollout` whose episodes are played
+by the user's ``async def run(task, client)`` instead of the built-in turn loop. What stays the rollout's: the env
+actors and their resets (seeds, faults, prefetch), the engines with their restart-and-retry, the batch's
+token-in/token-out check, the metrics. What changes, per rollout (:class:`GatewayLoop`):
+
+- every episode gets a session of the gateway (``agent_trainer.gateway``: FastAPI + uvicorn on 127.0.0.1, the
+  run's key) and an ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes
+  run at once on one event loop, each within ``agent_proxy.gateway.episode_timeout_s``;
+- the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
+  while the engines were busy is the next engine call), at the run's sampling;
+- ``task.step`` steps the episode's env actor; its rewards are the episode's;
+- when the agent returns, its session's calls become training rows (``gateway.sessions.build_rows``): merged
+  where the next prompt extends the last one exactly, step-wise otherwise. Each step's reward goes on the last
+  token of the reply before it, as the built-in agents place a turn's reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+
+from agent_trainer import profiling
+from agent_trainer.agents.base import Agent
+from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows
+from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.gateway.app import Gateway, create_app
+from agent_trainer.gateway.server import GatewayServer, new_api_key
+from agent_trainer.gateway.sessions import CallRecord, RowMetrics, SessionStore, build_rows
+from agent_trainer.gateway.task import EpisodeOver, StepResult, Task, resolve_agent_fn
+from agent_trainer.rollout.multiturn import MultiTurnRollout
+from agent_trainer.rollout.results import RolloutFaults, RolloutResult
+from agent_trainer.rollout.splits import SamplingParams, sampling_seed
+
+logger = logging.getLogger(__name__)
+
+@dataclass(kw_only=True)
+class GatewayEpisode(EpisodeStatus):
+    """One episode played by a gateway agent: its session's calls, its env steps and the rows built from them."""
+
+    instruction: str
+    observation: str
+    anchor: int
+    """The reset observation's anchor id (GiGPO's anchor state of the first call)."""
+    records: list[CallRecord] = field(default_factory=list)
+    steps: list[tuple[int, float, int]] = field(default_factory=list)
+    """Per env step: (requests the agent had made before it, its reward, the anchor id of the observation after it)."""
+    returned_reward: float | None = None
+    """The float the agent returned, which replaces the env's rewards; None: the env's rewards."""
+    rows: list = field(default_factory=list)
+    """``gateway.sessions.TrainingRow`` s of the episode (built when its agent returned)."""
+    row_metrics: RowMetrics = field(default_factory=lambda: RowMetrics(0, 0, 0))
+
+    @property
+    def total_reward(self) -> float:
+        if self.returned_reward is not None:
+            return self.returned_reward
+        return float(sum(reward for _, reward, _ in self.steps))
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(len(r.completion_ids) for r in self.records)
+
+    @property
+    def longest_row(self) -> int:
+        return max((len(row.input_ids) for row in self.rows), default=0)
+
+
+
+class GatewayAgent(Agent):
+    """The agent of a gateway rollout: episodes come from the env resets, rows from the sessions' calls. The
+    turn-by-turn methods are not used (the user's function owns the loop)."""
+
+    layout = "full"
+
+    def __init__(self, tokenizer, **_):
+        self.tokenizer = tokenizer
+        self.left_out = 0
+        """Episodes of the last batch left out because their calls made several rows (full layout only)."""
+
+    def start(self, out: EnvOutput) -> GatewayEpisode:
+        return GatewayEpisode(env_id=out.env_id, group_id=out.group_id, tag=out.tag, instruction=out.instruction,
+                              observation=out.observation, anchor=anchor_id(out.observation))
+
+    def prompt_ids(self, ctx):
+        raise NotImplementedError("a gateway agent's prompts come from its own calls (GatewayLoop)")
+
+    def append_reply(self, ctx, token_ids, logprobs):
+        raise NotImplementedError("a gateway agent's replies go to its own code (GatewayLoop)")
+
+    def append_env_output(self, ctx, out, response_length):
+        raise NotImplementedError("a gateway agent steps its env through task.step (GatewayLoop)")
+
+    def build_update_batch(self, episodes: list[GatewayEpisode], uid_offset: int = 0):
+        """One row per episode (full layout): an episode whose calls made several rows (a break: the agent sent
+        back other text than a reply, or the template re-rendered one differently) is left out and counted, since
+        the full-layout estimators read a row as a whole episode; ``ctx_manager.mode=condensed`` trains them."""
+        kept = [e for e in episodes if len(e.rows) <= 1 or self.layout == "condensed"]
+        self.left_out = len(episodes) - len(kept)
+        if not kept:
+            raise RuntimeError(f"every one of the {len(episodes)} episodes of the gateway agent made several "
+                               "training rows (its calls did not continue each other: see rollout/gateway_breaks); "
+                               "the full layout trains one row per episode: set ctx_manager.mode=condensed and "
+                               "algorithm.adv_estimator=grpo_multiturn (docs/gateway.md)")
+        if self.left_out and not getattr(self, "_warned", False):
+            self._warned = True
+            logger.warning("%d of %d gateway episodes made several training rows and are left out of the full "
+                           "layout's batch (rollout/gateway_left_out; logged once); ctx_manager.mode=condensed with "
+                           "algorithm.adv_estimator=grpo_multiturn trains every row (docs/gateway.md)",
+                           self.left_out, len(episodes))
+        rows = [row for e in kept for row in training_rows(e)]
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        return collate_rows(rows, pad, uid_offset)
+
+
+class CondensedGatewayAgent(GatewayAgent):
+    """``ctx_manager.mode=condensed``: the same rows, read by the per-trajectory estimators (grpo_multiturn)."""
+
+    layout = "condensed"
+
+
+def training_rows(episode: GatewayEpisode) -> list[TrainingRow]:
+    """The episode's rows in the batch's layout: sampled ids under the mask with the engine's logprobs, each step's
+    reward on the last token of the reply before it (the agent's returned reward on the last reply), ``turn_ids``
+    the call's number (1-based; 0 on a row's first prompt) and the anchor of the observation each call answered."""
+    order = sorted(episode.records, key=lambda r: (r.request_index, r.choice_index))
+    anchor_of = _call_anchors(episode, max((r.request_index for r in order), default=-1) + 1)
+    credit: Counter[int] = Counter()
+    if episode.returned_reward is not None:
+        credit[order[-1].request_index] += episode.returned_reward
+    else:
+        for before, reward, _ in episode.steps:
+            credit[max(before - 1, 0)] += reward
+    out = []
+    for row in episode.rows:
+        rewards, turn_ids, anchors = [0.0] * len(row.input_ids), [0] * len(row.input_ids), [0] * len(row.input_ids)
+        for (request, choice), (context_start, start, end) in zip(row.calls, row.spans):
+            for k in range(context_start, end):
+                turn_ids[k], anchors[k] = request + 1, anchor_of[request]
+            if choice == 0 and request in credit and end > start:
+                rewards[end - 1] += credit.pop(request)
+        out.append(TrainingRow(token_ids=list(row.input_ids), response_mask=list(row.response_mask), rewards=rewards,
+                               rollout_log_probs=list(row.rollout_log_probs), turn_ids=turn_ids, anchor_ids=anchors,
+                               group_id=episode.group_id, traj_id=episode.env_id, tag=episode.tag))
+    if credit and out:  # a reward of a call without sampled ids: on the episode's last sampled token
+        last = out[-1]
+        at = max((k for k, m in enumerate(last.response_mask) if m), default=len(last.token_ids) - 1)
+        last.rewards[at] += sum(credit.values())
+    return out
+
+
+def _call_anchors(episode: GatewayEpisode, calls: int) -> list[int]:
+    """Per call: the anchor id of the observation the agent had when it made the call."""
+    anchors, current, steps = [], episode.anchor, iter(sorted(episode.steps, key=lambda s: s[0]))
+    pending = next(steps, None)
+    for call in range(calls):
+        while pending is not None and pending[0] <= call:
+            current, pending = pending[2], next(steps, None)
+        anchors.append(current)
+    return anchors
+
+
+@dataclass
+class _Pending:
+    prompts: list[list[int]]
+    max_tokens: int
+    stop_token_ids: tuple[int, ...]
+    outputs: list | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One continuation, as the gateway records it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class EngineBatcher:
+    """The gateway's ``generate`` in a rollout: the requests of all sessions batched onto the run's engines.
+
+    Whatever requests arrive while the engines are busy go out together in the next engine call (through the
+    rollout's ``_generate``: restart-and-retry, the failure count). Every call samples at the split's sampling
+    (``actor_rollout_ref.rollout.temperature`` / ``top_p``, ``val_kwargs`` in validation) and a seed of the run's;
+    a request asking for another temperature, top_p or seed is counted in ``gateway_sampling_overridden``.
+    A request's ``max_tokens`` is capped by ``actor_rollout_ref.rollout.response_length``.
+    """
+
+    def __init__(self, rollout: MultiTurnRollout, sampling: SamplingParams, step: int):
+        self.rollout, self.sampling, self.step = rollout, sampling, step
+        self.eos_ids = _eos_ids(rollout.ctx.tokenizer)
+        self.engine_calls = self.requests = self.overridden = 0
+        self._queue: list[_Pending] = []
+        self._busy = False
+        self._cv = threading.Condition()
+
+    def __call__(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float,
+                 stop_token_ids: list[int] | None, seed: int | None) -> list[Sampled]:
+        cap = self.rollout.cfg.actor_rollout_ref.rollout.response_length
+        pending = _Pending(prompts, min(max_tokens, cap), tuple(sorted(set(stop_token_ids or ()))))
+        with self._cv:
+            self.requests += 1
+            if (temperature, top_p) != (self.sampling.temperature, self.sampling.top_p) or seed is not None:
+                self.overridden += 1
+            self._queue.append(pending)
+            while pending.outputs is None and pending.error is None:
+                if not self._busy:
+                    batch, self._queue, self._busy = self._queue, [], True
+                    break
+                self._cv.wait()
+            else:
+                return self._result(pending)
+        try:
+            self._run(batch)
+        finally:
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+        return self._result(pending)
+
+    @staticmethod
+    def _result(pending: _Pending) -> list[Sampled]:
+        if pending.error is not None:
+            raise pending.error
+        return pending.outputs
+
+    def _run(self, batch: list[_Pending]) -> None:
+        r = self.rollout
+        for stops in sorted({p.stop_token_ids for p in batch}):
+            group = [p for p in batch if p.stop_token_ids == stops]
+            try:
+                prompts = [prompt for p in group for prompt in p.prompts]
+                budgets = [p.max_tokens for p in group for _ in p.prompts]
+                seed = sampling_seed(r.cfg.trainer.seed, r.split, self.step, 1 + self.engine_calls)
+                self.engine_calls += 1
+                sampling = SamplingParams(**{**vars(self.sampling), "stop_token_ids": list(stops) or None})
+                outputs = iter(r._generate(prompts, sampling, seed, budgets=budgets))
+                ends = self.eos_ids | set(stops)
+                for p in group:
+                    p.outputs = [Sampled(ids, logprobs, "stop" if ids and ids[-1] in ends else "length")
+                                 for ids, logprobs in (next(outputs) for _ in p.prompts)]
+            except Exception as err:  # every request of the call fails with it (500); the others are unaffected
+                for p in group:
+                    p.error = err
+
+
+def _eos_ids(tokenizer) -> set[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return {eos} if isinstance(eos, int) else set(eos or [])
+
+
+class GatewayLoop:
+    """One gateway rollout: every episode's agent run at once against its own session (module docstring)."""
+
+    def __init__(self, rollout: GatewayRollout, sampling: SamplingParams, step: int, faults: RolloutFaults):
+        self.rollout, self.sampling, self.step, self.faults = rollout, sampling, step, faults
+        self.timings = profiling.TurnTimings()
+        self.batcher = EngineBatcher(rollout, sampling, step)
+        self.agent_errors: Counter[str] = Counter()
+        self.agent_timeouts = 0
+        self.episodes: list[GatewayEpisode] = []
+
+    def play(self, ctxs: dict[int, GatewayEpisode]) -> None:
+        r = self.rollout
+        self.episodes = list(ctxs.values())
+        r.gateway.generate = self.batcher
+        r.gateway.policy_version = lambda: self.step
+        server = r.server()
+        asyncio.run(self._play_all(server, list(ctxs.values())))
+        for ctx in ctxs.values():
+            ctx.rows, ctx.row_metrics = build_rows(ctx.records)
+            ctx.num_turns = len({rec.request_index for rec in ctx.records})
+            r.last_generations[ctx.env_id] = _generations_in_row_order(ctx)
+
+    async def _play_all(self, server: GatewayServer, episodes: list[GatewayEpisode]) -> None:
+        await asyncio.gather(*(self._episode(server, ctx) for ctx in episodes))
+
+    async def _episode(self, server: GatewayServer, ctx: GatewayEpisode) -> None:
+        r, cfg = self.rollout, self.rollout.cfg
+        timeout = cfg.agent_proxy.gateway.episode_timeout_s
+        session = r.gateway.store.open()
+        client = openai.AsyncOpenAI(base_url=server.base_url(session), api_key=r.gateway.api_key, max_retries=0,
+                                    timeout=timeout)
+
+        async def step(actions: list[str], response: str) -> StepResult:
+            return await self._env_step(ctx, session, actions, response)
+
+        task = Task(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
+                    group_id=ctx.group_id, model=r.gateway.model, max_turns=cfg.agent_proxy.max_turn, _step=step)
+        running = asyncio.ensure_future(r.agent_fn(task, client))
+        try:
+            done, _ = await asyncio.wait({running}, timeout=timeout)
+            if not done:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+                self.agent_timeouts += 1
+                ctx.truncated = True
+            else:
+                self._take_result(ctx, running)
+        finally:
+            ctx.done = True
+            ctx.records = r.gateway.store.close(session)
+            await client.close()
+
+    def _take_result(self, ctx: GatewayEpisode, running: asyncio.Future) -> None:
+        err = running.exception()
+        if err is None:
+            result = running.result()
+            if result is None:
+                return
+            if isinstance(result, (int, float)) and not isinstance(result, bool):
+                ctx.returned_reward = float(result)  # a non-finite one is screened by algorithm.nonfinite_reward
+                return
+            err = TypeError(f"the agent returned {type(result).__name__}; return a float reward or None")
+        if isinstance(err, openai.BadRequestError) and getattr(err, "code", None) == "context_length_exceeded":
+            ctx.truncated = ctx.context_overflow = True  # as the built-in agents end an overflowing episode
+            return
+        if isinstance(err, EpisodeOver) and ctx.truncated:  # its env actor was lost: counted there
+            return
+        kind = type(err).__name__
+        if kind not in self.agent_errors:
+            logger.error("gateway agent %s raised in %s (logged once per exception type and rollout): %s: %s",
+                         self.rollout.cfg.agent_proxy.gateway.agent, self.rollout.describe_episode(ctx.env_id), kind,
+                         err)
+        self.agent_errors[kind] += 1
+
+    async def _env_step(self, ctx: GatewayEpisode, session: str, actions: list[str], response: str) -> StepResult:
+        r = self.rollout
+        before = r.gateway.store.requests(session)
+        records = r.gateway.store.records(session)
+        text = response or (r.ctx.tokenizer.decode(list(records[-1].completion_ids), skip_special_tokens=True)
+                            if records else "")
+        actor = r.actor_of_env[ctx.env_id]
+        call = await asyncio.to_thread(r.env_pool.call, "step", {actor: [EnvInput(ctx.env_id, text, actions)]},
+                                       r.cfg.es_manager.env_step_timeout_s)
+        self.faults.count_call(call)
+        if not call.results:  # the actor died or timed out: the episode ends with the calls it made
+            ctx.truncated = True
+            if actor in call.timed_out:
+                self.faults.tag_timeouts[ctx.tag] += 1
+            raise EpisodeOver(f"the environment of this episode was lost: {call.errors.get(actor, 'no result')}")
+        out = call.results[0]
+        if not actions:
+            ctx.format_errors += 1
+        ctx.steps.append((before, float(out.reward), anchor_id(out.observation)))
+        if out.done:
+            ctx.done = True
+        return StepResult(observation=out.observation, reward=float(out.reward), done=bool(out.done),
+                          info=dict(out.info))
+
+    def metrics(self, prefix: str, episodes: list[GatewayEpisode]) -> dict[str, float]:
+        m = {"rows": sum(e.row_metrics.rows for e in episodes), "merges": sum(e.row_metrics.merges for e in episodes),
+             "breaks": sum(e.row_metrics.breaks for e in episodes),
+             "calls": sum(len({rec.request_index for rec in e.records}) for e in episodes),
+             "engine_calls": self.batcher.engine_calls, "sampling_overridden": self.batcher.overridden,
+             "agent_errors": sum(self.agent_errors.values()), "agent_timeouts": self.agent_timeouts,
+             "left_out": self.rollout.ctx.left_out}
+        return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()}
+
+
+def _generations_in_row_order(ctx: GatewayEpisode) -> list[list[int]]:
+    """The sampled ids of the episode's calls in the order its rows hold them (the contract check's turns),
+    then any call no row holds (which the check then reports)."""
+    by_call = {(r.request_index, r.choice_index): list(r.completion_ids) for r in ctx.records}
+    ordered = [call for row in ctx.rows for call in row.calls]
+    return [by_call[c] for c in ordered] + [ids for c, ids in sorted(by_call.items()) if c not in set(ordered)]
+
+
+class GatewayRollout(MultiTurnRollout):
+    """The rollout of a run with ``agent_proxy.gateway.agent``: a user's agent function plays each episode through
+    the OpenAI-compatible gateway (module docstring). The gateway starts with the first rollout and serves every
+    rollout of this split; :meth:`close` stops it."""
+
+    concurrent_env_steps = True
+
+    def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict, **kwargs):
+        kwargs.pop("agent_cls", None)
+        agent = CondensedGatewayAgent if cfg.ctx_manager.mode == "condensed" else GatewayAgent
+        super().__init__(cfg, tokenizer, engines, env_worker_cls, env_tags, agent_cls=agent, **kwargs)
+        self.agent_fn = resolve_agent_fn(cfg)
+        self.gateway = Gateway(tokenizer=tokenizer, generate=None, store=SessionStore(), api_key=new_api_key(),
+                               model=served_model_name(cfg), max_model_len=cfg.actor_rollout_ref.rollout.max_model_len,
+                               engine_lock=None)
+        self._server: GatewayServer | None = None
+        self.loop: GatewayLoop | None = None
+        for name in ("httpx", "httpx2"):  # the openai client's HTTP library logs every request at INFO
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+    def server(self) -> GatewayServer:
+        """The gateway's HTTP server (started on first use, on ``agent_proxy.gateway.host`` / ``port``)."""
+        if self._server is None:
+            g = self.cfg.agent_proxy.gateway
+            self._server = GatewayServer(create_app(self.gateway), host=g.host, port=g.port)
+            logger.info("gateway of the %s split listening on http://%s:%d", self.split, g.host, self._server.port)
+        return self._server
+
+    def make_loop(self, sampling: SamplingParams, step: int, faults: RolloutFaults) -> GatewayLoop:
+        self.loop = GatewayLoop(self, sampling, step, faults)
+        return self.loop
+
+    def rollout(self, step: int = 0, seeds: list[int] | None = None) -> RolloutResult:
+        result = super().rollout(step, seeds)
+        prefix = self.split.metric_prefix
+        result.metrics.update(self.loop.metrics(prefix, self.loop.episodes))
+        rows_of = {e.env_id: e.row_metrics for e in self.loop.episodes}
+        for state in result.states:  # per episode in the trajectories and the viewer
+            m = rows_of.get(int(state.env_id))
+            if m is not None:
+                state.metrics.update(gateway_rows=float(m.rows), gateway_breaks=float(m.breaks))
+        return result
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+def served_model_name(cfg: AgentTrainerConfig) -> str:
+    """The name the gateway serves the policy under: the model folder's name."""
+    return Path(str(cfg.actor_rollout_ref.model.path)).name or "policy"

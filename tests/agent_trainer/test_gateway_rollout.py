@@ -1,0 +1,174 @@
+"""The gateway rollout's parts that need no cluster: the agent function key's refusals, an episode's calls and
+steps as training rows (rewards, turns, anchors, the layouts), and the batching of concurrent sessions' requests
+onto the engines. The whole path runs for real in tests/e2e/test_gateway_e2e.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from agent_trainer.config.splits import Split
+from agent_trainer.gateway.sessions import CallRecord, build_rows
+from agent_trainer.main import compose_and_prepare
+from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,
+                                           training_rows)
+from agent_trainer.rollout.splits import SamplingParams
+
+G = "agent_proxy.gateway"
+
+
+async def two_args(task, client):
+    return None
+
+
+async def one_arg(task):
+    return None
+
+
+def not_async(task, client):
+    return None
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ([f"{G}.agent=nodots"], [f"{G}.agent = 'nodots' is not an import path", "package.module:function"]),
+    ([f"{G}.agent=no_such_module.run"], ["module 'no_such_module' does not import", "PYTHONPATH"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.missing"], ["has no 'missing'", "'two_args'"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.not_async"], ["is not an async function"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout:one_arg"], ["must take two arguments (task, client)"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.two_args", "agent_proxy.agent_cls=tool_call"],
+     ["agent_proxy.agent_cls = 'tool_call' and agent_proxy.gateway.agent", "unset agent_proxy.agent_cls"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.two_args", f"{G}.port=70000"], [f"{G}.port = 70000"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.two_args", f"{G}.episode_timeout_s=0"],
+     [f"{G}.episode_timeout_s = 0", "must be > 0"]),
+])
+def test_a_gateway_value_that_cannot_work_is_refused_in_one_line(tiny_model_path, overrides, words):
+    with pytest.raises(SystemExit) as err:
+        compose_and_prepare([f"model_path={tiny_model_path}", *overrides], "frozenlake")
+    message = str(err.value.code)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_the_example_config_names_an_agent_that_resolves(tiny_model_path):
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}"], "frozenlake_gateway")
+    assert cfg.agent_proxy.gateway.agent == "examples.gateway.frozenlake_openai.run"
+    assert cfg.agent_proxy.gateway.host == "127.0.0.1"
+
+
+def record(request: int, prompt: list[int], completion: list[int], choice: int = 0) -> CallRecord:
+    return CallRecord(request_index=request, choice_index=choice, prompt_ids=tuple(prompt),
+                      completion_ids=tuple(completion), logprobs=tuple(-0.5 for _ in completion),
+                      finish_reason="stop", policy_version=0)
+
+
+def episode(records: list[CallRecord], steps: list[tuple[int, float, int]], returned=None) -> GatewayEpisode:
+    e = GatewayEpisode(env_id=3, group_id=1, tag="FrozenLake", instruction="", observation="o0", anchor=100,
+                       records=records, steps=steps, returned_reward=returned)
+    e.rows, e.row_metrics = build_rows(records)
+    return e
+
+
+# Two calls that merge: prompt [1, 2], reply [10, 11]; then [1, 2, 10, 11, 5] and reply [12].
+MERGED = [record(0, [1, 2], [10, 11]), record(1, [1, 2, 10, 11, 5], [12])]
+
+
+def test_each_steps_reward_goes_on_the_last_token_of_the_reply_before_it():
+    (row,) = training_rows(episode(MERGED, steps=[(1, -0.1, 200), (2, 1.0, 300)]))
+    assert row.token_ids == [1, 2, 10, 11, 5, 12] and row.response_mask == [0, 0, 1, 1, 0, 1]
+    assert row.rewards == [0, 0, 0, -0.1, 0, 1.0]
+    assert row.turn_ids == [1, 1, 1, 1, 2, 2]  # call k's context and reply are turn k (1-based)
+    assert row.anchor_ids == [100, 100, 100, 100, 200, 200]  # the observation each call answered
+    assert row.rollout_log_probs == [0, 0, -0.5, -0.5, 0, -0.5] and (row.traj_id, row.group_id) == (3, 1)
+    assert episode(MERGED, steps=[(1, -0.1, 200), (2, 1.0, 300)]).total_reward == pytest.approx(0.9)
+
+
+def test_a_returned_reward_replaces_the_env_rewards_on_the_last_reply():
+    e = episode(MERGED, steps=[(1, -0.1, 200)], returned=0.25)
+    (row,) = training_rows(e)
+    assert row.rewards == [0, 0, 0, 0, 0, 0.25] and e.total_reward == 0.25
+
+
+def test_a_step_before_any_call_credits_the_first_reply():
+    (row,) = training_rows(episode(MERGED, steps=[(0, 0.5, 200)]))
+    assert row.rewards[3] == 0.5
+
+
+class _Tokenizer:
+    pad_token_id, eos_token_id = 0, 9
+
+
+def test_the_full_layout_leaves_out_an_episode_that_broke_and_condensed_trains_its_rows():
+    broken = [record(0, [1, 2], [10]), record(1, [1, 7, 8], [11])]  # the second prompt does not extend the first
+    whole = episode(MERGED, steps=[(2, 1.0, 1)])
+    split = episode(broken, steps=[(2, 1.0, 1)])
+    split.env_id = 4
+    assert split.row_metrics.breaks == 1 and len(split.rows) == 2
+    full = GatewayAgent(_Tokenizer())
+    batch = full.build_update_batch([whole, split])
+    assert batch["traj_uid"].tolist() == [3] and full.left_out == 1
+    condensed = CondensedGatewayAgent(_Tokenizer())
+    batch = condensed.build_update_batch([whole, split])
+    assert batch["traj_uid"].tolist() == [3, 4, 4] and condensed.left_out == 0
+    assert batch["token_level_rewards"][2].sum() == 1.0 and batch["token_level_rewards"][1].sum() == 0.0
+    with pytest.raises(RuntimeError, match="ctx_manager.mode=condensed"):
+        full.build_update_batch([split])
+
+
+class _Engines:
+    """A stand-in for the rollout's ``_generate``: each prompt's reply is its last id + 1; slow enough that
+    requests queue while one call runs."""
+
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail = [], fail
+
+    def __call__(self, prompts, sampling, seed, budgets=None):
+        self.calls.append((len(prompts), sampling.stop_token_ids, list(budgets)))
+        time.sleep(0.2)
+        if self.fail:
+            raise RuntimeError("engine down")
+        return [([p[-1] + 1, 9], [-0.1, -0.2]) for p in prompts]
+
+
+def _batcher(engines: _Engines) -> EngineBatcher:
+    cfg = SimpleNamespace(trainer=SimpleNamespace(seed=1),
+                          actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(response_length=16)))
+    rollout = SimpleNamespace(cfg=cfg, split=Split.TRAIN, _generate=engines, ctx=SimpleNamespace(
+        tokenizer=_Tokenizer()))
+    return EngineBatcher(rollout, SamplingParams(max_tokens=16, temperature=1.0), step=0)
+
+
+def _ask(batcher, prompt, out, **kw):
+    args = dict(max_tokens=64, temperature=1.0, top_p=1.0, stop_token_ids=None, seed=None) | kw
+    try:
+        out[prompt[0]] = batcher([prompt], **args)
+    except RuntimeError as err:
+        out[prompt[0]] = err
+
+
+def test_concurrent_requests_share_engine_calls_and_each_gets_its_own_reply():
+    engines = _Engines()
+    batcher, out = _batcher(engines), {}
+    threads = [threading.Thread(target=_ask, args=(batcher, [k], out), kwargs=dict(temperature=0.5 if k == 3 else 1.0))
+               for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {k: (v[0].token_ids, v[0].finish_reason) for k, v in out.items()} == {k: ([k + 1, 9], "stop")
+                                                                                 for k in range(8)}
+    assert sum(n for n, _, _ in engines.calls) == 8 and len(engines.calls) < 8  # batched
+    assert all(budgets == [16] * n for n, _, budgets in engines.calls)  # max_tokens capped by response_length
+    assert batcher.requests == 8 and batcher.overridden == 1 and batcher.engine_calls == len(engines.calls)
+
+
+def test_requests_with_other_stop_ids_go_in_their_own_call_and_an_engine_error_fails_its_requests():
+    engines = _Engines()
+    batcher, out = _batcher(engines), {}
+    _ask(batcher, [5], out, stop_token_ids=[7])
+    assert engines.calls == [(1, [7], [16])] and out[5][0].finish_reason == "stop"  # ends in the eos (9)
+    failing = _Engines(fail=True)
+    batcher, out = _batcher(failing), {}
+    _ask(batcher, [1], out)
+    assert isinstance(out[1], RuntimeError) and "engine down" in str(out[1])

@@ -1,0 +1,45 @@
+"""Agents for tests/e2e/test_gateway_e2e.py: the example FrozenLake agent run unchanged, its client wrapped so the
+test keeps what the gateway returned for every call (ids and logprobs, as the engine sampled them)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from examples.gateway import frozenlake_openai
+
+CALLS: dict[int, list[dict]] = defaultdict(list)
+"""env_id -> the calls of its episodes, in order: prompt ids, sampled ids, their logprobs (as the client got them)."""
+
+
+class _Completions:
+    def __init__(self, completions, env_id: int):
+        self._completions, self._env_id = completions, env_id
+
+    async def create(self, **kwargs):
+        reply = await self._completions.create(**kwargs, logprobs=True, extra_body={"return_token_ids": True})
+        choice = reply.choices[0]
+        CALLS[self._env_id].append({"prompt_ids": reply.model_extra["prompt_token_ids"],
+                                    "ids": choice.model_extra["token_ids"],
+                                    "logprobs": [t.logprob for t in choice.logprobs.content]})
+        return reply
+
+
+class RecordingClient:
+    """An ``openai.AsyncOpenAI`` whose chat completions are recorded; everything else is the client's."""
+
+    def __init__(self, client, env_id: int):
+        self._client = client
+        self.chat = type("Chat", (), {"completions": _Completions(client.chat.completions, env_id)})()
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+async def recorded_frozenlake(task, client):
+    """examples/gateway/frozenlake_openai.py's agent, its calls recorded; the episode of env_id 0 raises after its
+    first call instead (an agent that fails ends its own episode only)."""
+    client = RecordingClient(client, task.env_id)
+    if task.env_id == 0:
+        await client.chat.completions.create(model=task.model, messages=[{"role": "user", "content": task.observation}])
+        raise ValueError("this agent fails on purpose")
+    return await frozenlake_openai.run(task, client)

@@ -1,0 +1,65 @@
+"""An agent written with the plain ``openai`` client trained through the gateway (real Ray, FSDP2 over gloo,
+vLLM CPU, the HTTP gateway and the real ``openai`` client; nothing mocked): 2 GiGPO steps of
+config/frozenlake_gateway.yaml on the tiny model. The training rows must hold exactly the ids and logprobs the
+gateway returned for every call; an agent that raises ends only its own episode."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import httpx
+import pytest
+import torch
+
+from agent_trainer.trainer import AgentTrainer
+from e2e_runs import train_here
+from gateway_agents import CALLS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
+
+SMALL = ["trainer.test_freq=0", "trainer.progress_bar=false", "trainer.save_freq=0",
+         "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.train.env_configs.n_groups=[2]",
+         "agent_proxy.num_env_actors=1", "agent_proxy.max_turn=3", "actor_rollout_ref.actor.fsdp.world_size=1",
+         "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.response_length=32",
+         "trainer.collapse_metrics_freq=0"]
+
+
+class KeepsBatches(AgentTrainer):
+    """Keeps every training rollout's batch with the calls its agents recorded, and looks at the gateway."""
+
+    def collect(self, step):
+        server = self.train_rollout.server()
+        listening = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True).stdout
+        no_key = httpx.get(f"http://127.0.0.1:{server.port}/v1/models")
+        CALLS.clear()
+        result = super().collect(step)
+        self.seen = getattr(self, "seen", []) + [(result.batch, dict(CALLS), listening, no_key.status_code)]
+        return result
+
+
+def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_model_path, tmp_path):
+    trainer, history = train_here("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL,
+                                  "trainer.total_training_steps=2",
+                                  "agent_proxy.gateway.agent=gateway_agents.recorded_frozenlake", trainer_cls=KeepsBatches)
+    assert [math.isfinite(h["actor/pg_loss"]) for h in history] == [True, True]
+    # env_id 0's agent raises after one call: its episode ends, the other three play on
+    assert all(h["rollout/gateway_calls"] >= 4 and h["rollout/gateway_agent_errors"] == 1 for h in history)
+    for (batch, calls, listening, no_key), h in zip(trainer.seen, history):
+        addresses = [line.split()[3] for line in listening.splitlines()]
+        assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), listening
+        assert no_key == 401  # no key, no answer
+        trained = set(batch["traj_uid"].tolist())  # an episode whose calls broke into several rows is left out
+        assert trained and trained <= set(calls) and len(calls) - len(trained) == h["rollout/gateway_left_out"]
+        for env_id in trained:
+            episode = calls[env_id]
+            rows = [r for r in range(len(batch)) if int(batch["traj_uid"][r]) == env_id]
+            masks = [batch["response_mask"][r].bool() for r in rows]
+            ids = [t for r, m in zip(rows, masks) for t in batch["input_ids"][r][m].tolist()]
+            logprobs = torch.cat([batch["rollout_log_probs"][r][m] for r, m in zip(rows, masks)])
+            assert ids == [t for call in episode for t in call["ids"]]
+            assert torch.allclose(logprobs, torch.tensor([lp for call in episode for lp in call["logprobs"]]),
+                                  atol=1e-6)
+            first = episode[0]["prompt_ids"]
+            assert batch["input_ids"][rows[0]][:len(first)].tolist() == first
+            assert int(batch["response_mask"][rows[0]][:len(first)].sum()) == 0
