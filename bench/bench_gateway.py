@@ -42,7 +42,7 @@ def _config(model: str, overrides: list[str]):
 
 def _play(rollout, seeds: list[list[int]]) -> dict:
     """Rollouts on the given group seeds (the first a warm-up): median seconds, tokens/s and what they did."""
-    seconds, tokens, metrics = [], [], []
+    seconds, tokens, metrics, batches = [], [], [], []
     for k, group_seeds in enumerate(seeds):
         start = time.perf_counter()
         result = rollout.rollout(step=k, seeds=group_seeds)
@@ -51,13 +51,17 @@ def _play(rollout, seeds: list[list[int]]) -> dict:
             seconds.append(wall)
             tokens.append(float(result.batch["response_mask"].sum()))
             metrics.append(result.metrics)
+            loop = getattr(rollout, "loop", None)
+            if loop is not None:
+                batches.append(loop.batcher.batch_sizes)
     rates = [t / s for t, s in zip(tokens, seconds)]
     return {"rollout_s": statistics.median(seconds), "tokens_per_s": statistics.median(rates), "all_tokens_per_s": rates,
             **{key: statistics.mean(m[f"rollout/{key}"] for m in metrics)
                for key in ("num_turns_mean", "format_error_rate", "success_rate")},
             **({"engine_calls": statistics.mean(m["rollout/gateway_engine_calls"] for m in metrics),
                 "calls": statistics.mean(m["rollout/gateway_calls"] for m in metrics)}
-               if "rollout/gateway_calls" in metrics[0] else {})}
+               if "rollout/gateway_calls" in metrics[0] else {}),
+            **({"requests_per_engine_call": batches} if batches else {})}
 
 
 def main() -> None:

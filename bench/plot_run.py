@@ -1,7 +1,9 @@
-"""Plot a run's learning curve from its ``metrics.jsonl``.
+"""Plot a run's learning curve from its ``metrics.jsonl``, or several runs' side by side.
 
     python bench/plot_run.py outputs/agent_trainer/frozenlake_ppo/metrics.jsonl \
         --out docs/bench/frozenlake_learning.png
+    python bench/plot_run.py built-in=outputs/agent_trainer/frozenlake_nodeadends/metrics.jsonl \
+        gateway=outputs/agent_trainer/frozenlake_gateway/metrics.jsonl --out docs/img/gateway_curve.png
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ def load(path: Path) -> list[dict]:
 
 
 def main() -> None:
-    """Draw the curves that the run logged."""
+    """Draw the curves that the runs logged (a run given as ``label=path`` is named by its label)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("metrics", type=Path)
+    parser.add_argument("metrics", nargs="+", help="metrics.jsonl, or label=metrics.jsonl to compare runs")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default=None)
     args = parser.parse_args()
@@ -35,17 +37,21 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = load(args.metrics)
+    runs = [(label, Path(path)) if sep else (None, Path(label))
+            for label, sep, path in (m.partition("=") for m in args.metrics)]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    for key, label in CURVES:
-        points = [(r["step"], r[key]) for r in records if key in r]
-        if points:
-            steps, values = zip(*points)
-            ax.plot(steps, values, marker="o" if key.startswith("val/") else None, label=label)
+    for name, path in runs:
+        records = load(path)
+        for key, label in CURVES:
+            points = [(r["step"], r[key]) for r in records if key in r]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if key.startswith("val/") else None,
+                        label=f"{name}: {label}" if name else label)
     ax.set_xlabel("training step")
-    ax.set_title(args.title or args.metrics.parent.name)
+    ax.set_title(args.title or runs[0][1].parent.name)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=120)

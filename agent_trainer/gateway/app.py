@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -64,6 +65,9 @@ class Gateway:
     """Prompt plus completion tokens the engine holds."""
     policy_version: Callable[[], int] = lambda: 0
     """The engine's current policy version, recorded with each call."""
+    max_concurrent_requests: int = 1024
+    """Requests served at once (each waits for the engine in a worker thread; anyio's default is 40, which would
+    cap how many sessions' requests can share one engine call)."""
     engine_lock: threading.Lock | None = field(default_factory=threading.Lock)
     """One engine call at a time (an engine is not thread-safe); None when ``generate`` is thread-safe itself
     (a rollout's ``EngineBatcher`` batches the requests of concurrent sessions)."""
@@ -75,8 +79,13 @@ class Gateway:
 
 def create_app(gateway: Gateway) -> FastAPI:
     """The FastAPI app of a :class:`Gateway`."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        anyio.to_thread.current_default_thread_limiter().total_tokens = gateway.max_concurrent_requests
+        yield
+
     app = FastAPI(title="agent-trainer gateway", openapi_url=None, docs_url=None, redoc_url=None,
-                  dependencies=[Depends(_key_check(gateway.api_key))])
+                  dependencies=[Depends(_key_check(gateway.api_key))], lifespan=lifespan)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _server_error)

@@ -19,9 +19,11 @@ token-in/token-out check, the metrics. What changes, per rollout (:class:`Gatewa
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import math
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,7 +134,8 @@ class CondensedGatewayAgent(GatewayAgent):
 def training_rows(episode: GatewayEpisode) -> list[TrainingRow]:
     """The episode's rows in the batch's layout: sampled ids under the mask with the engine's logprobs, each step's
     reward on the last token of the reply before it (the agent's returned reward on the last reply), ``turn_ids``
-    the call's number (1-based; 0 on a row's first prompt) and the anchor of the observation each call answered."""
+    the call's number (1-based) on its reply and on the context after it (0 on a row's first prompt), and on the
+    same tokens the anchor of the observation the call answered (0 on the first prompt), as the built-in agents."""
     order = sorted(episode.records, key=lambda r: (r.request_index, r.choice_index))
     anchor_of = _call_anchors(episode, max((r.request_index for r in order), default=-1) + 1)
     credit: Counter[int] = Counter()
@@ -144,9 +147,13 @@ def training_rows(episode: GatewayEpisode) -> list[TrainingRow]:
     out = []
     for row in episode.rows:
         rewards, turn_ids, anchors = [0.0] * len(row.input_ids), [0] * len(row.input_ids), [0] * len(row.input_ids)
-        for (request, choice), (context_start, start, end) in zip(row.calls, row.spans):
-            for k in range(context_start, end):
-                turn_ids[k], anchors[k] = request + 1, anchor_of[request]
+        turn = anchor = 0  # as the built-in agents lay a row out: the context before a reply belongs to the turn
+        for (request, choice), (context_start, start, end) in zip(row.calls, row.spans):  # before it (0: the prompt)
+            for k in range(context_start, start):
+                turn_ids[k], anchors[k] = turn, anchor
+            turn, anchor = request + 1, anchor_of[request]
+            for k in range(start, end):
+                turn_ids[k], anchors[k] = turn, anchor
             if choice == 0 and request in credit and end > start:
                 rewards[end - 1] += credit.pop(request)
         out.append(TrainingRow(token_ids=list(row.input_ids), response_mask=list(row.response_mask), rewards=rewards,
@@ -198,11 +205,20 @@ class EngineBatcher:
     A request's ``max_tokens`` is capped by ``actor_rollout_ref.rollout.response_length``.
     """
 
-    def __init__(self, rollout: MultiTurnRollout, sampling: SamplingParams, step: int):
-        self.rollout, self.sampling, self.step = rollout, sampling, step
+    max_wait_s = 1.0
+    """The longest the first queued request waits for the other live sessions' before the engine call goes out."""
+    quiet_s = 0.2
+    """... and the wait ends sooner once no request has arrived for this long (the others are busy elsewhere)."""
+
+    def __init__(self, rollout: MultiTurnRollout, sampling: SamplingParams, step: int,
+                 live: Callable[[], int] = lambda: 1):
+        self.rollout, self.sampling, self.step, self.live = rollout, sampling, step, live
         self.eos_ids = _eos_ids(rollout.ctx.tokenizer)
         self.engine_calls = self.requests = self.overridden = 0
         self._queue: list[_Pending] = []
+        self._last_arrival = 0.0
+        self.batch_sizes: list[int] = []
+        """Requests per engine call, in order."""
         self._busy = False
         self._cv = threading.Condition()
 
@@ -212,12 +228,17 @@ class EngineBatcher:
         pending = _Pending(prompts, min(max_tokens, cap), tuple(sorted(set(stop_token_ids or ()))))
         with self._cv:
             self.requests += 1
-            if (temperature, top_p) != (self.sampling.temperature, self.sampling.top_p) or seed is not None:
+            asked = (temperature, top_p)  # the defaults (1, 1) are what a request that asks nothing sends
+            if seed is not None or asked not in ((1.0, 1.0), (self.sampling.temperature, self.sampling.top_p)):
                 self.overridden += 1
             self._queue.append(pending)
+            self._last_arrival = time.monotonic()
+            self._cv.notify_all()
             while pending.outputs is None and pending.error is None:
                 if not self._busy:
-                    batch, self._queue, self._busy = self._queue, [], True
+                    self._busy = True
+                    self._gather()
+                    batch, self._queue = self._queue, []
                     break
                 self._cv.wait()
             else:
@@ -230,6 +251,24 @@ class EngineBatcher:
                 self._cv.notify_all()
         return self._result(pending)
 
+    def wake(self) -> None:
+        """A session ended: the request waiting for it need not wait any longer."""
+        with self._cv:
+            self._cv.notify_all()
+
+    def _gather(self) -> None:
+        """Wait (holding the engine, lock released while waiting) until every live session has a request queued,
+        until no request has arrived for :attr:`quiet_s`, or :attr:`max_wait_s` at most: agents that step in
+        lockstep share one engine call, as the built-in turn loop's episodes do, and one that is busy elsewhere
+        (a slow tool, a long computation) holds the others back by ``quiet_s``."""
+        start = time.monotonic()
+        while len(self._queue) < self.live():
+            now = time.monotonic()
+            quiet_until = self._last_arrival + self.quiet_s
+            if now >= quiet_until or now - start >= self.max_wait_s:
+                return
+            self._cv.wait(min(quiet_until, start + self.max_wait_s) - now)
+
     @staticmethod
     def _result(pending: _Pending) -> list[Sampled]:
         if pending.error is not None:
@@ -238,6 +277,7 @@ class EngineBatcher:
 
     def _run(self, batch: list[_Pending]) -> None:
         r = self.rollout
+        self.batch_sizes.append(len(batch))
         for stops in sorted({p.stop_token_ids for p in batch}):
             group = [p for p in batch if p.stop_token_ids == stops]
             try:
@@ -245,7 +285,7 @@ class EngineBatcher:
                 budgets = [p.max_tokens for p in group for _ in p.prompts]
                 seed = sampling_seed(r.cfg.trainer.seed, r.split, self.step, 1 + self.engine_calls)
                 self.engine_calls += 1
-                sampling = SamplingParams(**{**vars(self.sampling), "stop_token_ids": list(stops) or None})
+                sampling = dataclasses.replace(self.sampling, stop_token_ids=list(stops) or None)
                 outputs = iter(r._generate(prompts, sampling, seed, budgets=budgets))
                 ends = self.eos_ids | set(stops)
                 for p in group:
@@ -267,7 +307,9 @@ class GatewayLoop:
     def __init__(self, rollout: GatewayRollout, sampling: SamplingParams, step: int, faults: RolloutFaults):
         self.rollout, self.sampling, self.step, self.faults = rollout, sampling, step, faults
         self.timings = profiling.TurnTimings()
-        self.batcher = EngineBatcher(rollout, sampling, step)
+        self.running = 0
+        """Agents not yet returned (the batcher waits for their requests)."""
+        self.batcher = EngineBatcher(rollout, sampling, step, live=lambda: self.running)
         self.agent_errors: Counter[str] = Counter()
         self.agent_timeouts = 0
         self.episodes: list[GatewayEpisode] = []
@@ -285,14 +327,24 @@ class GatewayLoop:
             r.last_generations[ctx.env_id] = _generations_in_row_order(ctx)
 
     async def _play_all(self, server: GatewayServer, episodes: list[GatewayEpisode]) -> None:
-        await asyncio.gather(*(self._episode(server, ctx) for ctx in episodes))
+        # every episode's env step may wait on its env actor at once (asyncio's default pool has cpu + 4 threads)
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4,
+                                                                           thread_name_prefix="gateway-env"))
+        self.running = len(episodes)
+        # one HTTP client under every episode's openai client: a client of its own each would build an SSL context
+        # each (the CA bundle read again: most of a 64-episode rollout's driver time when measured)
+        http = openai.DefaultAsyncHttpxClient(timeout=self.rollout.cfg.agent_proxy.gateway.episode_timeout_s)
+        try:
+            await asyncio.gather(*(self._episode(server, http, ctx) for ctx in episodes))
+        finally:
+            await http.aclose()
 
-    async def _episode(self, server: GatewayServer, ctx: GatewayEpisode) -> None:
+    async def _episode(self, server: GatewayServer, http, ctx: GatewayEpisode) -> None:
         r, cfg = self.rollout, self.rollout.cfg
         timeout = cfg.agent_proxy.gateway.episode_timeout_s
         session = r.gateway.store.open()
         client = openai.AsyncOpenAI(base_url=server.base_url(session), api_key=r.gateway.api_key, max_retries=0,
-                                    timeout=timeout)
+                                    timeout=timeout, http_client=http)
 
         async def step(actions: list[str], response: str) -> StepResult:
             return await self._env_step(ctx, session, actions, response)
@@ -310,9 +362,10 @@ class GatewayLoop:
             else:
                 self._take_result(ctx, running)
         finally:
+            self.running -= 1
+            self.batcher.wake()
             ctx.done = True
             ctx.records = r.gateway.store.close(session)
-            await client.close()
 
     def _take_result(self, ctx: GatewayEpisode, running: asyncio.Future) -> None:
         err = running.exception()

@@ -279,6 +279,21 @@ def test_an_engine_failure_gets_500_and_records_nothing(served, engine):
         assert failing.store.records(sid) == []
 
 
+def test_a_client_that_disconnects_mid_stream_loses_only_its_call(served):
+    """The stream is dropped after its first chunk: the call was sampled and stays recorded (a row of its own,
+    since nothing continues it), and the session and the server go on serving."""
+    server, gateway, _ = served
+    sid = gateway.store.open()
+    body = {"model": "tiny-qwen2", "messages": MESSAGES, "stream": True, "max_tokens": 8}
+    with httpx.stream("POST", f"{server.base_url(sid)}/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {gateway.api_key}"}) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())
+    out = client(served, sid).chat.completions.create(model="tiny-qwen2", messages=MESSAGES, max_tokens=8)
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert [r.request_index for r in gateway.store.close(sid)] == [0, 1]
+
+
 def test_an_empty_key_is_refused():
     with pytest.raises(ValueError, match="non-empty api_key"):
         Gateway(tokenizer=None, generate=None, store=SessionStore(), api_key="", model="m", max_model_len=8)
@@ -289,3 +304,39 @@ def test_the_server_listens_on_127_0_0_1_only(served):
     listening = [c.laddr for c in psutil.Process().net_connections(kind="inet")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == server.port]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
+
+
+def test_an_agent_built_with_the_openai_agents_sdk_plays_through_the_gateway(tiny_model_path):
+    """examples/gateway/frozenlake_agents_sdk.py (the SDK's Agent, function tool and Runner) against the gateway
+    and the tiny model, its tool stepping a real FrozenLake: every request the SDK sends is accepted, carries
+    the tool, and is recorded."""
+    import asyncio
+
+    from envs import make_env
+    from examples.gateway import frozenlake_agents_sdk
+
+    from agent_trainer.gateway.task import StepResult, Task
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    engine = HFRolloutWorker(tiny_model_path, max_model_len=1536, seed=0)  # the SDK's tool schema is long
+    gateway = Gateway(tokenizer=tokenizer, generate=engine.generate, store=SessionStore(), api_key=new_api_key(),
+                      model="tiny-qwen2", max_model_len=1536)
+    env = make_env("FrozenLake")
+    observation = env.reset(seed=0)
+
+    async def step(actions: list[str], response: str) -> StepResult:
+        if not actions:
+            return StepResult(observation, -0.1, False, {"action_is_valid": False})
+        obs, reward, done, info = env.step(actions[0])
+        return StepResult(obs, float(reward), bool(done), dict(info))
+
+    sid = gateway.store.open()
+    task = Task(instruction=f"Walk to the goal.\nValid actions: {env.action_description()}", observation=observation,
+                tag="FrozenLake", env_id=0, group_id=0, model="tiny-qwen2", max_turns=3, _step=step)
+    with GatewayServer(create_app(gateway)) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url(sid), api_key=gateway.api_key, max_retries=0)
+        asyncio.run(frozenlake_agents_sdk.run(task, client))
+    records = gateway.store.close(sid)
+    assert records and task.turns >= 1
+    first = gateway.tokenizer.decode(list(records[0].prompt_ids))
+    assert '"name": "move"' in first and "Walk to the goal." in first

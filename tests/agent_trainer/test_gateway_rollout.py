@@ -78,8 +78,8 @@ def test_each_steps_reward_goes_on_the_last_token_of_the_reply_before_it():
     (row,) = training_rows(episode(MERGED, steps=[(1, -0.1, 200), (2, 1.0, 300)]))
     assert row.token_ids == [1, 2, 10, 11, 5, 12] and row.response_mask == [0, 0, 1, 1, 0, 1]
     assert row.rewards == [0, 0, 0, -0.1, 0, 1.0]
-    assert row.turn_ids == [1, 1, 1, 1, 2, 2]  # call k's context and reply are turn k (1-based)
-    assert row.anchor_ids == [100, 100, 100, 100, 200, 200]  # the observation each call answered
+    assert row.turn_ids == [0, 0, 1, 1, 1, 2]  # call k's reply and the context after it are turn k (1-based)
+    assert row.anchor_ids == [0, 0, 100, 100, 100, 200]  # the observation each call answered
     assert row.rollout_log_probs == [0, 0, -0.5, -0.5, 0, -0.5] and (row.traj_id, row.group_id) == (3, 1)
     assert episode(MERGED, steps=[(1, -0.1, 200), (2, 1.0, 300)]).total_reward == pytest.approx(0.9)
 
@@ -131,12 +131,12 @@ class _Engines:
         return [([p[-1] + 1, 9], [-0.1, -0.2]) for p in prompts]
 
 
-def _batcher(engines: _Engines) -> EngineBatcher:
+def _batcher(engines: _Engines, live: int = 1) -> EngineBatcher:
     cfg = SimpleNamespace(trainer=SimpleNamespace(seed=1),
                           actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(response_length=16)))
     rollout = SimpleNamespace(cfg=cfg, split=Split.TRAIN, _generate=engines, ctx=SimpleNamespace(
         tokenizer=_Tokenizer()))
-    return EngineBatcher(rollout, SamplingParams(max_tokens=16, temperature=1.0), step=0)
+    return EngineBatcher(rollout, SamplingParams(max_tokens=16, temperature=1.0), step=0, live=lambda: live)
 
 
 def _ask(batcher, prompt, out, **kw):
@@ -161,6 +161,18 @@ def test_concurrent_requests_share_engine_calls_and_each_gets_its_own_reply():
     assert sum(n for n, _, _ in engines.calls) == 8 and len(engines.calls) < 8  # batched
     assert all(budgets == [16] * n for n, _, budgets in engines.calls)  # max_tokens capped by response_length
     assert batcher.requests == 8 and batcher.overridden == 1 and batcher.engine_calls == len(engines.calls)
+
+
+def test_the_first_request_waits_for_every_live_session_so_lockstep_agents_share_one_call():
+    engines = _Engines()
+    batcher, out = _batcher(engines, live=6), {}
+    batcher.max_wait_s = 600.0  # only the six queued requests end the wait, however slowly the threads start
+    threads = [threading.Thread(target=_ask, args=(batcher, [k], out)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [n for n, _, _ in engines.calls] == [6] and sorted(out) == list(range(6))
 
 
 def test_requests_with_other_stop_ids_go_in_their_own_call_and_an_engine_error_fails_its_requests():
