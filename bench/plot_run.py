@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("metrics", nargs="+", help="metrics.jsonl, or label=metrics.jsonl to compare runs")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default=None)
+    parser.add_argument("--curves", nargs="+", default=[key for key, _ in CURVES], choices=[key for key, _ in CURVES],
+                        help="which metrics to draw (default: all three)")
     args = parser.parse_args()
 
     import matplotlib
@@ -43,6 +45,8 @@ def main() -> None:
     for name, path in runs:
         records = load(path)
         for key, label in CURVES:
+            if key not in args.curves:
+                continue
             points = [(r["step"], r[key]) for r in records if key in r]
             if points:
                 steps, values = zip(*points)

@@ -3,10 +3,13 @@ test keeps what the gateway returned for every call (ids and logprobs, as the en
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 
 from examples.gateway import frozenlake_openai
 
+HANGS: set[int] = set()
+"""env_ids whose agent never returns after its first call (the per-episode deadline must end it)."""
 CALLS: dict[int, list[dict]] = defaultdict(list)
 """env_id -> the calls of its episodes, in order: prompt ids, sampled ids, their logprobs (as the client got them)."""
 
@@ -36,10 +39,12 @@ class RecordingClient:
 
 
 async def recorded_frozenlake(task, client):
-    """examples/gateway/frozenlake_openai.py's agent, its calls recorded; the episode of env_id 0 raises after its
-    first call instead (an agent that fails ends its own episode only)."""
+    """examples/gateway/frozenlake_openai.py's agent, its calls recorded; after its first call, the episode of
+    env_id 0 raises and those in :data:`HANGS` never return (each must end only its own episode)."""
     client = RecordingClient(client, task.env_id)
-    if task.env_id == 0:
+    if task.env_id == 0 or task.env_id in HANGS:
         await client.chat.completions.create(model=task.model, messages=[{"role": "user", "content": task.observation}])
-        raise ValueError("this agent fails on purpose")
+        if task.env_id == 0:
+            raise ValueError("this agent fails on purpose")
+        await asyncio.Event().wait()  # never set
     return await frozenlake_openai.run(task, client)

@@ -1,7 +1,8 @@
 """An agent written with the plain ``openai`` client trained through the gateway (real Ray, FSDP2 over gloo,
 vLLM CPU, the HTTP gateway and the real ``openai`` client; nothing mocked): 2 GiGPO steps of
 config/frozenlake_gateway.yaml on the tiny model. The training rows must hold exactly the ids and logprobs the
-gateway returned for every call; an agent that raises ends only its own episode."""
+gateway returned for every call; an agent that raises, or never returns (the per-episode deadline), ends only
+its own episode."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from agent_trainer.trainer import AgentTrainer
 from e2e_runs import train_here
-from gateway_agents import CALLS
+from gateway_agents import CALLS, HANGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 
@@ -22,7 +23,7 @@ SMALL = ["trainer.test_freq=0", "trainer.progress_bar=false", "trainer.save_freq
          "es_manager.train.env_groups=2", "es_manager.train.group_size=2", "es_manager.train.env_configs.n_groups=[2]",
          "agent_proxy.num_env_actors=1", "agent_proxy.max_turn=3", "actor_rollout_ref.actor.fsdp.world_size=1",
          "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.response_length=32",
-         "trainer.collapse_metrics_freq=0"]
+         "trainer.collapse_metrics_freq=0", "agent_proxy.gateway.episode_timeout_s=20"]
 
 
 class KeepsBatches(AgentTrainer):
@@ -33,6 +34,8 @@ class KeepsBatches(AgentTrainer):
         listening = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True).stdout
         no_key = httpx.get(f"http://127.0.0.1:{server.port}/v1/models")
         CALLS.clear()
+        HANGS.clear()
+        HANGS.update({2} if step == 2 else set())  # step 2: env_id 2's agent never returns
         result = super().collect(step)
         self.seen = getattr(self, "seen", []) + [(result.batch, dict(CALLS), listening, no_key.status_code)]
         return result
@@ -43,8 +46,9 @@ def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_
                                   "trainer.total_training_steps=2",
                                   "agent_proxy.gateway.agent=gateway_agents.recorded_frozenlake", trainer_cls=KeepsBatches)
     assert [math.isfinite(h["actor/pg_loss"]) for h in history] == [True, True]
-    # env_id 0's agent raises after one call: its episode ends, the other three play on
+    # env_id 0's agent raises after one call, and in step 2 env_id 2's never returns: each ends its own episode
     assert all(h["rollout/gateway_calls"] >= 4 and h["rollout/gateway_agent_errors"] == 1 for h in history)
+    assert history[1]["rollout/gateway_agent_timeouts"] >= 1
     for (batch, calls, listening, no_key), h in zip(trainer.seen, history):
         addresses = [line.split()[3] for line in listening.splitlines()]
         assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), listening
