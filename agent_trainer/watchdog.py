@@ -52,8 +52,11 @@ def ray_processes(driver: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def watch(driver_pid: int) -> int:
-    """Follow the driver until it exits, then kill what is left of its Ray cluster; returns how many."""
+def watch(driver_pid: int, seen_file: str | None = None) -> int:
+    """Follow the driver until it exits, then kill what is left of its Ray cluster; returns how many.
+
+    ``seen_file``: written once the watchdog has noted at least one Ray process (a test waits for it
+    instead of guessing how long a loaded machine takes to start this process)."""
     try:
         driver = psutil.Process(driver_pid)
     except psutil.Error:
@@ -65,6 +68,10 @@ def watch(driver_pid: int) -> int:
                 break
             for proc in ray_processes(driver):
                 known.setdefault(proc.pid, proc)
+            if seen_file and known:
+                with open(seen_file, "w") as fh:
+                    fh.write(" ".join(str(pid) for pid in sorted(known)))
+                seen_file = None
             if known and not any(p.is_running() for p in known.values()):
                 return 0  # the driver ended its cluster (ray.shutdown) and lives on: nothing left to guard
         except psutil.Error:
@@ -81,12 +88,13 @@ def watch(driver_pid: int) -> int:
     return killed
 
 
-def start(driver_pid: int | None = None) -> subprocess.Popen:
+def start(driver_pid: int | None = None, seen_file: str | None = None) -> subprocess.Popen:
     """Start the watchdog of this (or ``driver_pid``'s) local Ray cluster in its own session."""
-    return subprocess.Popen([sys.executable, "-m", "agent_trainer.watchdog", str(driver_pid or os.getpid())],
+    return subprocess.Popen([sys.executable, "-m", "agent_trainer.watchdog", str(driver_pid or os.getpid()),
+                             *([seen_file] if seen_file else [])],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]))
+    watch(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
