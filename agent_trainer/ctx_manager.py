@@ -253,7 +253,7 @@ class ContextManager(Agent):
     @property
     def pad_id(self) -> int:
         """The tokenizer's pad id (its eos when it has none); padding always has attention 0."""
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_id
+        return pad_token_id(self.tokenizer)
 
     def _chat_prompt_ids(self, user_message: str, tools: list[dict] | None = None) -> list[int]:
         """System message + one user message + the assistant header, tokenized by the chat template.
@@ -311,6 +311,11 @@ class ContextManager(Agent):
                 f"the tokenizer's chat template must end assistant messages with the eos token {eos_text!r} and "
                 "render a conversation as a prefix of its continuation; multi-turn token-in/token-out relies on it"
             )
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id a batch pads with: the tokenizer's pad id, its eos when it has none (padding has attention 0)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def anchor_id(observation: str) -> int:

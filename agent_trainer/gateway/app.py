@@ -142,7 +142,7 @@ def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) ->
         gateway.store.record(session_id, records)
     except KeyError:
         raise _no_session(session_id) from None
-    stops = set(req.stop_token_ids) | _eos_ids(gateway.tokenizer)
+    stops = set(req.stop_token_ids) | eos_ids(gateway.tokenizer)
     return [responses.Sample(list(r.completion_ids), list(r.logprobs),
                              chat.reply(gateway.tokenizer, list(r.completion_ids), r.finish_reason, stops,
                                         req.parse_tools)) for r in records]
@@ -156,7 +156,8 @@ def _prefix_of(gateway: Gateway, session_id: str, text: str) -> tuple[str, list[
         raise _no_session(session_id) from None
 
 
-def _eos_ids(tokenizer) -> set[int]:
+def eos_ids(tokenizer) -> set[int]:
+    """The tokenizer's eos id(s), as a set (a reply ends in one of them or in a stop id)."""
     eos = getattr(tokenizer, "eos_token_id", None)
     return {eos} if isinstance(eos, int) else set(eos or [])
 

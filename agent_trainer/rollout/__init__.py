@@ -76,6 +76,7 @@ def make_rollout(cfg, tokenizer, engines: list, env_worker_cls, env_tags: dict, 
     cls = GatewayRollout if cfg.agent_proxy.gateway.agent else MultiTurnRollout
     return cls(cfg, tokenizer, engines, env_worker_cls, env_tags, **kwargs)
 
+
 __all__ = ["BarrierFreeLoop", "EnvFailure", "EnvResets", "GatewayRollout", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult",
            "SPLITS", "SamplingParams", "SyncMultiTurnRollout", "TurnLoop", "check_env_errors", "episode_rewards",
            "episode_seed", "get_or_kill", "make_context_manager", "make_rollout", "rollout_metrics", "sampling_params",

@@ -23,9 +23,9 @@ import dataclasses
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,9 +34,9 @@ import openai
 from agent_trainer import profiling
 from agent_trainer.agents.base import Agent
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows
+from agent_trainer.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows, pad_token_id
 from agent_trainer.es_manager import EnvInput, EnvOutput
-from agent_trainer.gateway.app import Gateway, create_app
+from agent_trainer.gateway.app import Gateway, create_app, eos_ids
 from agent_trainer.gateway.server import GatewayServer, new_api_key
 from agent_trainer.gateway.sessions import CallRecord, RowMetrics, SessionStore, build_rows
 from agent_trainer.gateway.task import EpisodeOver, StepResult, Task, resolve_agent_fn
@@ -45,6 +45,7 @@ from agent_trainer.rollout.results import RolloutFaults, RolloutResult
 from agent_trainer.rollout.splits import SamplingParams, sampling_seed
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(kw_only=True)
 class GatewayEpisode(EpisodeStatus):
@@ -78,7 +79,6 @@ class GatewayEpisode(EpisodeStatus):
         return max((len(row.input_ids) for row in self.rows), default=0)
 
 
-
 class GatewayAgent(Agent):
     """The agent of a gateway rollout: episodes come from the env resets, rows from the sessions' calls. The
     turn-by-turn methods are not used (the user's function owns the loop)."""
@@ -89,6 +89,7 @@ class GatewayAgent(Agent):
         self.tokenizer = tokenizer
         self.left_out = 0
         """Episodes of the last batch left out because their calls made several rows (full layout only)."""
+        self._warned = False
 
     def start(self, out: EnvOutput) -> GatewayEpisode:
         return GatewayEpisode(env_id=out.env_id, group_id=out.group_id, tag=out.tag, instruction=out.instruction,
@@ -114,15 +115,14 @@ class GatewayAgent(Agent):
                                "training rows (its calls did not continue each other: see rollout/gateway_breaks); "
                                "the full layout trains one row per episode: set ctx_manager.mode=condensed and "
                                "algorithm.adv_estimator=grpo_multiturn (docs/gateway.md)")
-        if self.left_out and not getattr(self, "_warned", False):
+        if self.left_out and not self._warned:
             self._warned = True
             logger.warning("%d of %d gateway episodes made several training rows and are left out of the full "
                            "layout's batch (rollout/gateway_left_out; logged once); ctx_manager.mode=condensed with "
                            "algorithm.adv_estimator=grpo_multiturn trains every row (docs/gateway.md)",
                            self.left_out, len(episodes))
         rows = [row for e in kept for row in training_rows(e)]
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        return collate_rows(rows, pad, uid_offset)
+        return collate_rows(rows, pad_token_id(self.tokenizer), uid_offset)
 
 
 class CondensedGatewayAgent(GatewayAgent):
@@ -213,7 +213,7 @@ class EngineBatcher:
     def __init__(self, rollout: MultiTurnRollout, sampling: SamplingParams, step: int,
                  live: Callable[[], int] = lambda: 1):
         self.rollout, self.sampling, self.step, self.live = rollout, sampling, step, live
-        self.eos_ids = _eos_ids(rollout.ctx.tokenizer)
+        self.eos_ids = eos_ids(rollout.ctx.tokenizer)
         self.engine_calls = self.requests = self.overridden = 0
         self._queue: list[_Pending] = []
         self._last_arrival = 0.0
@@ -296,11 +296,6 @@ class EngineBatcher:
                     p.error = err
 
 
-def _eos_ids(tokenizer) -> set[int]:
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return {eos} if isinstance(eos, int) else set(eos or [])
-
-
 class GatewayLoop:
     """One gateway rollout: every episode's agent run at once against its own session (module docstring)."""
 
@@ -320,7 +315,7 @@ class GatewayLoop:
         r.gateway.generate = self.batcher
         r.gateway.policy_version = lambda: self.step
         server = r.server()
-        asyncio.run(self._play_all(server, list(ctxs.values())))
+        asyncio.run(self._play_all(server, self.episodes))
         for ctx in ctxs.values():
             ctx.rows, ctx.row_metrics = build_rows(ctx.records)
             ctx.num_turns = len({rec.request_index for rec in ctx.records})
