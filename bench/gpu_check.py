@@ -20,13 +20,20 @@ What it runs (each part prints one JSON line and the whole record goes to ``--ou
 7. ``--lora R``: the full update and then the LoRA actor at rank R (docs/lora.md) on the same job: what trains,
    speed, peak memory, the reference as the adapter switched off, and the merged weights of a sync in the HF
    engine (``--skip-main`` leaves out parts 2-5).
+8. ``--gateway MODEL``: a trained model (make train's warm start) behind the gateway (docs/gateway.md) on the
+   device: uvicorn on 127.0.0.1, the real ``openai`` client, the example FrozenLake agent
+   (``examples/gateway/frozenlake_openai.py``) playing real episodes of make train's task at once. Checked:
+   the ids and log-probs each call returned are the session's records, the sessions' rows, and the actor's
+   bf16 log-probs of those rows against the engine's (the GPU e2e test's 1e-2, here on a model whose sampled
+   tokens are likely, unlike the random 0.5B shape).
 
     python bench/gpu_check.py --out /tmp/gpu_check.json          # on a machine with a CUDA device
     python bench/gpu_check.py --sweep --out /tmp/gpu_check.json
     python bench/gpu_check.py --skip-main --lora 64 --out /tmp/gpu_lora.json
+    python bench/gpu_check.py --skip-main --gateway outputs/agent_trainer/sft_frozenlake_nodeadends/final
 
-Needs torch, transformers, safetensors, omegaconf (the config layer) and, for ``--lora``, peft; not Ray, not
-vLLM. Figures go to docs/benchmarks.md ("On a GPU") and docs/lora.md.
+Needs torch, transformers, safetensors, omegaconf (the config layer), for ``--lora`` peft, for ``--gateway``
+fastapi, uvicorn and openai; not Ray, not vLLM. Figures go to docs/benchmarks.md ("On a GPU") and docs/lora.md.
 """
 
 from __future__ import annotations
@@ -389,6 +396,127 @@ def hf_rollout(model_dir: Path, worker, args) -> None:
            woken_gib=round(woken / GIB, 2), generates_after_wake=all(len(o.token_ids) for o in again))
 
 
+def gateway_check(model_path: str, args) -> None:
+    """Part 8: make train's warm start behind the gateway on the device, the example agent playing real episodes."""
+    import asyncio
+
+    import openai
+    from envs.registry import load_env_tags, make_env
+    from examples.gateway import frozenlake_openai
+    from transformers import AutoTokenizer
+
+    from agent_trainer.gateway.app import Gateway, create_app
+    from agent_trainer.gateway.server import GatewayServer, new_api_key
+    from agent_trainer.gateway.sessions import SessionStore, build_rows
+    from agent_trainer.gateway.task import StepResult, Task
+    from workers.actor import ActorWorker
+    from workers.rollout import HFRolloutWorker
+
+    dtype = "bfloat16" if on_gpu() else "float32"
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = HFRolloutWorker(model_path, device=DEVICE, dtype=dtype, max_model_len=1024, seed=0)
+    returned: dict[str, list] = {}  # session -> (token ids, log-probs) of each call, as the client got them
+
+    engine_s: list[float] = []  # each engine call inside the gateway: where a call's time goes
+    asked: list[tuple] = []
+
+    def generate(prompts, **sampling):
+        out, seconds = synced(lambda: engine.generate(prompts, **{**sampling, "temperature": 1.0}))
+        engine_s.append(seconds)
+        asked.append((prompts, sampling))
+        return out
+
+    gateway = Gateway(tokenizer=tokenizer, generate=generate, store=SessionStore(), api_key=new_api_key(),
+                      model="policy", max_model_len=1024)
+    tag = "FrozenLakeNoDeadEnds"
+    tag_cfg = load_env_tags()[tag]
+
+    class Recording(openai.AsyncOpenAI):  # the agent is unchanged; what each call returned is kept
+        def __init__(self, sid: str, **kw):
+            super().__init__(**kw)
+            create = self.chat.completions.create
+
+            async def kept(**request):
+                out = await create(**request, logprobs=True, extra_body={"return_token_ids": True})
+                returned.setdefault(sid, []).append(
+                    (out.choices[0].model_extra["token_ids"], [t.logprob for t in out.choices[0].logprobs.content]))
+                return out
+            self.chat.completions.create = kept
+
+    async def episode(server, http, seed: int) -> str:
+        env = make_env(tag)
+        observation = env.reset(seed=seed)
+
+        async def step(actions: list[str], response: str) -> StepResult:
+            if not actions:
+                return StepResult(observation, -0.1, False, {"action_is_valid": False})
+            obs, reward, done, info = env.step(actions[0])
+            return StepResult(obs, float(reward), bool(done), dict(info))
+
+        sid = gateway.store.open()
+        instruction = (f"{tag_cfg.env_instruction.strip()}\nValid actions: {env.action_description()}\n"
+                       "Give exactly one action per turn.")
+        task = Task(instruction=instruction, observation=observation, tag=tag, env_id=seed, group_id=seed,
+                    model="policy", max_turns=5, _step=step)
+        client = Recording(sid, base_url=server.base_url(sid), api_key=gateway.api_key, max_retries=0,
+                           http_client=http)
+        await frozenlake_openai.run(task, client)
+        return sid
+
+    async def play(server):  # one HTTP client under the episodes' openai clients, as the gateway rollout's
+        async with openai.DefaultAsyncHttpxClient() as http:
+            return await asyncio.gather(*(episode(server, http, 1000 + i) for i in range(args.gateway_episodes)))
+
+    with GatewayServer(create_app(gateway)) as server:
+        sids, seconds = synced(lambda: asyncio.run(play(server)))
+    calls = [c for sid in sids for c in returned.get(sid, [])]
+    records = {sid: gateway.store.close(sid) for sid in sids}
+    exact = all([(list(r.completion_ids), list(r.logprobs)) for r in records[sid]] ==
+                [(list(ids), list(lps)) for ids, lps in returned.get(sid, [])] for sid in sids)
+    rows = [row for sid in sids for row in build_rows(records[sid])[0]]
+    tokens = sum(len(ids) for ids, _ in calls)
+    firsts = [list(records[sid][0].prompt_ids) for sid in sids if records[sid]]  # the engine alone, no HTTP:
+    one_by_one, one_s = synced(lambda: [engine.generate([p], max_tokens=64, temperature=1.0)[0] for p in firsts])
+    together, all_s = synced(lambda: engine.generate(firsts, max_tokens=64, temperature=1.0))
+    replay = asked[:16]  # the gateway's own engine calls again, from this thread and from another one
+    _, main_s = synced(lambda: [engine.generate(p, **{**kw, "temperature": 1.0}) for p, kw in replay])
+    import threading
+    worker_thread = threading.Thread(target=lambda: [engine.generate(p, **{**kw, "temperature": 1.0})
+                                                     for p, kw in replay])
+    _, thread_s = synced(lambda: (worker_thread.start(), worker_thread.join()))
+
+    actor_cfg = ActorConfig(ppo_mini_batch_size=len(rows), ppo_micro_batch_size_per_gpu=8, optim=OptimConfig(lr=1e-6),
+                            fsdp=FSDPConfig(world_size=1, mixed_precision="bf16" if on_gpu() else "none"))
+    worker = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=model_path, dtype="float32"), actor=actor_cfg,
+                         device=DEVICE)
+    worker.init_model()
+    width = max(len(r.input_ids) for r in rows)
+    ids, attn, resp, engine_lp = (torch.zeros(len(rows), width, dtype=d) for d in
+                                  (torch.long, torch.long, torch.long, torch.float32))
+    for b, row in enumerate(rows):
+        n = len(row.input_ids)
+        ids[b, :n], attn[b, :n] = torch.tensor(row.input_ids), 1
+        resp[b, :n], engine_lp[b, :n] = torch.tensor(row.response_mask), torch.tensor(row.rollout_log_probs)
+    batch = TensorBatch({"input_ids": ids, "attention_mask": attn, "response_mask": resp,
+                         "position_ids": torch.arange(width).expand(len(rows), width).clone()})
+    where = resp.bool()
+    diff = (worker.compute_log_prob(batch)["old_log_probs"] - engine_lp)[where].abs()
+    report("gateway", model=args.gateway, engine_dtype=dtype, episodes=len(sids), calls=len(calls),
+           sampled_tokens=tokens, seconds=round(seconds, 2), tokens_per_s=round(tokens / seconds),
+           client_got_what_sessions_recorded=exact, rows=len(rows), rows_per_episode=round(len(rows) / len(sids), 2),
+           trained_tokens=int(where.sum()), trained_tokens_equal_sampled=int(where.sum()) == tokens,
+           engine_s_per_call_in_gateway=round(sum(engine_s) / len(engine_s), 3),
+           replayed_s_per_call_main_thread=round(main_s / len(replay), 3),
+           replayed_s_per_call_other_thread=round(thread_s / len(replay), 3),
+           gateway_max_tokens=sorted({kw["max_tokens"] for _, kw in asked}),
+           engine_alone_one_by_one_tokens_per_s=round(sum(len(o.token_ids) for o in one_by_one) / one_s),
+           engine_alone_one_by_one_s_per_call=round(one_s / len(firsts), 3),
+           engine_alone_batched_tokens_per_s=round(sum(len(o.token_ids) for o in together) / all_s),
+           mean_logprob=float(engine_lp[where].mean()), engine_vs_actor_mean_abs=float(diff.mean()),
+           engine_vs_actor_max_abs=float(diff.max()), within_e2e_tolerance=bool(diff.mean() < 1e-2))
+    del worker, engine
+
+
 def main(argv: list[str] | None = None) -> int:
     global DEVICE, SHAPES
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -403,7 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default=str(SHAPES), help="a model folder's config.json to build at random")
     parser.add_argument("--sweep", action="store_true", help="also time other micro-batch sizes / checkpointing")
     parser.add_argument("--lora", type=int, default=0, help="also the LoRA actor at this rank (docs/lora.md)")
-    parser.add_argument("--skip-main", action="store_true", help="only the --sweep and --lora parts")
+    parser.add_argument("--skip-main", action="store_true", help="only the --sweep, --lora and --gateway parts")
+    parser.add_argument("--gateway", default="", help="also part 8 with this trained model folder")
+    parser.add_argument("--gateway-episodes", type=int, default=32)
     parser.add_argument("--cpu", action="store_true", help="run on CPU over gloo (to try the script here)")
     args = parser.parse_args(argv)
     DEVICE, SHAPES = ("cpu" if args.cpu else "cuda"), Path(args.shape).resolve()
@@ -428,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.lora:  # full fine-tuning of the same job beside it, in the same run
                 update_speed(model_dir, n_params, args, args.micro_rows, True)
                 lora_check(model_dir, n_params, args)
+            if args.gateway:
+                gateway_check(str(Path(args.gateway).resolve()), args)
         finally:
             dist.destroy_process_group()
     Path(args.out).write_text(json.dumps(RECORD, indent=1))

@@ -1,5 +1,5 @@
 """bench/gpu_check.py, the torch-level GPU checks, run here on CPU over gloo (``--cpu``) with the tiny model's
-shape: every part runs and reports (the LoRA part too), so the script a GPU session runs has not rotted since
+shape: every part runs and reports (the LoRA and gateway parts too), so the script a GPU session runs has not rotted since
 the last GPU."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
     proc = subprocess.run(
         [sys.executable, "bench/gpu_check.py", "--cpu", "--shape", tiny_model_path, "--rows", "4", "--micro-rows",
          "2", "--seq", "64", "--prompt", "16", "--steps", "1", "--gen-prompts", "4", "--gen-tokens", "8",
-         "--sweep", "--lora", "8", "--out", str(out)],
+         "--sweep", "--lora", "8", "--gateway", tiny_model_path, "--gateway-episodes", "3", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads(out.read_text())
@@ -34,3 +34,6 @@ def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
     assert lora["reference_equals_policy_at_start_max_abs"] == 0.0  # lora_B starts at 0: adapter off == on
     assert lora["policy_moved"] > 0 and lora["reference_unchanged_max_abs"] == 0.0
     assert record["lora_sync"]["engine_vs_actor_mean_abs"] < 1e-2  # the merged weights reached the engine
+    gateway = record["gateway"]  # the example agent through HTTP: what the client got is what trains
+    assert gateway["calls"] >= 3 and gateway["client_got_what_sessions_recorded"]
+    assert gateway["trained_tokens_equal_sampled"] and gateway["engine_vs_actor_mean_abs"] < 1e-4
