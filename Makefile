@@ -76,7 +76,19 @@ $(RM)/config.json: $(MODEL)/build_info.json
 	rm -rf $(RM)
 	$(PY) -m launch.build_tiny_model --out $(MODEL) --reward-model-out $(RM)
 
+# ENVS=/abs/path/my_envs.yaml (docs/writing_an_environment.md): also build $(ENVS_MODEL), whose corpus is the shipped
+# tags' plus that file's (added, never replacing them); the file's folder goes on PYTHONPATH so its env classes
+# import. make train's model, $(MODEL), is left as it is.
+ENVS ?=
+ENVS_MODEL ?= models/tiny-qwen2-envs
+ENVS_WARMUP ?= 1200
+
 model: $(MODEL)/build_info.json $(RM)/config.json
+ifneq ($(strip $(ENVS)),)
+	PYTHONPATH=$(dir $(abspath $(ENVS)))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m launch.build_tiny_model \
+	  --out $(ENVS_MODEL) --add-envs-config $(abspath $(ENVS)) --warmup-steps $(ENVS_WARMUP) --force
+	@echo "built $(ENVS_MODEL) (the shipped tags and $(ENVS)): train with model_path=$(abspath $(ENVS_MODEL))"
+endif
 
 # tests/launch/test_scripts.py runs shellcheck (a distribution package) over every shell script:
 # installed with apt-get when missing and we are root; otherwise that half of the test is skipped.

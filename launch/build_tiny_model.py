@@ -194,8 +194,10 @@ def _prompt_texts() -> list[str]:
     ]
 
 
-def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3, seed: int = 0) -> Corpus:
-    """Gather text and warm-up episodes from every tag in ``envs_config``.
+def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3, seed: int = 0,
+                   add_envs_configs: tuple[str | Path, ...] = ()) -> Corpus:
+    """Gather text and warm-up episodes from every tag in ``envs_config`` and then in ``add_envs_configs``
+    (a user's tags files: their tags add to the corpus; a tag named in two files is refused).
 
     A tag whose optional dependency is missing (ImportError) is skipped and
     logged; any other error (a wrong config path included) propagates.
@@ -212,6 +214,12 @@ def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3,
                                     [(["Left", "Right", "Up", "Down"], True)])
         return Corpus(texts, [placeholder], [], {}, "prompts_only")
     tags = load_env_tags(envs_config)
+    for extra in add_envs_configs:
+        added = load_env_tags(extra)
+        if clash := sorted(set(added) & set(tags)):
+            raise ValueError(f"--add-envs-config {extra}: tags {clash} are already in {envs_config} or an earlier "
+                             "file; rename them in your tags file (the corpus keeps one tag per name)")
+        tags.update(added)
     episodes, used, skipped = [], [], {}
     for tag in tags:
         try:
@@ -492,7 +500,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                      max_position_embeddings: int = 2048, warmup_steps: int = 300, batch_size: int = 8,
                      lr: float = 5e-3, seed: int = 0, envs_config: str | Path = "config/envs.yaml",
                      corpus_seeds: int = 32, format_samples: int = 32, threads: int = 1,
-                     reading_fraction: float = 0.0, reading_samples: int = 128, force: bool = False) -> Path:
+                     reading_fraction: float = 0.0, reading_samples: int = 128, force: bool = False,
+                     add_envs_configs: tuple[str | Path, ...] = ()) -> Path:
     """Build (or reuse) the tiny model at ``out_dir`` and return its path.
 
     The build goes to a temporary sibling directory that is renamed into
@@ -511,7 +520,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
     # fixes the float reduction order, so a seed reproduces the same bytes.
     with _torch_threads(threads):
         start = time.monotonic()
-        corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed)
+        corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed, add_envs_configs=add_envs_configs)
         tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
         tmp.mkdir(parents=True)
         try:
@@ -595,6 +604,9 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--lr", type=float, default=5e-3, help="warm-up peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed for corpus, init, warm-up and sampling")
     p.add_argument("--envs-config", default="config/envs.yaml", help="env tags to take text from")
+    p.add_argument("--add-envs-config", action="append", default=[], metavar="FILE",
+                   help="a tags file whose tags are added to --envs-config's (repeatable; your env's module must be "
+                        "importable): the model then knows your env's words too")
     p.add_argument("--corpus-seeds", type=int, default=32, help="reset seeds per env tag")
     p.add_argument("--format-samples", type=int, default=32, help="samples for the format_ok rate")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the build (1 is fastest on shared cores)")
@@ -618,6 +630,7 @@ def main(argv: list[str] | None = None) -> Path:
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
         threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples, force=a.force,
+        add_envs_configs=tuple(a.add_envs_config),
     )
     if a.reward_model_out:
         build_reward_model(out, a.reward_model_out, seed=a.seed)

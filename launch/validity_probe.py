@@ -1,0 +1,118 @@
+"""How often a model's first replies are valid actions of an environment, measured through the rollout's own code.
+
+    python -m launch.validity_probe --model models/tiny-qwen2 [--envs-file my_envs.yaml] [--tag Elevator ...]
+
+Episodes are reset and stepped by ``agent_trainer.es_manager.EnvStateManager`` (the instruction with the env's
+``Valid actions:`` line, the format penalty, the env's ``action_is_valid``), prompts are built and replies parsed by
+``agent_trainer.ctx_manager.ContextManager``, and replies are sampled by ``workers.rollout.HFRolloutWorker`` at the
+trainer's default sampling (temperature 1, no top-k/top-p, ``response_length`` 100 capped by the tag's
+``max_tokens``). A turn counts as valid when the env-state manager says so: the reply parsed and the env accepted
+every action in it. No parsing or prompt building is repeated here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ProbeResult:
+    """What one tag's episodes answered."""
+
+    tag: str
+    turns: int
+    """Turns played (episodes x turns, fewer when episodes ended early)."""
+    valid: int
+    """Turns whose actions the env accepted (``action_is_valid`` of the env-state manager)."""
+    format_ok: int
+    """Turns whose reply had the ``<answer>`` format (``prompts.parse_response``)."""
+    answers: collections.Counter = field(default_factory=collections.Counter)
+    """How often each answer text was given (for uniformity checks)."""
+
+    @property
+    def valid_rate(self) -> float:
+        return self.valid / self.turns if self.turns else 0.0
+
+    @property
+    def format_ok_rate(self) -> float:
+        return self.format_ok / self.turns if self.turns else 0.0
+
+
+def probe_tag(engine, tokenizer, tags: dict, tag: str, *, episodes: int = 64, turns: int = 1, seed: int = 0,
+              temperature: float = 1.0, response_length: int = 100, enable_think: bool = True) -> ProbeResult:
+    """Play ``episodes`` episodes of ``tag`` for up to ``turns`` turns with ``engine`` and count valid turns."""
+    from agent_trainer.ctx_manager import ContextManager
+    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+
+    ctx_mgr = ContextManager(tokenizer, enable_think=enable_think)
+    manager = EnvStateManager(tags, [EpisodeSpec(env_id=i, group_id=i, tag=tag) for i in range(episodes)])
+    budget = min(manager.tags[tag].max_tokens, response_length)
+    result = ProbeResult(tag, 0, 0, 0)
+    try:
+        outputs = manager.reset({i: seed + i for i in range(episodes)})
+        contexts = {out.env_id: ctx_mgr.start(out) for out in outputs}
+        for turn in range(turns):
+            active = [ctx for ctx in contexts.values() if not ctx.done]
+            if not active:
+                break
+            generated = engine.generate([ctx_mgr.prompt_ids(ctx) for ctx in active], max_tokens=budget,
+                                        temperature=temperature, seed=seed + turn)
+            inputs = [ctx_mgr.append_reply(ctx, out.token_ids, out.logprobs) for ctx, out in zip(active, generated)]
+            for inp, out in zip(inputs, manager.step(inputs)):
+                parsed_ok = bool(inp.actions)
+                result.turns += 1
+                result.valid += bool(out.info.get("action_is_valid", False))
+                result.format_ok += parsed_ok
+                result.answers[" || ".join(inp.actions) if parsed_ok else "<format error>"] += 1
+                ctx_mgr.append_env_output(contexts[out.env_id], out, budget)
+    finally:
+        manager.close()
+    return result
+
+
+def probe_model(model_path: str | Path, tags: dict, tag_names: list[str] | None = None, **kwargs) -> list[ProbeResult]:
+    """:func:`probe_tag` for each of ``tag_names`` (default: every tag of ``tags``) with one HF engine."""
+    from transformers import AutoTokenizer
+
+    from workers.rollout import HFRolloutWorker
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    engine = HFRolloutWorker(str(model_path), seed=kwargs.get("seed", 0))
+    return [probe_tag(engine, tokenizer, tags, tag, **kwargs) for tag in (tag_names or list(tags))]
+
+
+def main(argv: list[str] | None = None) -> list[ProbeResult]:
+    """Command-line entry point: one line per tag, then a JSON summary."""
+    from envs import load_env_tags
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="models/tiny-qwen2", help="model folder (HF format)")
+    p.add_argument("--envs-file", default="config/envs.yaml", help="tags file")
+    p.add_argument("--tag", action="append", default=None, help="tag to probe (repeatable; default: all)")
+    p.add_argument("--episodes", type=int, default=64, help="episodes per tag")
+    p.add_argument("--turns", type=int, default=1, help="turns per episode")
+    p.add_argument("--seed", type=int, default=0, help="reset seeds start here; sampling seed")
+    p.add_argument("--no-think", action="store_true", help="answer-only prompt (agent_proxy.enable_think=false)")
+    a = p.parse_args(argv)
+    tags = load_env_tags(a.envs_file)
+    results = []
+    for tag in a.tag or list(tags):
+        try:
+            results += probe_model(a.model, tags, [tag], episodes=a.episodes, turns=a.turns, seed=a.seed,
+                                   enable_think=not a.no_think)
+        except ImportError as exc:  # an env whose optional package is missing (ALFWorld)
+            print(f"{tag}: skipped ({str(exc).splitlines()[0]})")
+            continue
+        r = results[-1]
+        top = ", ".join(f"{k!r}: {v}" for k, v in r.answers.most_common(5))
+        print(f"{tag}: valid {r.valid_rate:.3f}, format_ok {r.format_ok_rate:.3f} over {r.turns} turns; {top}")
+    print(json.dumps({r.tag: round(r.valid_rate, 3) for r in results}))
+    return results
+
+
+if __name__ == "__main__":
+    main()
