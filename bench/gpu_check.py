@@ -408,7 +408,7 @@ def gateway_check(model_path: str, args) -> None:
     from agent_trainer.gateway.app import Gateway, create_app
     from agent_trainer.gateway.server import GatewayServer, new_api_key
     from agent_trainer.gateway.sessions import SessionStore, build_rows
-    from agent_trainer.gateway.task import StepResult, Task
+    from agent_trainer.gateway.task import Task
     from workers.actor import ActorWorker
     from workers.rollout import HFRolloutWorker
 
@@ -445,19 +445,10 @@ def gateway_check(model_path: str, args) -> None:
 
     async def episode(server, http, seed: int) -> str:
         env = make_env(tag)
-        observation = env.reset(seed=seed)
-
-        async def step(actions: list[str], response: str) -> StepResult:
-            if not actions:
-                return StepResult(observation, -0.1, False, {"action_is_valid": False})
-            obs, reward, done, info = env.step(actions[0])
-            return StepResult(obs, float(reward), bool(done), dict(info))
-
         sid = gateway.store.open()
         instruction = (f"{tag_cfg.env_instruction.strip()}\nValid actions: {env.action_description()}\n"
                        "Give exactly one action per turn.")
-        task = Task(instruction=instruction, observation=observation, tag=tag, env_id=seed, group_id=seed,
-                    model="policy", max_turns=5, _step=step)
+        task = Task.local(env, seed=seed, instruction=instruction, tag=tag, model="policy", max_turns=5)
         client = Recording(sid, base_url=server.base_url(sid), api_key=gateway.api_key, max_retries=0,
                            http_client=http)
         await frozenlake_openai.run(task, client)

@@ -66,6 +66,24 @@ class Task:
     info: dict = field(default_factory=dict)
     """The last step's info (``success``, ``action_is_valid``, ...)."""
 
+    @classmethod
+    def local(cls, env, *, seed: int, instruction: str, tag: str, model: str, max_turns: int,
+              format_penalty: float = -0.1) -> Task:
+        """A task over an env object in this process (``envs.make_env``), reset with ``seed``: to try an agent
+        against a gateway without the trainer, its env actors or Ray. A step without an action costs
+        ``format_penalty`` and leaves the env as it was; the first action of a list is the one taken."""
+        observation = env.reset(seed=seed)
+
+        async def step(actions: list[str], response: str) -> StepResult:
+            if not actions:
+                return StepResult(task.observation, format_penalty, False, {"action_is_valid": False})
+            obs, reward, done, info = env.step(actions[0])
+            return StepResult(obs, float(reward), bool(done), dict(info))
+
+        task = cls(instruction=instruction, observation=observation, tag=tag, env_id=seed, group_id=seed, model=model,
+                   max_turns=max_turns, _step=step)
+        return task
+
     async def step(self, actions: str | list[str] | None, response: str = "") -> StepResult:
         """Act in the environment: one action (or a list, up to ``es_manager.max_actions_per_turn``; None or
         an empty list when the reply had none: the env charges ``es_manager.format_penalty``). ``response``

@@ -315,24 +315,16 @@ def test_an_agent_built_with_the_openai_agents_sdk_plays_through_the_gateway(tin
     from envs import make_env
     from examples.gateway import frozenlake_agents_sdk
 
-    from agent_trainer.gateway.task import StepResult, Task
+    from agent_trainer.gateway.task import Task
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     engine = HFRolloutWorker(tiny_model_path, max_model_len=1536, seed=0)  # the SDK's tool schema is long
     gateway = Gateway(tokenizer=tokenizer, generate=engine.generate, store=SessionStore(), api_key=new_api_key(),
                       model="tiny-qwen2", max_model_len=1536)
     env = make_env("FrozenLake")
-    observation = env.reset(seed=0)
-
-    async def step(actions: list[str], response: str) -> StepResult:
-        if not actions:
-            return StepResult(observation, -0.1, False, {"action_is_valid": False})
-        obs, reward, done, info = env.step(actions[0])
-        return StepResult(obs, float(reward), bool(done), dict(info))
-
     sid = gateway.store.open()
-    task = Task(instruction=f"Walk to the goal.\nValid actions: {env.action_description()}", observation=observation,
-                tag="FrozenLake", env_id=0, group_id=0, model="tiny-qwen2", max_turns=3, _step=step)
+    task = Task.local(env, seed=0, instruction=f"Walk to the goal.\nValid actions: {env.action_description()}",
+                      tag="FrozenLake", model="tiny-qwen2", max_turns=3)
     with GatewayServer(create_app(gateway)) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url(sid), api_key=gateway.api_key, max_retries=0)
         asyncio.run(frozenlake_agents_sdk.run(task, client))

@@ -184,3 +184,24 @@ def test_requests_with_other_stop_ids_go_in_their_own_call_and_an_engine_error_f
     batcher, out = _batcher(failing), {}
     _ask(batcher, [1], out)
     assert isinstance(out[1], RuntimeError) and "engine down" in str(out[1])
+
+
+def test_a_local_task_steps_its_env_charges_a_missing_action_and_ends():
+    """``Task.local``: the in-process task a user tries an agent with (no env actor): a real FrozenLake."""
+    import asyncio
+
+    from envs import make_env
+
+    from agent_trainer.gateway.task import EpisodeOver, Task
+
+    env = make_env("FrozenLake")
+    task = Task.local(env, seed=3, instruction="Walk.", tag="FrozenLake", model="m", max_turns=2)
+    assert task.observation == make_env("FrozenLake").reset(seed=3) and not task.done
+    missing = asyncio.run(task.step(None))
+    assert missing.reward == -0.1 and missing.info == {"action_is_valid": False}
+    assert missing.observation == task.observation and task.turns == 1 and not task.done
+    moved = asyncio.run(task.step(["Left", "Up"]))  # the first action of a list is taken
+    assert moved.info["action_is_valid"] and task.done and task.turns == 2  # max_turns reached
+    assert task.reward == -0.1 + moved.reward
+    with pytest.raises(EpisodeOver, match="is over after 2 steps"):
+        asyncio.run(task.step("Left"))
