@@ -396,6 +396,30 @@ def hf_rollout(model_dir: Path, worker, args) -> None:
            woken_gib=round(woken / GIB, 2), generates_after_wake=all(len(o.token_ids) for o in again))
 
 
+def engine_alone(engine, firsts: list[list[int]], asked: list[tuple]) -> dict:
+    """The engine without the gateway: the episodes' first prompts one by one and batched (64 new tokens), and
+    the gateway's own first 16 engine calls again from this thread and from another one (where a call's time
+    goes when the gateway's calls are slower than the engine's)."""
+    import threading
+
+    one_by_one, one_s = synced(lambda: [engine.generate([p], max_tokens=64, temperature=1.0)[0] for p in firsts])
+    together, all_s = synced(lambda: engine.generate(firsts, max_tokens=64, temperature=1.0))
+    replay = asked[:16]
+
+    def replayed():
+        return [engine.generate(p, **{**kw, "temperature": 1.0}) for p, kw in replay]
+
+    _, main_s = synced(replayed)
+    worker_thread = threading.Thread(target=replayed)
+    _, thread_s = synced(lambda: (worker_thread.start(), worker_thread.join()))
+    return {"replayed_s_per_call_main_thread": round(main_s / len(replay), 3),
+            "replayed_s_per_call_other_thread": round(thread_s / len(replay), 3),
+            "gateway_max_tokens": sorted({kw["max_tokens"] for _, kw in asked}),
+            "engine_alone_one_by_one_tokens_per_s": round(sum(len(o.token_ids) for o in one_by_one) / one_s),
+            "engine_alone_one_by_one_s_per_call": round(one_s / len(firsts), 3),
+            "engine_alone_batched_tokens_per_s": round(sum(len(o.token_ids) for o in together) / all_s)}
+
+
 def gateway_check(model_path: str, args) -> None:
     """Part 8: make train's warm start behind the gateway on the device, the example agent playing real episodes."""
     import asyncio
@@ -466,15 +490,7 @@ def gateway_check(model_path: str, args) -> None:
                 [(list(ids), list(lps)) for ids, lps in returned.get(sid, [])] for sid in sids)
     rows = [row for sid in sids for row in build_rows(records[sid])[0]]
     tokens = sum(len(ids) for ids, _ in calls)
-    firsts = [list(records[sid][0].prompt_ids) for sid in sids if records[sid]]  # the engine alone, no HTTP:
-    one_by_one, one_s = synced(lambda: [engine.generate([p], max_tokens=64, temperature=1.0)[0] for p in firsts])
-    together, all_s = synced(lambda: engine.generate(firsts, max_tokens=64, temperature=1.0))
-    replay = asked[:16]  # the gateway's own engine calls again, from this thread and from another one
-    _, main_s = synced(lambda: [engine.generate(p, **{**kw, "temperature": 1.0}) for p, kw in replay])
-    import threading
-    worker_thread = threading.Thread(target=lambda: [engine.generate(p, **{**kw, "temperature": 1.0})
-                                                     for p, kw in replay])
-    _, thread_s = synced(lambda: (worker_thread.start(), worker_thread.join()))
+    alone = engine_alone(engine, [list(records[sid][0].prompt_ids) for sid in sids if records[sid]], asked)
 
     actor_cfg = ActorConfig(ppo_mini_batch_size=len(rows), ppo_micro_batch_size_per_gpu=8, optim=OptimConfig(lr=1e-6),
                             fsdp=FSDPConfig(world_size=1, mixed_precision="bf16" if on_gpu() else "none"))
@@ -496,13 +512,7 @@ def gateway_check(model_path: str, args) -> None:
            sampled_tokens=tokens, seconds=round(seconds, 2), tokens_per_s=round(tokens / seconds),
            client_got_what_sessions_recorded=exact, rows=len(rows), rows_per_episode=round(len(rows) / len(sids), 2),
            trained_tokens=int(where.sum()), trained_tokens_equal_sampled=int(where.sum()) == tokens,
-           engine_s_per_call_in_gateway=round(sum(engine_s) / len(engine_s), 3),
-           replayed_s_per_call_main_thread=round(main_s / len(replay), 3),
-           replayed_s_per_call_other_thread=round(thread_s / len(replay), 3),
-           gateway_max_tokens=sorted({kw["max_tokens"] for _, kw in asked}),
-           engine_alone_one_by_one_tokens_per_s=round(sum(len(o.token_ids) for o in one_by_one) / one_s),
-           engine_alone_one_by_one_s_per_call=round(one_s / len(firsts), 3),
-           engine_alone_batched_tokens_per_s=round(sum(len(o.token_ids) for o in together) / all_s),
+           engine_s_per_call_in_gateway=round(sum(engine_s) / len(engine_s), 3), **alone,
            mean_logprob=float(engine_lp[where].mean()), engine_vs_actor_mean_abs=float(diff.mean()),
            engine_vs_actor_max_abs=float(diff.max()), within_e2e_tolerance=bool(diff.mean() < 1e-2))
     del worker, engine

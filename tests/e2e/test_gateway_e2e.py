@@ -2,15 +2,19 @@
 vLLM CPU, the HTTP gateway and the real ``openai`` client; nothing mocked): 2 GiGPO steps of
 config/frozenlake_gateway.yaml on the tiny model. The training rows must hold exactly the ids and logprobs the
 gateway returned for every call; an agent that raises, or never returns (the per-episode deadline), ends only
-its own episode."""
+its own episode; an engine killed in the middle of a gateway rollout is restarted and the calls in flight are
+generated again (step 3), the rows still exactly what each client got."""
 
 from __future__ import annotations
 
 import math
 import subprocess
+import threading
+import time
 
 import httpx
 import pytest
+import ray
 import torch
 
 from agent_trainer.trainer import AgentTrainer
@@ -36,16 +40,31 @@ class KeepsBatches(AgentTrainer):
         CALLS.clear()
         HANGS.clear()
         HANGS.update({2} if step == 2 else set())  # step 2: env_id 2's agent never returns
+        killer = threading.Thread(target=self.kill_the_engine_after_a_call) if step == 3 else None
+        if killer:  # the agents wait for the restart (a vLLM start) within their deadline
+            self.cfg.agent_proxy.gateway.episode_timeout_s = 300
+            killer.start()
         result = super().collect(step)
+        if killer:
+            killer.join()
         self.seen = getattr(self, "seen", []) + [(result.batch, dict(CALLS), listening, no_key.status_code)]
         return result
+
+    def kill_the_engine_after_a_call(self):
+        """Step 3: kill the engine once the first call has come back, while the agents go on calling."""
+        deadline = time.monotonic() + 120
+        while not CALLS and time.monotonic() < deadline:
+            time.sleep(0.005)
+        ray.kill(self.engines[0], no_restart=False)
 
 
 def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_model_path, tmp_path):
     trainer, history = train_here("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL,
-                                  "trainer.total_training_steps=2",
+                                  "trainer.total_training_steps=3",
                                   "agent_proxy.gateway.agent=gateway_agents.recorded_frozenlake", trainer_cls=KeepsBatches)
-    assert [math.isfinite(h["actor/pg_loss"]) for h in history] == [True, True]
+    assert [math.isfinite(h["actor/pg_loss"]) for h in history] == [True, True, True]
+    # step 3: the engine died after the first call; it was restarted and the calls in flight generated again
+    assert [h["rollout/engine_failures"] for h in history[:2]] == [0, 0] and history[2]["rollout/engine_failures"] >= 1
     # env_id 0's agent raises after one call, and in step 2 env_id 2's never returns: each ends its own episode
     assert all(h["rollout/gateway_calls"] >= 4 and h["rollout/gateway_agent_errors"] == 1 for h in history)
     assert history[1]["rollout/gateway_agent_timeouts"] >= 1
