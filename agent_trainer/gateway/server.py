@@ -17,6 +17,12 @@ def new_api_key() -> str:
     return secrets.token_urlsafe(32)
 
 
+def session_url(host: str, port: int, session_id: str) -> str:
+    """The ``openai`` client's ``base_url`` of one session of the gateway on ``host:port``."""
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/sessions/{session_id}/v1"
+
+
 class GatewayServer:
     """uvicorn serving ``app`` in a daemon thread; ``port=0`` takes a free port (read it from ``.port``)."""
 
@@ -39,8 +45,7 @@ class GatewayServer:
 
     def base_url(self, session_id: str) -> str:
         """The ``openai`` client's ``base_url`` of one session."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/sessions/{session_id}/v1"
+        return session_url(self.host, self.port, session_id)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._server.should_exit = True

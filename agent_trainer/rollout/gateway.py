@@ -6,7 +6,7 @@ actors and their resets (seeds, faults, prefetch), the engines with their restar
 token-in/token-out check, the metrics. What changes, per rollout (:class:`GatewayLoop`):
 
 - every episode gets a session of the gateway (``agent_trainer.gateway``: FastAPI + uvicorn on 127.0.0.1, the
-  run's key) and an ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes
+  run's key, in a Ray actor of its own: ``gateway.host.GatewayHost``, whose engine calls come back here) and an ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes
   run at once on one event loop, each within ``agent_proxy.gateway.episode_timeout_s``;
 - the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
   while the engines were busy is the next engine call), at the run's sampling;
@@ -30,15 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agent_trainer import profiling
 from agent_trainer.agents.base import Agent
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows, pad_token_id
 from agent_trainer.es_manager import EnvInput, EnvOutput
-from agent_trainer.gateway.app import Gateway, create_app, eos_ids
-from agent_trainer.gateway.server import GatewayServer, new_api_key
-from agent_trainer.gateway.sessions import CallRecord, RowMetrics, SessionStore, build_rows
+from agent_trainer.gateway.app import eos_ids
+from agent_trainer.gateway.host import EngineRequest, GatewayHost, serve_requests
+from agent_trainer.gateway.server import new_api_key, session_url
+from agent_trainer.gateway.sessions import CallRecord, RowMetrics, build_rows
 from agent_trainer.gateway.task import EpisodeOver, StepResult, Task, resolve_agent_fn
 from agent_trainer.rollout.multiturn import MultiTurnRollout
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult
@@ -312,16 +315,44 @@ class GatewayLoop:
     def play(self, ctxs: dict[int, GatewayEpisode]) -> None:
         r = self.rollout
         self.episodes = list(ctxs.values())
-        r.gateway.generate = self.batcher
-        r.gateway.policy_version = lambda: self.step
-        server = r.server()
-        asyncio.run(self._play_all(server, self.episodes))
+        host = r.host()
+        stopped, failed = threading.Event(), []
+
+        def take() -> list[EngineRequest]:
+            try:
+                return ray.get(host.take.remote(0.05))
+            except ray.exceptions.RayActorError as err:  # the gateway's actor died: every agent's calls fail
+                failed.append(err)
+                stopped.set()
+                return []
+
+        pump = threading.Thread(target=serve_requests, args=(take, self._serve, stopped, 2 * len(ctxs) + 8),
+                                name="gateway-pump", daemon=True)
+        pump.start()
+        try:
+            asyncio.run(self._play_all(self.episodes))
+        finally:
+            stopped.set()
+            pump.join()
+        if failed:
+            r.forget_host()
+            raise RuntimeError(f"the gateway's Ray actor died during the {r.split} rollout ({failed[0]}); the "
+                               "episodes' calls failed with it (see the actor's log on the Ray dashboard)")
+        ray.get(host.fail_waiting.remote("the rollout is over"))  # calls of agents cancelled at their deadline
         for ctx in ctxs.values():
             ctx.rows, ctx.row_metrics = build_rows(ctx.records)
             ctx.num_turns = len({rec.request_index for rec in ctx.records})
             r.last_generations[ctx.env_id] = _generations_in_row_order(ctx)
 
-    async def _play_all(self, server: GatewayServer, episodes: list[GatewayEpisode]) -> None:
+    def _serve(self, request: EngineRequest) -> None:
+        """One request of the gateway's actor through the batched engine calls; its result goes back to it."""
+        try:
+            outputs, error = self.batcher(request.prompts, **request.sampling()), ""
+        except Exception as err:  # the request fails (500 to its agent); the others are unaffected
+            outputs, error = None, f"{type(err).__name__}: {err}"
+        self.rollout.host().deliver.remote(request.request_id, outputs, error)
+
+    async def _play_all(self, episodes: list[GatewayEpisode]) -> None:
         # every episode's env step may wait on its env actor at once (asyncio's default pool has cpu + 4 threads)
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4,
                                                                            thread_name_prefix="gateway-env"))
@@ -330,22 +361,23 @@ class GatewayLoop:
         # each (the CA bundle read again: most of a 64-episode rollout's driver time when measured)
         http = openai.DefaultAsyncHttpxClient(timeout=self.rollout.cfg.agent_proxy.gateway.episode_timeout_s)
         try:
-            await asyncio.gather(*(self._episode(server, http, ctx) for ctx in episodes))
+            await asyncio.gather(*(self._episode(http, ctx) for ctx in episodes))
         finally:
             await http.aclose()
 
-    async def _episode(self, server: GatewayServer, http, ctx: GatewayEpisode) -> None:
+    async def _episode(self, http, ctx: GatewayEpisode) -> None:
         r, cfg = self.rollout, self.rollout.cfg
         timeout = cfg.agent_proxy.gateway.episode_timeout_s
-        session = r.gateway.store.open()
-        client = openai.AsyncOpenAI(base_url=server.base_url(session), api_key=r.gateway.api_key, max_retries=0,
+        host = r.host()
+        session = await host.open_session.remote(self.step)
+        client = openai.AsyncOpenAI(base_url=session_url(*r.address(), session), api_key=r.api_key, max_retries=0,
                                     timeout=timeout, http_client=http)
 
         async def step(actions: list[str], response: str) -> StepResult:
             return await self._env_step(ctx, session, actions, response)
 
         task = Task(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
-                    group_id=ctx.group_id, model=r.gateway.model, max_turns=cfg.agent_proxy.max_turn, _step=step)
+                    group_id=ctx.group_id, model=r.model_name, max_turns=cfg.agent_proxy.max_turn, _step=step)
         running = asyncio.ensure_future(r.agent_fn(task, client))
         try:
             done, _ = await asyncio.wait({running}, timeout=timeout)
@@ -360,7 +392,7 @@ class GatewayLoop:
             self.running -= 1
             self.batcher.wake()
             ctx.done = True
-            ctx.records = r.gateway.store.close(session)
+            ctx.records = await host.close_session.remote(session)
 
     def _take_result(self, ctx: GatewayEpisode, running: asyncio.Future) -> None:
         err = running.exception()
@@ -386,10 +418,9 @@ class GatewayLoop:
 
     async def _env_step(self, ctx: GatewayEpisode, session: str, actions: list[str], response: str) -> StepResult:
         r = self.rollout
-        before = r.gateway.store.requests(session)
-        records = r.gateway.store.records(session)
-        text = response or (r.ctx.tokenizer.decode(list(records[-1].completion_ids), skip_special_tokens=True)
-                            if records else "")
+        host = r.host()
+        before = await host.requests.remote(session)
+        text = response or r.ctx.tokenizer.decode(await host.last_completion.remote(session), skip_special_tokens=True)
         actor = r.actor_of_env[ctx.env_id]
         call = await asyncio.to_thread(r.env_pool.call, "step", {actor: [EnvInput(ctx.env_id, text, actions)]},
                                        r.cfg.es_manager.env_step_timeout_s)
@@ -438,21 +469,38 @@ class GatewayRollout(MultiTurnRollout):
         agent = CondensedGatewayAgent if cfg.ctx_manager.mode == "condensed" else GatewayAgent
         super().__init__(cfg, tokenizer, engines, env_worker_cls, env_tags, agent_cls=agent, **kwargs)
         self.agent_fn = resolve_agent_fn(cfg)
-        self.gateway = Gateway(tokenizer=tokenizer, generate=None, store=SessionStore(), api_key=new_api_key(),
-                               model=served_model_name(cfg), max_model_len=cfg.actor_rollout_ref.rollout.max_model_len,
-                               engine_lock=None)
-        self._server: GatewayServer | None = None
+        self.api_key = new_api_key()
+        """The run's key: every request to the gateway must send it."""
+        self.model_name = served_model_name(cfg)
+        self._host = None
+        self._address: tuple[str, int] | None = None
         self.loop: GatewayLoop | None = None
         for name in ("httpx", "httpx2"):  # the openai client's HTTP library logs every request at INFO
             logging.getLogger(name).setLevel(logging.WARNING)
 
-    def server(self) -> GatewayServer:
-        """The gateway's HTTP server (started on first use, on ``agent_proxy.gateway.host`` / ``port``)."""
-        if self._server is None:
+    def host(self):
+        """The gateway's Ray actor (:class:`~agent_trainer.gateway.host.GatewayHost`), started on first use on this
+        (the driver's) node, serving on ``agent_proxy.gateway.host`` / ``port``."""
+        if self._host is None:
             g = self.cfg.agent_proxy.gateway
-            self._server = GatewayServer(create_app(self.gateway), host=g.host, port=g.port)
-            logger.info("gateway of the %s split listening on http://%s:%d", self.split, g.host, self._server.port)
-        return self._server
+            actor = ray.remote(num_cpus=0, max_concurrency=HOST_CONCURRENCY, max_restarts=0)(GatewayHost)
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            self._host = actor.options(scheduling_strategy=here).remote(
+                self.ctx.tokenizer, api_key=self.api_key, model=self.model_name,
+                max_model_len=self.cfg.actor_rollout_ref.rollout.max_model_len, host=g.host, port=g.port)
+            self._address = tuple(ray.get(self._host.address.remote(), timeout=HOST_START_TIMEOUT_S))
+            logger.info("gateway of the %s split listening on http://%s:%d (Ray actor GatewayHost)", self.split,
+                        *self._address)
+        return self._host
+
+    def address(self) -> tuple[str, int]:
+        """(host, port) the gateway listens on (starts it)."""
+        self.host()
+        return self._address
+
+    def forget_host(self) -> None:
+        """Drop the handle of a dead gateway actor (the next rollout would start a fresh one)."""
+        self._host, self._address = None, None
 
     def make_loop(self, sampling: SamplingParams, step: int, faults: RolloutFaults) -> GatewayLoop:
         self.loop = GatewayLoop(self, sampling, step, faults)
@@ -470,9 +518,19 @@ class GatewayRollout(MultiTurnRollout):
         return result
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        if self._host is not None:
+            try:
+                ray.get(self._host.stop.remote(), timeout=30)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass  # already gone
+            ray.kill(self._host)
+            self.forget_host()
+
+
+HOST_CONCURRENCY = 64
+"""Ray calls the gateway's actor serves at once (the driver's session calls and its wait for requests; the HTTP
+requests themselves are uvicorn's, up to ``Gateway.max_concurrent_requests``)."""
+HOST_START_TIMEOUT_S = 120.0
 
 
 def served_model_name(cfg: AgentTrainerConfig) -> str:

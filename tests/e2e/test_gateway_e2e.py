@@ -8,11 +8,14 @@ generated again (step 3), the rows still exactly what each client got."""
 from __future__ import annotations
 
 import math
+import os
+import re
 import subprocess
 import threading
 import time
 
 import httpx
+import psutil
 import pytest
 import ray
 import torch
@@ -34,9 +37,11 @@ class KeepsBatches(AgentTrainer):
     """Keeps every training rollout's batch with the calls its agents recorded, and looks at the gateway."""
 
     def collect(self, step):
-        server = self.train_rollout.server()
-        listening = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True).stdout
-        no_key = httpx.get(f"http://127.0.0.1:{server.port}/v1/models")
+        _, port = self.train_rollout.address()  # the gateway's Ray actor, started with the first rollout
+        listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+        no_key = httpx.get(f"http://127.0.0.1:{port}/v1/models")
+        owners = {int(pid): " ".join(psutil.Process(int(pid)).cmdline())  # the processes that listen
+                  for pid in re.findall(r"pid=(\d+),", listening) if int(pid) != os.getpid()}
         CALLS.clear()
         HANGS.clear()
         HANGS.update({2} if step == 2 else set())  # step 2: env_id 2's agent never returns
@@ -47,7 +52,7 @@ class KeepsBatches(AgentTrainer):
         result = super().collect(step)
         if killer:
             killer.join()
-        self.seen = getattr(self, "seen", []) + [(result.batch, dict(CALLS), listening, no_key.status_code)]
+        self.seen = getattr(self, "seen", []) + [(result.batch, dict(CALLS), listening, owners, no_key.status_code)]
         return result
 
     def kill_the_engine_after_a_call(self):
@@ -68,9 +73,12 @@ def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_
     # env_id 0's agent raises after one call, and in step 2 env_id 2's never returns: each ends its own episode
     assert all(h["rollout/gateway_calls"] >= 4 and h["rollout/gateway_agent_errors"] == 1 for h in history)
     assert history[1]["rollout/gateway_agent_timeouts"] >= 1
-    for (batch, calls, listening, no_key), h in zip(trainer.seen, history):
+    for (batch, calls, listening, owners, no_key), h in zip(trainer.seen, history):
         addresses = [line.split()[3] for line in listening.splitlines()]
         assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), listening
+        pids = {int(pid) for pid in re.findall(r"pid=(\d+),", listening)}
+        assert pids and set(owners) == pids, (listening, owners)  # the gateway's Ray actor listens, not the driver
+        assert all("GatewayHost" in cmdline for cmdline in owners.values()), owners
         assert no_key == 401  # no key, no answer
         trained = set(batch["traj_uid"].tolist())  # an episode whose calls broke into several rows is left out
         assert trained and trained <= set(calls) and len(calls) - len(trained) == h["rollout/gateway_left_out"]

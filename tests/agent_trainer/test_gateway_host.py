@@ -1,0 +1,97 @@
+"""The body of the gateway's Ray actor (``agent_trainer.gateway.host.GatewayHost``) in this process: real HTTP
+through uvicorn and the real ``openai`` client, the engine calls served by the test as the driver serves them
+(``take`` then ``deliver``) with the tiny model's HF engine. The actor itself runs in tests/e2e/test_gateway_e2e.py."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from agent_trainer.gateway.host import GatewayHost, serve_requests
+from agent_trainer.gateway.server import new_api_key, session_url
+from workers.rollout import GenerationOutput, HFRolloutWorker
+
+MESSAGES = [{"role": "user", "content": "You are on a frozen lake. Where do you go?"}]
+
+
+@pytest.fixture(scope="module")
+def host(tiny_model_path):
+    host = GatewayHost(AutoTokenizer.from_pretrained(tiny_model_path), api_key=new_api_key(), model="policy",
+                       max_model_len=512, host="127.0.0.1", port=0)
+    yield host
+    host.stop()
+
+
+def _client(host: GatewayHost, session: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=session_url(*host.address(), session), api_key=host.gateway.api_key, max_retries=0)
+
+
+def _call_in_thread(host: GatewayHost, session: str, **extra) -> tuple[threading.Thread, dict]:
+    got: dict = {}
+
+    def call():
+        try:
+            got["reply"] = _client(host, session).chat.completions.create(
+                model="policy", messages=MESSAGES, max_tokens=16, logprobs=True,
+                extra_body={"return_token_ids": True}, **extra)
+        except openai.APIError as err:
+            got["error"] = err
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread, got
+
+
+def test_a_call_waits_for_the_driver_and_gets_what_it_delivered(host, tiny_model_path):
+    engine = HFRolloutWorker(tiny_model_path, max_model_len=512, seed=0)
+    session = host.open_session(policy_version=5)
+    thread, got = _call_in_thread(host, session, temperature=0.5)
+    [request] = host.take(wait_s=30)  # the request the app could not answer from its own state
+    assert request.max_tokens == 16 and request.temperature == 0.5 and len(request.prompts) == 1
+    assert host.take(wait_s=0.01) == []  # taken once
+    outputs = engine.generate(request.prompts, **request.sampling())
+    host.deliver(request.request_id, outputs)
+    thread.join(30)
+    choice = got["reply"].choices[0]
+    assert choice.model_extra["token_ids"] == outputs[0].token_ids
+    assert [t.logprob for t in choice.logprobs.content] == outputs[0].logprobs
+    assert host.requests(session) == 1 and host.last_completion(session) == outputs[0].token_ids
+    [record] = host.close_session(session)
+    assert list(record.completion_ids) == outputs[0].token_ids and record.policy_version == 5
+
+
+def test_a_failed_or_abandoned_engine_call_is_a_500_for_its_agent_only(host):
+    session = host.open_session(policy_version=0)
+    failed, got_failed = _call_in_thread(host, session)
+    [request] = host.take(wait_s=30)
+    host.deliver(request.request_id, None, "RuntimeError: the engine is gone")
+    failed.join(30)
+    assert isinstance(got_failed["error"], openai.InternalServerError)
+    abandoned, got_abandoned = _call_in_thread(host, session)
+    assert len(host.take(wait_s=30)) == 1
+    assert host.fail_waiting("the rollout is over") == 1  # a rollout ended with the call unanswered
+    abandoned.join(30)
+    assert isinstance(got_abandoned["error"], openai.InternalServerError)
+    assert host.close_session(session) == []  # nothing was recorded for either
+
+
+def test_the_driver_side_pump_serves_every_request_until_stopped(host):
+    session = host.open_session(policy_version=0)
+    stopped, served = threading.Event(), []
+
+    def serve(request):
+        served.append(request.request_id)
+        host.deliver(request.request_id, [GenerationOutput([7], [-0.5], "length")])
+
+    pump = threading.Thread(target=serve_requests, args=(lambda: host.take(0.05), serve, stopped, 4))
+    pump.start()
+    calls = [_call_in_thread(host, session) for _ in range(3)]
+    for thread, _ in calls:
+        thread.join(30)
+    stopped.set()
+    pump.join(30)
+    assert len(served) == 3 and all(got["reply"].choices[0].model_extra["token_ids"] == [7] for _, got in calls)
+    assert len(host.close_session(session)) == 3
