@@ -175,8 +175,8 @@ class AgentTrainer:
     def named_workers(self) -> dict[str, list]:
         """Every worker's name (as in the Ray namespace) -> its actor handle, for error messages."""
         named = {f"{g.name} rank {i}": [w] for g in self.worker_groups() for i, w in enumerate(g.workers)}
-        named.update({f"env actor {i} ({split})": [a] for split, r in self.rollouts.items()
-                      for i, a in enumerate(r.env_actors)})
+        for r in self.rollouts.values():
+            named.update(r.named_actors())
         return named
 
     def fit_steps(self, stop: lifecycle.StopSignal | None = None) -> list[dict[str, float]]:

@@ -316,13 +316,12 @@ class GatewayLoop:
         r = self.rollout
         self.episodes = list(ctxs.values())
         host = r.host()
-        stopped, failed = threading.Event(), []
+        stopped = threading.Event()
 
         def take() -> list[EngineRequest]:
             try:
                 return ray.get(host.take.remote(0.05))
-            except ray.exceptions.RayActorError as err:  # the gateway's actor died: every agent's calls fail
-                failed.append(err)
+            except ray.exceptions.RayActorError:  # the gateway's actor died: the episodes' session calls raise it
                 stopped.set()
                 return []
 
@@ -331,14 +330,10 @@ class GatewayLoop:
         pump.start()
         try:
             asyncio.run(self._play_all(self.episodes))
-        finally:
+            ray.get(host.fail_waiting.remote("the rollout is over"))  # calls of agents cancelled at their deadline
+        finally:  # a dead gateway actor raises here: a dead worker, as the trainer reports any (trainer.max_restarts)
             stopped.set()
             pump.join()
-        if failed:
-            r.forget_host()
-            raise RuntimeError(f"the gateway's Ray actor died during the {r.split} rollout ({failed[0]}); the "
-                               "episodes' calls failed with it (see the actor's log on the Ray dashboard)")
-        ray.get(host.fail_waiting.remote("the rollout is over"))  # calls of agents cancelled at their deadline
         for ctx in ctxs.values():
             ctx.rows, ctx.row_metrics = build_rows(ctx.records)
             ctx.num_turns = len({rec.request_index for rec in ctx.records})
@@ -498,9 +493,8 @@ class GatewayRollout(MultiTurnRollout):
         self.host()
         return self._address
 
-    def forget_host(self) -> None:
-        """Drop the handle of a dead gateway actor (the next rollout would start a fresh one)."""
-        self._host, self._address = None, None
+    def named_actors(self) -> dict[str, list]:
+        return {**super().named_actors(), **({f"gateway ({self.split})": [self._host]} if self._host else {})}
 
     def make_loop(self, sampling: SamplingParams, step: int, faults: RolloutFaults) -> GatewayLoop:
         self.loop = GatewayLoop(self, sampling, step, faults)
@@ -524,7 +518,7 @@ class GatewayRollout(MultiTurnRollout):
             except (ray.exceptions.RayError, TimeoutError):
                 pass  # already gone
             ray.kill(self._host)
-            self.forget_host()
+            self._host, self._address = None, None
 
 
 HOST_CONCURRENCY = 64

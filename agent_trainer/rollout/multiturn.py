@@ -107,6 +107,10 @@ class MultiTurnRollout:
         """The live env actor handles (a replaced actor's handle is swapped for its replacement's)."""
         return self.env_pool.actors
 
+    def named_actors(self) -> dict[str, list]:
+        """The rollout's own Ray actors by the name an error message gives them (``env actor 0 (train)``)."""
+        return {f"env actor {i} ({self.split})": [a] for i, a in enumerate(self.env_actors)}
+
     def sampling_params(self) -> SamplingParams:
         """Training sampling, the ``val_kwargs`` for the val split, greedy for the ReMax baseline."""
         return sampling_params(self.cfg, self.split)

@@ -3,7 +3,8 @@ vLLM CPU, the HTTP gateway and the real ``openai`` client; nothing mocked): 2 Gi
 config/frozenlake_gateway.yaml on the tiny model. The training rows must hold exactly the ids and logprobs the
 gateway returned for every call; an agent that raises, or never returns (the per-episode deadline), ends only
 its own episode; an engine killed in the middle of a gateway rollout is restarted and the calls in flight are
-generated again (step 3), the rows still exactly what each client got."""
+generated again (step 3), the rows still exactly what each client got; the gateway's own Ray actor killed mid-
+rollout stops the run with a line naming it (step 4)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import ray
 import torch
 
 from agent_trainer.trainer import AgentTrainer
-from e2e_runs import train_here
+from e2e_runs import metrics_records, started
 from gateway_agents import CALLS, HANGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
@@ -45,28 +46,37 @@ class KeepsBatches(AgentTrainer):
         CALLS.clear()
         HANGS.clear()
         HANGS.update({2} if step == 2 else set())  # step 2: env_id 2's agent never returns
-        killer = threading.Thread(target=self.kill_the_engine_after_a_call) if step == 3 else None
-        if killer:  # the agents wait for the restart (a vLLM start) within their deadline
+        kill = {3: self.engines[0], 4: self.train_rollout.host()}.get(step)  # step 3: the engine; 4: the gateway
+        killer = threading.Thread(target=self.kill_after_a_call, args=(kill,)) if kill else None
+        if killer:  # the agents wait for the engine's restart (a vLLM start) within their deadline
             self.cfg.agent_proxy.gateway.episode_timeout_s = 300
             killer.start()
-        result = super().collect(step)
-        if killer:
-            killer.join()
+        try:
+            result = super().collect(step)
+        finally:
+            if killer:
+                killer.join()
         self.seen = getattr(self, "seen", []) + [(result.batch, dict(CALLS), listening, owners, no_key.status_code)]
         return result
 
-    def kill_the_engine_after_a_call(self):
-        """Step 3: kill the engine once the first call has come back, while the agents go on calling."""
+    @staticmethod
+    def kill_after_a_call(actor):
+        """Kill ``actor`` once the first call has come back, while the agents go on calling (Ray restarts an
+        engine; the gateway's actor is not restarted)."""
         deadline = time.monotonic() + 120
         while not CALLS and time.monotonic() < deadline:
             time.sleep(0.005)
-        ray.kill(self.engines[0], no_restart=False)
+        ray.kill(actor, no_restart=False)
 
 
 def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_model_path, tmp_path):
-    trainer, history = train_here("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL,
-                                  "trainer.total_training_steps=3",
-                                  "agent_proxy.gateway.agent=gateway_agents.recorded_frozenlake", trainer_cls=KeepsBatches)
+    with started("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL, "trainer.total_training_steps=4",
+                 "agent_proxy.gateway.agent=gateway_agents.recorded_frozenlake", trainer_cls=KeepsBatches) as trainer:
+        # step 4: the gateway's own actor dies mid-rollout: the run stops there as for any dead worker, naming it
+        with pytest.raises(RuntimeError, match=r"gateway \(train\) died: .*GatewayHost.*trainer.max_restarts"):
+            trainer.fit()
+    history = metrics_records(tmp_path)
+    assert len(history) == 3 and len(trainer.seen) == 3
     assert [math.isfinite(h["actor/pg_loss"]) for h in history] == [True, True, True]
     # step 3: the engine died after the first call; it was restarted and the calls in flight generated again
     assert [h["rollout/engine_failures"] for h in history[:2]] == [0, 0] and history[2]["rollout/engine_failures"] >= 1
