@@ -71,13 +71,11 @@ class GatewayHost:
     def close_session(self, session_id: str) -> list[CallRecord]:
         return self.gateway.store.close(session_id)
 
-    def requests(self, session_id: str) -> int:
-        return self.gateway.store.requests(session_id)
-
-    def last_completion(self, session_id: str) -> list[int]:
-        """The sampled ids of the session's last recorded call ([] before any)."""
+    def before_step(self, session_id: str) -> tuple[int, list[int]]:
+        """What an env step of the session needs, in one call: how many requests the session has made, and the
+        sampled ids of its last recorded call ([] before any)."""
         records = self.gateway.store.records(session_id)
-        return list(records[-1].completion_ids) if records else []
+        return self.gateway.store.requests(session_id), list(records[-1].completion_ids) if records else []
 
     # ------------------------------------------------------------------ engine calls (served by the driver)
     def take(self, wait_s: float) -> list[EngineRequest]:

@@ -413,9 +413,8 @@ class GatewayLoop:
 
     async def _env_step(self, ctx: GatewayEpisode, session: str, actions: list[str], response: str) -> StepResult:
         r = self.rollout
-        host = r.host()
-        before = await host.requests.remote(session)
-        text = response or r.ctx.tokenizer.decode(await host.last_completion.remote(session), skip_special_tokens=True)
+        before, last = await r.host().before_step.remote(session)
+        text = response or r.ctx.tokenizer.decode(last, skip_special_tokens=True)
         actor = r.actor_of_env[ctx.env_id]
         call = await asyncio.to_thread(r.env_pool.call, "step", {actor: [EnvInput(ctx.env_id, text, actions)]},
                                        r.cfg.es_manager.env_step_timeout_s)

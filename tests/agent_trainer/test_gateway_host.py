@@ -58,7 +58,7 @@ def test_a_call_waits_for_the_driver_and_gets_what_it_delivered(host, tiny_model
     choice = got["reply"].choices[0]
     assert choice.model_extra["token_ids"] == outputs[0].token_ids
     assert [t.logprob for t in choice.logprobs.content] == outputs[0].logprobs
-    assert host.requests(session) == 1 and host.last_completion(session) == outputs[0].token_ids
+    assert host.before_step(session) == (1, outputs[0].token_ids)
     [record] = host.close_session(session)
     assert list(record.completion_ids) == outputs[0].token_ids and record.policy_version == 5
 
