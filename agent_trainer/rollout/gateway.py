@@ -6,8 +6,9 @@ actors and their resets (seeds, faults, prefetch), the engines with their restar
 token-in/token-out check, the metrics. What changes, per rollout (:class:`GatewayLoop`):
 
 - every episode gets a session of the gateway (``agent_trainer.gateway``: FastAPI + uvicorn on 127.0.0.1, the
-  run's key, in a Ray actor of its own: ``gateway.host.GatewayHost``, whose engine calls come back here) and an ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes
-  run at once on one event loop, each within ``agent_proxy.gateway.episode_timeout_s``;
+  run's key, in a Ray actor of its own, ``gateway.host.GatewayHost``, whose engine calls come back here) and an
+  ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes run at once on one
+  event loop, each within ``agent_proxy.gateway.episode_timeout_s``;
 - the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
   while the engines were busy is the next engine call), at the run's sampling;
 - ``task.step`` steps the episode's env actor; its rewards are the episode's;
