@@ -2,7 +2,7 @@
 
 The app, its uvicorn server and the sessions' records live in the actor's process, on the driver's node (the
 agents run in the driver and reach it on ``agent_proxy.gateway.host``); it shows on the Ray dashboard as
-``gateway_<split>``. The engines stay the rollout's: a request the app cannot answer from its own state becomes
+``GatewayHost``, and in the trainer's error lines as ``gateway (<split>)``. The engines stay the rollout's: a request the app cannot answer from its own state becomes
 an :class:`EngineRequest` that the driver takes (:meth:`GatewayHost.take`), generates through the rollout's
 batched engine calls (restart and retry included) and hands back (:meth:`GatewayHost.deliver`). Only typed
 objects cross: requests, the sampled continuations, the sessions' :class:`~agent_trainer.gateway.sessions.CallRecord` s.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,8 +124,6 @@ def serve_requests(take: Callable[[], list[EngineRequest]], serve: Callable[[Eng
                    stopped: threading.Event, max_workers: int) -> None:
     """The driver's side: until ``stopped``, take the host's requests and serve each in a thread of its own
     (``serve`` blocks while the batcher gathers the other sessions' requests into one engine call)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="gateway-engine") as pool:
         while not stopped.is_set():
             for request in take():
