@@ -112,17 +112,31 @@ chromium:
 # reused once it exists, delete $(SFT_RUN) to redo it), then GiGPO from the task's reward alone on FrozenLake maps
 # where reading the map pays, then the held-out comparison table (start, RL end, baselines computed by
 # bench/baselines.py on the same seeds) and learning_summary.json in the RL run's folder.
-SFT_RUN := outputs/agent_trainer/sft_frozenlake_nodeadends
+# SEED=s is the pipeline seed: it seeds the model build (SEED 0 is models/tiny-qwen2, the model make test uses;
+# others build models/tiny-qwen2-seed<s>), the SFT's demonstrations and batch order, and the RL run; each seed
+# writes its own folders, so seeds never overwrite each other (docs/tiny_model.md, "Pipeline seeds").
+SEED ?= 0
 TRAIN_CONFIG := frozenlake_nodeadends
+TRAIN_MODEL := $(if $(filter 0,$(SEED)),$(MODEL),models/tiny-qwen2-seed$(SEED))
+SFT_RUN := outputs/agent_trainer/sft_$(TRAIN_CONFIG)_seed$(SEED)
+RL_RUN := outputs/agent_trainer/$(TRAIN_CONFIG)_seed$(SEED)
+DEMO_SEED := $(shell echo $$(( $(SEED) * 1000 )))
 
-$(SFT_RUN)/final/config.json: $(MODEL)/build_info.json config/sft_frozenlake_nodeadends.yaml config/sft_frozenlake.yaml
-	$(PY) -m agent_trainer.sft --config-name sft_frozenlake_nodeadends
+models/tiny-qwen2-seed%/build_info.json: $(STAMP) $(MODEL_INPUTS)
+	$(PY) -m launch.build_tiny_model --out models/tiny-qwen2-seed$* --seed $* --force
+
+$(SFT_RUN)/final/config.json: $(TRAIN_MODEL)/build_info.json config/sft_frozenlake_nodeadends.yaml config/sft_frozenlake.yaml
+	$(PY) -m agent_trainer.sft --config-name sft_$(TRAIN_CONFIG) model_path=$(TRAIN_MODEL) \
+	  data.seed=$(DEMO_SEED) trainer.seed=$(SEED) 'rl_overrides=["trainer.seed=$(SEED)"]' \
+	  trainer.default_local_dir=$(SFT_RUN)
 
 # The clock of learning_summary.json's wall_s starts after the venv install (train-clock runs after install).
-train: install train-clock model $(SFT_RUN)/final/config.json
-	$(PY) -m agent_trainer.main --config-name $(TRAIN_CONFIG) model_path=$(SFT_RUN)/final trainer.resume_mode=disable \
-	  trainer.val_before_train=true $(ARGS)
-	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --sft-dir $(SFT_RUN) --started-at "$$(cat $(VENV)/.train-started)" $(ARGS)
+train: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/config.json
+	$(PY) -m launch.warm_start_report --config-name $(TRAIN_CONFIG) --model $(SFT_RUN)/final trainer.seed=$(SEED)
+	$(PY) -m agent_trainer.main --config-name $(TRAIN_CONFIG) model_path=$(SFT_RUN)/final trainer.seed=$(SEED) \
+	  trainer.default_local_dir=$(RL_RUN) trainer.resume_mode=disable trainer.val_before_train=true $(ARGS)
+	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --sft-dir $(SFT_RUN) --rl-dir $(RL_RUN) \
+	  --started-at "$$(cat $(VENV)/.train-started)" trainer.seed=$(SEED) $(ARGS)
 
 train-clock: install
 	@date +%s > $(VENV)/.train-started

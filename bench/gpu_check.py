@@ -30,7 +30,7 @@ What it runs (each part prints one JSON line and the whole record goes to ``--ou
     python bench/gpu_check.py --out /tmp/gpu_check.json          # on a machine with a CUDA device
     python bench/gpu_check.py --sweep --out /tmp/gpu_check.json
     python bench/gpu_check.py --skip-main --lora 64 --out /tmp/gpu_lora.json
-    python bench/gpu_check.py --skip-main --gateway outputs/agent_trainer/sft_frozenlake_nodeadends/final
+    python bench/gpu_check.py --skip-main --gateway outputs/agent_trainer/sft_frozenlake_nodeadends_seed0/final
 
 Needs torch, transformers, safetensors, omegaconf (the config layer), for ``--lora`` peft, for ``--gateway``
 fastapi, uvicorn and openai; not Ray, not vLLM. Figures go to docs/benchmarks.md ("On a GPU") and docs/lora.md.

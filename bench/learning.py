@@ -2,6 +2,16 @@
 
     python bench/learning.py                                   # the full grid: about 1.5 h on 2 CPU cores
     python bench/learning.py --envs nodeadends --seeds 1 --steps 10    # a reduced run (the doc says so)
+    python bench/learning.py --pipeline-seeds 5                # make train SEED=0..4, about 1 h on 2 CPU cores
+
+``--pipeline-seeds N`` measures make train itself over pipeline seeds: for each seed s in 0..N-1 it runs
+``make train SEED=s`` (the model build seeded with s, the careless walker's warm start with its demonstrations and
+batch order seeded with s, GiGPO with trainer.seed=s, the held-out table), each seed in its own folders, and
+writes the second generated block of ``docs/results.md``: each seed's held-out greedy curve, its
+``learning_summary.json`` against make train's bar (``bench/baselines.py``'s GOAL_GAIN and GOAL_MARGIN), the
+warm start's sampled hole choice, the model build's bytes, min / median / max of the RL end, the rate at which
+the bar is met, and ``docs/results/pipeline_seeds.png``. The pipeline seed varies every source of variance a
+user's machine varies (the model's bytes differ between CPUs), not only the RL seed.
 
 For each environment: one SFT warm start, then each algorithm from that start, for each seed, with the
 same budget (the environment's RL steps of 8 maps x 8 episodes or 8 x 4, the same per-turn token budget
@@ -102,6 +112,9 @@ SHARED_ALGOS = ("ppo_gae", "bilevel_gae", "grpo", "grpo_multiturn")
 DOC = REPO / "docs" / "results.md"
 BEGIN = "<!-- bench/learning.py: generated block, begin -->"
 END = "<!-- bench/learning.py: generated block, end -->"
+PIPELINE_BEGIN = "<!-- bench/learning.py --pipeline-seeds: generated block, begin -->"
+PIPELINE_END = "<!-- bench/learning.py --pipeline-seeds: generated block, end -->"
+MAKE_TRAIN_CONFIG = "frozenlake_nodeadends"
 FIG_DIR = REPO / "docs" / "results"
 
 
@@ -306,6 +319,108 @@ def write_doc(argv: list[str], args, sections: dict[str, tuple[list[str], list[s
     replace_block(DOC, "\n".join(lines) + "\n", BEGIN, END)
 
 
+@dataclass
+class PipelineRun:
+    """What ``make train SEED=seed`` left: its summary, its held-out curve, its warm start and its wall time."""
+
+    seed: int
+    summary: dict
+    curve: list[tuple[int, float]]
+    warm_start: dict
+    model_md5: str
+    wall_s: float | None
+
+    @property
+    def gain(self) -> float:
+        return self.summary["rl_end"] - self.summary["rl_start"]
+
+    @property
+    def best_blind(self) -> float:
+        return max(b["success"] for b in self.summary["baselines"] if not b["reads_observation"])
+
+    @property
+    def passes(self) -> bool:
+        return self.gain >= bl.GOAL_GAIN and self.summary["rl_end"] - self.best_blind >= bl.GOAL_MARGIN
+
+
+def make_train_dirs(seed: int) -> tuple[Path, Path]:
+    """make train's model folder and RL run folder for a pipeline seed (the Makefile's TRAIN_MODEL and RL_RUN)."""
+    model = REPO / "models" / ("tiny-qwen2" if seed == 0 else f"tiny-qwen2-seed{seed}")
+    return model, REPO / "outputs" / "agent_trainer" / f"{MAKE_TRAIN_CONFIG}_seed{seed}"
+
+
+def pipeline_run(seed: int, args) -> PipelineRun:
+    """``make train SEED=seed`` (reused when its summary exists and ``--fresh`` is not given), then its results."""
+    import hashlib
+
+    model, rl_dir = make_train_dirs(seed)
+    log = args.out / f"make_train_seed{seed}.log"
+    if args.fresh or not (rl_dir / "learning_summary.json").is_file():
+        run(["make", "--no-print-directory", "train", f"SEED={seed}"], log)
+    warm = {}
+    if log.is_file():  # the JSON line launch.warm_start_report prints before RL
+        for line in log.read_text().splitlines():
+            if line.startswith("{") and "chose_hole" in line:
+                warm = next(iter(json.loads(line).values()))
+    summary = json.loads((rl_dir / "learning_summary.json").read_text())
+    md5 = hashlib.md5((model / "model.safetensors").read_bytes()).hexdigest()[:8]
+    return PipelineRun(seed, summary, bl.val_points(bl.read_metrics(rl_dir)), warm, md5, summary.get("wall_s"))
+
+
+def plot_pipeline(runs: list[PipelineRun]) -> Path:
+    """Each pipeline seed's held-out greedy curve, with the best policy blind to the map."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for run_, marker in zip(runs, "osD^v<>ph*"):
+        ax.plot(*zip(*run_.curve), marker=marker, label=f"SEED={run_.seed}" + ("" if run_.passes else " (short)"))
+    blind = max(r.best_blind for r in runs)
+    ax.axhline(blind, linestyle=":", color="grey")
+    ax.annotate(f"best policy blind to the map ({blind:.3f})", (0.02, blind), xycoords=("axes fraction", "data"),
+                fontsize=7, color="grey", va="bottom")
+    ax.set(xlabel="RL step (0 = the warm start)", ylabel="held-out greedy success", ylim=(-0.02, 1.02),
+           title="make train over pipeline seeds (model build, warm start, RL)")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    FIG_DIR.mkdir(parents=True, exist_ok=True)
+    path = FIG_DIR / "pipeline_seeds.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def pipeline_block(argv: list[str], runs: list[PipelineRun], figure: Path) -> str:
+    """docs/results.md's pipeline-seed block: one row per seed, the spread, the rate at which the bar is met."""
+    steps = sorted({s for r in runs for s, _ in r.curve})
+    ends = [r.summary["rl_end"] for r in runs]
+    passed = sum(r.passes for r in runs)
+    lines = [f"- Command: `{' '.join(['python bench/learning.py', *argv])}`",
+             f"- Machine: {machine()} (CPU only)",
+             f"- Each seed is `make train SEED=s`: the model build (`--seed s`), the warm start (demonstration seed "
+             f"s x 1000, batch order s), GiGPO with `trainer.seed=s`; {runs[0].summary['held_out_episodes']} "
+             "held-out seeds (they follow the seed), baselines by `bench/baselines.py` on the same seeds.",
+             f"- **The bar (held-out greedy success up {bl.GOAL_GAIN:.2f} from the RL start and {bl.GOAL_MARGIN:.2f} "
+             f"above every policy blind to the map) is met by {passed} of {len(runs)} pipeline seeds.** RL end: "
+             f"min {min(ends):.3f}, median {statistics.median(ends):.3f}, max {max(ends):.3f}.",
+             "", "| SEED | model bytes (md5) | warm start, sampled: chose_hole / success | "
+             + " | ".join(f"step {s}" for s in steps) + " | gain | best blind | bar | wall time |",
+             "| --- | --- | --- | " + " | ".join("---:" for _ in steps) + " | ---: | ---: | --- | ---: |"]
+    for r in runs:
+        curve = dict(r.curve)
+        warm = (f"{r.warm_start.get('chose_hole', float('nan')):.2f} / {r.warm_start.get('success', float('nan')):.3f}"
+                if r.warm_start else "")
+        wall = f"{r.wall_s / 60:.1f} min" if r.wall_s else ""
+        lines.append(f"| {r.seed} | {r.model_md5} | {warm} | "
+                     + " | ".join(f"{curve[s]:.3f}" if s in curve else "" for s in steps)
+                     + f" | {r.gain:+.3f} | {r.best_blind:.3f} | {'met' if r.passes else 'short'} | {wall} |")
+    lines += ["", "Wall time: `learning_summary.json`'s `wall_s`, from after the venv install to the end of the "
+              "table (model build, warm start, RL, baselines).", "", f"![pipeline seeds](results/{figure.name})"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the grid (reusing finished runs), then write docs/results.md."""
     argv = sys.argv[1:] if argv is None else argv
@@ -321,7 +436,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="rerun runs whose results exist")
     parser.add_argument("--sft-overrides", nargs="*", default=[], help="extra key=value of every SFT run")
     parser.add_argument("--rl-overrides", nargs="*", default=[], help="extra key=value of every RL run")
+    parser.add_argument("--pipeline-seeds", type=int, default=0,
+                        help="instead of the grid: make train SEED=0..N-1 and docs/results.md's pipeline-seed block")
     args = parser.parse_args(argv)
+    if args.pipeline_seeds:
+        args.out.mkdir(parents=True, exist_ok=True)
+        runs = [pipeline_run(seed, args) for seed in range(args.pipeline_seeds)]
+        replace_block(DOC, pipeline_block(argv, runs, plot_pipeline(runs)), PIPELINE_BEGIN, PIPELINE_END)
+        print(f"wrote {DOC}", flush=True)
+        return
     from agent_trainer.main import compose_and_prepare
 
     sections, figures, logs = {}, [], []

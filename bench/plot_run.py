@@ -2,7 +2,7 @@
 
     python bench/plot_run.py outputs/agent_trainer/frozenlake_ppo/metrics.jsonl \
         --out docs/bench/frozenlake_learning.png
-    python bench/plot_run.py built-in=outputs/agent_trainer/frozenlake_nodeadends/metrics.jsonl \
+    python bench/plot_run.py built-in=outputs/agent_trainer/frozenlake_nodeadends_seed0/metrics.jsonl \
         gateway=outputs/agent_trainer/frozenlake_gateway/metrics.jsonl --out docs/img/gateway_curve.png
 """
 

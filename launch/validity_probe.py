@@ -32,6 +32,19 @@ class ProbeResult:
     """Turns whose reply had the ``<answer>`` format (``prompts.parse_response``)."""
     answers: collections.Counter = field(default_factory=collections.Counter)
     """How often each answer text was given (for uniformity checks)."""
+    episodes: int = 0
+    successes: int = 0
+    """Episodes played and those the env reported ``success`` on (at their last step)."""
+    chose_hole: list[float] = field(default_factory=list)
+    """FrozenLake's reading diagnostic per turn that tests reading (``info["chose_hole"]``: 1.0 onto the hole)."""
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+    @property
+    def chose_hole_rate(self) -> float | None:
+        return sum(self.chose_hole) / len(self.chose_hole) if self.chose_hole else None
 
     @property
     def valid_rate(self) -> float:
@@ -43,17 +56,21 @@ class ProbeResult:
 
 
 def probe_tag(engine, tokenizer, tags: dict, tag: str, *, episodes: int = 64, turns: int = 1, seed: int = 0,
-              temperature: float = 1.0, response_length: int = 100, enable_think: bool = True) -> ProbeResult:
-    """Play ``episodes`` episodes of ``tag`` for up to ``turns`` turns with ``engine`` and count valid turns."""
+              temperature: float = 1.0, response_length: int = 100, enable_think: bool = True,
+              reset_seeds: list[int] | None = None) -> ProbeResult:
+    """Play ``episodes`` episodes of ``tag`` (reset with ``seed``, ``seed + 1``, ... or with ``reset_seeds``) for up
+    to ``turns`` turns with ``engine`` and count valid turns, successes and the reading diagnostic."""
+    reset_seeds = list(reset_seeds) if reset_seeds is not None else [seed + i for i in range(episodes)]
+    episodes = len(reset_seeds)
     from agent_trainer.ctx_manager import ContextManager
     from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
 
     ctx_mgr = ContextManager(tokenizer, enable_think=enable_think)
     manager = EnvStateManager(tags, [EpisodeSpec(env_id=i, group_id=i, tag=tag) for i in range(episodes)])
     budget = min(manager.tags[tag].max_tokens, response_length)
-    result = ProbeResult(tag, 0, 0, 0)
+    result = ProbeResult(tag, 0, 0, 0, episodes=episodes)
     try:
-        outputs = manager.reset({i: seed + i for i in range(episodes)})
+        outputs = manager.reset(dict(enumerate(reset_seeds)))
         contexts = {out.env_id: ctx_mgr.start(out) for out in outputs}
         for turn in range(turns):
             active = [ctx for ctx in contexts.values() if not ctx.done]
@@ -68,6 +85,9 @@ def probe_tag(engine, tokenizer, tags: dict, tag: str, *, episodes: int = 64, tu
                 result.valid += bool(out.info.get("action_is_valid", False))
                 result.format_ok += parsed_ok
                 result.answers[" || ".join(inp.actions) if parsed_ok else "<format error>"] += 1
+                if "chose_hole" in out.info:
+                    result.chose_hole.append(float(out.info["chose_hole"]))
+                result.successes += bool(out.done and out.info.get("success", False))
                 ctx_mgr.append_env_output(contexts[out.env_id], out, budget)
     finally:
         manager.close()

@@ -62,3 +62,25 @@ def test_the_doc_block_is_rewritten_and_the_reading_around_it_kept(tmp_path, mon
     assert "- Wall time: 10.0 min for the training processes (SFT and RL, summed from each run's `.log.seconds`); " \
            "2 of them without a recorded time" in text
     assert "**A reduced run**" in text and "| row |" in text and "![frozenlake](results/frozenlake.png)" in text
+
+
+def _summary(start: float, end: float, blind: float) -> dict:
+    return {"task": "FrozenLakeNoDeadEnds", "held_out_episodes": 128, "rl_start": start, "rl_end": end,
+            "wall_s": 540.0, "baselines": [{"name": "best fixed sequence", "success": blind, "reads_observation": False},
+                                           {"name": "expert", "success": 1.0, "reads_observation": True}]}
+
+
+def test_pipeline_seeds_each_seed_against_the_bar_and_the_rate(tmp_path):
+    """--pipeline-seeds: a row per make train SEED=s, the bar judged per seed, the rate and the spread of the end."""
+    runs = [learning.PipelineRun(0, _summary(0.0, 0.9, 0.46), [(0, 0.0), (30, 0.7), (60, 0.9)],
+                                 {"chose_hole": 0.5, "success": 0.12}, "d815fd00", 540.0),
+            learning.PipelineRun(1, _summary(0.1, 0.55, 0.46), [(0, 0.1), (30, 0.3), (60, 0.55)], {}, "8088211a", None),
+            learning.PipelineRun(2, _summary(0.4, 0.62, 0.46), [(0, 0.4), (30, 0.5), (60, 0.62)], {}, "817359c6", None)]
+    # seed 1 ends 0.09 above the blind policy (short of 0.10); seed 2 gains 0.22 and ends 0.16 above: met
+    assert [r.passes for r in runs] == [True, False, True]
+    block = learning.pipeline_block(["--pipeline-seeds", "3"], runs, tmp_path / "pipeline_seeds.png")
+    assert "is met by 2 of 3 pipeline seeds.** RL end: min 0.550, median 0.620, max 0.900." in block
+    assert "| 0 | d815fd00 | 0.50 / 0.120 | 0.000 | 0.700 | 0.900 | +0.900 | 0.460 | met | 9.0 min |" in block
+    assert "| 1 | 8088211a |  | 0.100 | 0.300 | 0.550 | +0.450 | 0.460 | short |  |" in block
+    assert learning.make_train_dirs(0)[0].name == "tiny-qwen2" and learning.make_train_dirs(3)[0].name == "tiny-qwen2-seed3"
+    assert learning.make_train_dirs(3)[1].name == "frozenlake_nodeadends_seed3"
