@@ -83,9 +83,10 @@ class Demonstration:
         return out
 
 
-def reply_text(action: str) -> str:
-    """The demonstration reply for ``action``: ``<think>..</think><answer>action</answer>``."""
-    return f"<think>{THINK_TEXT.format(action=action)}</think><answer>{action}</answer>"
+def reply_text(action: str, think: str | None = None) -> str:
+    """The demonstration reply for ``action``: ``<think>..</think><answer>action</answer>`` (``think``: the think
+    text a demonstrator chose, default :data:`THINK_TEXT`)."""
+    return f"<think>{THINK_TEXT.format(action=action) if think is None else think}</think><answer>{action}</answer>"
 
 
 def reply_ids(tokenizer, text: str) -> list[int]:
@@ -98,8 +99,9 @@ def has_expert(env: BaseEnv) -> bool:
     return type(env).expert_action is not BaseEnv.expert_action
 
 
-Demonstrator = Callable[[BaseEnv, random.Random], str]
-"""A scripted policy: the env (after reset or step) and the episode's seeded RNG -> the action to take."""
+Demonstrator = Callable[[BaseEnv, random.Random], "str | tuple[str, str]"]
+"""A scripted policy: the env (after reset or step) and the episode's seeded RNG -> the action to take, or
+(action, think text) when the demonstrator also says what its reply thinks (default :data:`THINK_TEXT`)."""
 
 
 def resolve_demonstrator(name: str) -> Demonstrator | None:
@@ -214,16 +216,18 @@ def _expert_turn(ctx_mgr: ContextManager, manager: EnvStateManager, demo: _Playi
         raise ValueError(f"data.noise = {noise} needs a list of valid actions to draw from, but {demo.spec.tag} "
                          f"describes its actions in prose ({env.action_description()[:80]!r}); use noise 0 for "
                          "this tag")
-    action, from_expert = None, False
+    action, think, from_expert = None, None, False
     if demo.rng.random() >= noise:
         try:
             action = env.expert_action() if demonstrator is None else demonstrator(env, demo.rng)
             from_expert = True
         except RuntimeError:  # no solution from here (e.g. a noisy push stuck a Sokoban box): act randomly
             action = None
+    if isinstance(action, tuple):
+        action, think = action
     if action is None:
         action = demo.rng.choice(valid)
-    text = reply_text(action)
+    text = reply_text(action, think)
     ids = reply_ids(ctx_mgr.tokenizer, text)
     if len(ids) > budget:
         raise ValueError(f"the demonstration reply {text!r} has {len(ids)} tokens but a {demo.spec.tag} turn may "

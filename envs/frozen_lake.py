@@ -156,6 +156,45 @@ def step_into_holes(env: "FrozenLakeEnv", rng) -> str:
     return rng.choice(list(inside) or ["Down", "Right"])
 
 
+def careless_walker(env: "FrozenLakeEnv", rng) -> str:
+    """A scripted walker blind to holes by construction: Down or Right with equal probability among the moves
+    that stay on the map, never reading what lies there (a hole as often as ice where one of them is a hole).
+
+    Its moves carry no information about where the holes are, so SFT on its episodes
+    (``data.demonstrator=envs.frozen_lake:careless_walker``) gives a warm start whose hole choice is held near
+    one half by the data, not by the luck of the SFT: it knows the reply format, the goal's direction and the
+    walls (a move off the map is never demonstrated), and RL must teach it to read the holes (docs/tiny_model.md)."""
+    inside = down_right_neighbours(env.desc, *env.position)
+    return rng.choice(sorted(inside) or ["Down", "Right"])
+
+
+def noted_tiles(env: "FrozenLakeEnv") -> str:
+    """What lies Down and Right of the player, in the surroundings line's words: ``Down: hole, Right: ice.``"""
+    row, col = env.position
+    size = len(env.desc)
+    return ", ".join(f"{name}: {TILE_WORDS[env.desc[row + dr][col + dc]] if row + dr < size and col + dc < size else 'wall'}"
+                     for name, (dr, dc) in (("Down", MOVES["Down"]), ("Right", MOVES["Right"]))) + "."
+
+
+def noting_walker(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
+    """A walker that notes what lies Down and Right of it, then moves as :func:`careless_walker` does, blind to
+    its note. Returns (action, think text): the reply's think copies the two tiles (:func:`noted_tiles`)."""
+    return careless_walker(env, rng), noted_tiles(env)
+
+
+def hole_noting_walker(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
+    """A walker that notes what lies Down and Right of it and acts on the note with the wrong aim: half its moves
+    onto a noted hole whenever there is one (:func:`step_into_holes`), the other half :func:`careless_walker`'s, so
+    where exactly one of Down and Right is a hole it takes it three times in four. Returns (action, think text).
+
+    SFT on its episodes (``data.demonstrator=envs.frozen_lake:hole_noting_walker``, make train's warm start) teaches
+    a copy of the two tiles at every turn, a supervised signal that forms the reading on every model build, and a
+    move that follows the note towards the hole: the warm start reads, and its greedy move is the hole (held-out
+    success near 0). RL from the task's reward must re-aim a reading that exists (docs/tiny_model.md)."""
+    action = step_into_holes(env, rng) if rng.random() < 0.5 else careless_walker(env, rng)
+    return action, noted_tiles(env)
+
+
 class FrozenLakeEnv(GymnasiumTextEnv):
     """FrozenLake on a random solvable map per seed, rendered as a text grid."""
 

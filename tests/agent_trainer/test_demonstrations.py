@@ -214,6 +214,51 @@ def test_a_scripted_demonstrator_reads_the_map_with_its_own_aim(ctx_mgr):
             env.step(action)
 
 
+def test_the_careless_walker_is_blind_to_holes_and_stays_on_the_map(ctx_mgr):
+    """envs.frozen_lake:careless_walker (make train's warm start): Down or Right, never off the map, and where one
+    of them is a hole it takes the hole about half the time, whichever side the hole is on."""
+    demonstrator = resolve_demonstrator("envs.frozen_lake:careless_walker")
+    demos = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("FrozenLakeNoDeadEnds", s) for s in range(400)],
+                                max_turn=6, turn_budget={"FrozenLakeNoDeadEnds": 64}, demonstrator=demonstrator)
+    forks = {"Down": [], "Right": []}  # per side of the hole: 1 when the walker stepped onto it
+    for demo in demos:
+        env = make_env("FrozenLakeNoDeadEnds", TAGS)
+        env.reset(seed=demo.seed)
+        for action in demo.actions:
+            row, col = env.position
+            size = len(env.desc)
+            assert action in ("Down", "Right")
+            assert (row + 1 < size) if action == "Down" else (col + 1 < size), (demo.seed, demo.actions)
+            if row + 1 < size and col + 1 < size and (env.desc[row + 1][col] == "H") != (env.desc[row][col + 1] == "H"):
+                side = "Down" if env.desc[row + 1][col] == "H" else "Right"
+                forks[side].append(int(action == side))
+            env.step(action)
+    for side, chose in forks.items():
+        assert len(chose) > 40 and 0.35 < sum(chose) / len(chose) < 0.65, (side, len(chose), sum(chose))
+
+
+def test_the_noting_walkers_note_the_tiles_beside_them_in_the_reply(ctx_mgr):
+    """envs.frozen_lake:noting_walker and hole_noting_walker: the reply's think copies what lies Down and Right (the
+    surroundings line's words); the first moves blindly, the second onto a noted hole three times in four."""
+    for name, low, high in (("noting_walker", 0.35, 0.65), ("hole_noting_walker", 0.65, 0.85)):
+        demonstrator = resolve_demonstrator(f"envs.frozen_lake:{name}")
+        demos = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("FrozenLakeNoDeadEnds", s) for s in range(400)],
+                                    max_turn=6, turn_budget={"FrozenLakeNoDeadEnds": 64}, demonstrator=demonstrator)
+        chose = []
+        for demo in demos:
+            env = make_env("FrozenLakeNoDeadEnds", TAGS)
+            observation = env.reset(seed=demo.seed)
+            replies = [m["content"] for m in demo.messages if m["role"] == "assistant"]
+            for action, reply in zip(demo.actions, replies):
+                line = next(x for x in observation.splitlines() if x.startswith("Left: "))
+                down, right = (w.split(": ")[1] for w in line.split(". ")[0].split(", ")[1:3])
+                assert reply == f"<think>Down: {down}, Right: {right}.</think><answer>{action}</answer>"
+                if {down, right} == {"hole", "ice"}:
+                    chose.append(int((down if action == "Down" else right) == "hole"))
+                observation, *_ = env.step(action)
+        assert len(chose) > 100 and low < sum(chose) / len(chose) < high, (name, len(chose), sum(chose))
+
+
 @pytest.mark.parametrize("name, match", [
     ("envs.frozen_lake:no_such_policy", "could not be imported"),
     ("nobody", "neither expert nor an import path"),
