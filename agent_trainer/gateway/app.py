@@ -6,7 +6,8 @@ tools) go through the model's chat template to prompt ids; the engine samples fr
 token out); the session records the prompt ids, the sampled ids, their logprobs, the policy version and the
 finish reason of every choice (:mod:`agent_trainer.gateway.sessions`). Faults answer in OpenAI's error shape:
 401 for a missing or wrong key, 404 for an unknown session or model, 400 for a malformed or unsupported
-request (``context_length_exceeded`` when the prompt and the budget do not fit ``max_model_len``).
+request (``context_length_exceeded`` when the prompt alone does not fit ``max_model_len``; a ``max_tokens``
+over what fits is capped to it, :attr:`Gateway.response_length`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class Gateway:
     """The served model's name (``GET /v1/models``; a request naming another model gets 404)."""
     max_model_len: int
     """Prompt plus completion tokens the engine holds."""
+    response_length: int | None = None
+    """Most tokens one reply may have (the run's per-turn budget, ``actor_rollout_ref.rollout.response_length``):
+    a request's ``max_tokens`` is capped to it and to what ``max_model_len`` leaves after the prompt; None: to
+    the latter only."""
     policy_version: Callable[[], int] = lambda: 0
     """The engine's current policy version, recorded with each call."""
     max_concurrent_requests: int = 1024
@@ -107,7 +112,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         except (ValueError, UnicodeDecodeError) as err:
             raise invalid(f"the request body is not valid JSON: {err}") from err
         req = await run_in_threadpool(chat_request.parse, body, gateway.tokenizer, gateway.max_model_len,
-                                      lambda text: _prefix_of(gateway, session_id, text))
+                                      lambda text: _prefix_of(gateway, session_id, text), gateway.response_length)
         if req.model != gateway.model:
             raise GatewayError(404, f"The model {req.model!r} does not exist; this gateway serves {gateway.model!r}",
                                param="model", code="model_not_found")

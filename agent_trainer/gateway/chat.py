@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from openai.types.chat import ChatCompletionMessageFunctionToolCall, ChatCompletionTokenLogprob
+from pydantic import ValidationError
 
 from agent_trainer.gateway.errors import invalid
 
@@ -22,15 +23,32 @@ TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def plain(value):
+class NestedInvalid(Exception):
+    """A malformed item of a lazily validated iterable: where the iterable is in the value :func:`plain` was
+    given, and pydantic's error (whose locations start there)."""
+
+    def __init__(self, at: tuple, error: ValidationError):
+        super().__init__(str(error))
+        self.at, self.error = at, error
+
+
+def plain(value, at: tuple = ()):
     """``value`` with every lazily validated iterable (pydantic validates the openai types' ``Iterable`` fields
-    on iteration) made a list, so a malformed nested item raises here."""
+    on iteration) made a list, so a malformed nested item raises here, as :class:`NestedInvalid`."""
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
+        return {k: plain(v, (*at, k)) for k, v in value.items()}
     if isinstance(value, (str, bytes, int, float, bool)) or value is None:
         return value
     if isinstance(value, Iterable):
-        return [plain(v) for v in value]
+        items, out = iter(value), []
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return out
+            except ValidationError as err:
+                raise NestedInvalid(at, err) from err
+            out.append(plain(item, (*at, len(out))))
     return value
 
 

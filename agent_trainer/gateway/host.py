@@ -50,11 +50,13 @@ class _Waiting:
 class GatewayHost:
     """The body of the gateway's Ray actor (threaded: the HTTP server's calls wait while the driver serves them)."""
 
-    def __init__(self, tokenizer, *, api_key: str, model: str, max_model_len: int, host: str, port: int):
+    def __init__(self, tokenizer, *, api_key: str, model: str, max_model_len: int, host: str, port: int,
+                 response_length: int | None = None):
         self.policy_version = 0
         self.gateway = Gateway(tokenizer=tokenizer, generate=self._generate,
                                store=SessionStore(), api_key=api_key, model=model, max_model_len=max_model_len,
-                               policy_version=lambda: self.policy_version, engine_lock=None)
+                               response_length=response_length, policy_version=lambda: self.policy_version,
+                               engine_lock=None)
         self._ids = itertools.count()
         self._waiting: dict[int, _Waiting] = {}
         self._untaken: list[int] = []

@@ -5,6 +5,8 @@ parameter the gateway cannot honour is refused (400, naming it), never silently 
 sampling control the engines lack (penalties, ``logit_bias``, ``top_logprobs`` > 0), a forced tool choice,
 structured output. Parameters that only label a request for OpenAI's own services (``user``, ``metadata``,
 ``store``, ``service_tier``, ``safety_identifier``, ``prompt_cache_*``) change no output and are accepted.
+``max_completion_tokens`` / ``max_tokens`` over what fits is capped to it; only a prompt that does not fit
+``max_model_len`` by itself is refused (``context_length_exceeded``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_b
            "web_search_options": (), "verbosity": (), "moderation": ()}
 """Parameters the engines cannot honour: accepted only unset (None) or at these neutral values."""
 MAX_N = 64
+DISCRIMINATORS = ("role", "type")
+"""Fields whose literal value tells a union's members apart (a message's ``role``, a content part's ``type``)."""
+ACCEPTED = {"role": chat.ROLES}
+"""The values the gateway accepts for a discriminator, where it takes fewer than the openai types name (the
+deprecated ``function`` role is refused); elsewhere the types' own literals are listed."""
 
 
 @dataclass
@@ -54,11 +61,13 @@ class ChatRequest:
 
 
 def parse(body: object, tokenizer, max_model_len: int,
-          prefix_of: Callable[[str], tuple[str, list[int]] | None] = lambda text: None) -> ChatRequest:
+          prefix_of: Callable[[str], tuple[str, list[int]] | None] = lambda text: None,
+          response_length: int | None = None) -> ChatRequest:
     """The request body (parsed JSON) as a :class:`ChatRequest`, or a :class:`GatewayError` naming what is wrong.
 
     ``prefix_of(text)`` gives the (text, ids) of the session's earlier call whose prompt and sampled ids render
-    as the start of this prompt, if any (``chat.prompt_ids``)."""
+    as the start of this prompt, if any (``chat.prompt_ids``). ``response_length`` caps the completion's
+    tokens (the run's per-turn budget; None: only the context left after the prompt caps it)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     unknown = sorted(set(body) - set(completion_create_params.CompletionCreateParamsBase.__annotations__)
@@ -78,8 +87,8 @@ def parse(body: object, tokenizer, max_model_len: int,
     prompt_ids = chat.prompt_ids(tokenizer, text, prefix_of(text))
     return ChatRequest(
         model=params["model"], prompt_ids=prompt_ids, n=_n(params.get("n")),
-        max_tokens=_budget(params, len(prompt_ids), max_model_len), temperature=_range(params, "temperature", 0, 2),
-        top_p=_range(params, "top_p", 0, 1, low_open=True),
+        max_tokens=_budget(params, len(prompt_ids), max_model_len, response_length),
+        temperature=_range(params, "temperature", 0, 2), top_p=_range(params, "top_p", 0, 1, low_open=True),
         stop_token_ids=chat.stop_token_ids(tokenizer, params.get("stop")), seed=params.get("seed"),
         parse_tools=parse_tools, logprobs=bool(params.get("logprobs")), stream=body.get("stream", False),
         include_usage=bool((params.get("stream_options") or {}).get("include_usage")),
@@ -98,20 +107,51 @@ def _validated(body: dict) -> dict:
 def _plain(key: str, value):
     try:
         return chat.plain(value)
-    except ValidationError as err:
-        return _refuse(err, (key,))
+    except chat.NestedInvalid as err:
+        return _refuse(err.error, (key, *err.at))
 
 
 def _refuse(err: ValidationError, outer: tuple):
-    """A 400 naming the first bad field as ``messages[0].role`` (pydantic's union member names left out)."""
-    first = err.errors()[0]
+    """A 400 naming the bad field as ``messages[0].role`` (pydantic's union member names left out)."""
+    first, message = _cause(err.errors())
     param = ""
     for part in (*outer, *first["loc"]):
         if isinstance(part, int):
             param += f"[{part}]"
-        elif not part[:1].isupper():  # "ChatCompletionUserMessageParam" and the like name a union member
+        elif not _member(part):
             param += f".{part}" if param else part
-    raise invalid(f"{param}: {first['msg']}", param) from err
+    raise invalid(f"{param}: {message}", param) from err
+
+
+def _member(part: int | str) -> bool:
+    """Whether a pydantic location part names a union member ("ChatCompletionUserMessageParam" and the like)."""
+    return isinstance(part, str) and part[:1].isupper()
+
+
+def _cause(errors: list[dict], start: int = 0) -> tuple[dict, str]:
+    """The error to report and its message. Pydantic reports a union's failure as every member's errors, the
+    first member's first (a message with a bad field would read "role: Input should be 'developer'"); the
+    members whose discriminator (``role``, ``type``) the input does not match are left out, so what is
+    reported is the member the input names. When it names none, the discriminator itself is reported, with
+    the values accepted."""
+    first = errors[0]
+    at = next((i for i, part in enumerate(first["loc"]) if i >= start and _member(part)), None)
+    if at is None:
+        return first, first["msg"]
+    prefix = first["loc"][:at]
+    here = [e for e in errors if e["loc"][:at] == prefix and len(e["loc"]) > at and _member(e["loc"][at])]
+    keys = [e for e in here if e["type"] in ("literal_error", "missing") and len(e["loc"]) == at + 2
+            and e["loc"][at + 1] in DISCRIMINATORS]
+    ruled_out = {e["loc"][at] for e in keys}
+    kept = [e for e in here if e["loc"][at] not in ruled_out]
+    if kept:
+        return _cause(kept, at + 1)
+    key = keys[0]["loc"][at + 1]
+    given = next((e["input"] for e in keys if e["type"] == "literal_error"), None)
+    accepted = ", ".join(ACCEPTED.get(key) or dict.fromkeys(e["ctx"]["expected"] for e in keys
+                                                            if e["type"] == "literal_error"))
+    said = f"{given!r} is not a valid {key}" if given is not None else f"a {key} is required"
+    return keys[0], f"{said}; the valid {key}s are {accepted}"
 
 
 def _tools(params: dict) -> tuple[list[dict] | None, bool]:
@@ -145,17 +185,19 @@ def _range(params: dict, key: str, low: float, high: float, low_open: bool = Fal
     return float(value)
 
 
-def _budget(params: dict, prompt_len: int, max_model_len: int) -> int:
-    """``max_completion_tokens`` (or the older ``max_tokens``), else what the context leaves; refused as
-    ``context_length_exceeded`` when the prompt and the budget do not fit ``max_model_len``."""
+def _budget(params: dict, prompt_len: int, max_model_len: int, response_length: int | None) -> int:
+    """``max_completion_tokens`` (or the older ``max_tokens``) capped to what fits: the smaller of
+    ``response_length`` and what ``max_model_len`` leaves after the prompt (that, when neither is asked).
+    Refused as ``context_length_exceeded`` only when the prompt alone leaves no room for a token."""
     key = "max_completion_tokens" if params.get("max_completion_tokens") is not None else "max_tokens"
-    budget = params.get(key)
-    if budget is not None and budget < 1:
-        raise invalid(f"{key}={budget} must be at least 1", key)
-    if prompt_len >= max_model_len or (budget is not None and prompt_len + budget > max_model_len):
-        asked = f" and {budget} in the completion" if budget is not None else ""
-        raise GatewayError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                           f"requested {prompt_len + (budget or 0)} tokens ({prompt_len} in the messages{asked}). "
-                           "Please reduce the length of the messages or completion.", param="messages",
+    asked = params.get(key)
+    if asked is not None and asked < 1:
+        raise invalid(f"{key}={asked} must be at least 1", key)
+    if prompt_len >= max_model_len:
+        raise GatewayError(400, f"This model's maximum context length is {max_model_len} tokens. However, your "
+                           f"messages resulted in {prompt_len} tokens, which leaves no room for a completion. "
+                           "Please reduce the length of the messages.", param="messages",
                            code="context_length_exceeded")
-    return budget if budget is not None else max_model_len - prompt_len
+    room = max_model_len - prompt_len
+    fits = room if response_length is None else min(response_length, room)
+    return fits if asked is None else min(asked, fits)

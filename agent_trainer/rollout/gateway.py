@@ -206,7 +206,8 @@ class EngineBatcher:
     rollout's ``_generate``: restart-and-retry, the failure count). Every call samples at the split's sampling
     (``actor_rollout_ref.rollout.temperature`` / ``top_p``, ``val_kwargs`` in validation) and a seed of the run's;
     a request asking for another temperature, top_p or seed is counted in ``gateway_sampling_overridden``.
-    A request's ``max_tokens`` is capped by ``actor_rollout_ref.rollout.response_length``.
+    A request's ``max_tokens`` is capped by ``actor_rollout_ref.rollout.response_length`` (the gateway's app
+    caps it already, and to the context left after the prompt; this keeps the engine call within it regardless).
     """
 
     max_wait_s = 1.0
@@ -480,9 +481,10 @@ class GatewayRollout(MultiTurnRollout):
             g = self.cfg.agent_proxy.gateway
             actor = ray.remote(num_cpus=0, max_concurrency=HOST_CONCURRENCY, max_restarts=0)(GatewayHost)
             here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            rollout = self.cfg.actor_rollout_ref.rollout
             self._host = actor.options(scheduling_strategy=here).remote(
-                self.ctx.tokenizer, api_key=self.api_key, model=self.model_name,
-                max_model_len=self.cfg.actor_rollout_ref.rollout.max_model_len, host=g.host, port=g.port)
+                self.ctx.tokenizer, api_key=self.api_key, model=self.model_name, max_model_len=rollout.max_model_len,
+                response_length=rollout.response_length, host=g.host, port=g.port)
             self._address = tuple(ray.get(self._host.address.remote(), timeout=HOST_START_TIMEOUT_S))
             logger.info("gateway of the %s split listening on http://%s:%d (Ray actor GatewayHost)", self.split,
                         *self._address)

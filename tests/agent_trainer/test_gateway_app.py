@@ -17,6 +17,8 @@ from agent_trainer.gateway.sessions import SessionStore, build_rows
 from workers.rollout import GenerationOutput, HFRolloutWorker
 
 MAX_MODEL_LEN = 512
+RESPONSE_LENGTH = 48
+"""The served gateway's per-turn budget (``actor_rollout_ref.rollout.response_length`` in a run)."""
 TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one step.", "parameters": {
     "type": "object", "properties": {"direction": {"type": "string", "enum": ["Up", "Down"]}},
     "required": ["direction"]}}}]
@@ -35,7 +37,8 @@ def served(tiny_model_path):
         return engine.generate(prompts, **sampling)
 
     gateway = Gateway(tokenizer=tokenizer, generate=generate, store=SessionStore(), api_key=new_api_key(),
-                      model="tiny-qwen2", max_model_len=MAX_MODEL_LEN, policy_version=lambda: 7)
+                      model="tiny-qwen2", max_model_len=MAX_MODEL_LEN, response_length=RESPONSE_LENGTH,
+                      policy_version=lambda: 7)
     with GatewayServer(create_app(gateway)) as server:
         yield server, gateway, calls
 
@@ -235,6 +238,40 @@ def test_a_malformed_or_unsupported_request_gets_400_in_openai_shape(served, ext
     assert len(calls) == before and gateway.store.records(sid) == []
 
 
+@pytest.mark.parametrize("messages, param, said", [
+    ([{"role": "wizard", "content": "hi"}], "messages[0].role", "'wizard' is not a valid role"),
+    ([*MESSAGES, {"content": "no role"}], "messages[1].role", "a role is required"),
+])
+def test_an_unknown_or_missing_role_is_named_with_the_valid_roles(served, messages, param, said):
+    """Not pydantic's message for the union's first member ("Input should be 'developer'"), but the bad role
+    and the roles the gateway takes."""
+    server, gateway, calls = served
+    sid = gateway.store.open()
+    before = len(calls)
+    response = httpx.post(f"{server.base_url(sid)}/chat/completions",
+                          json={"model": "tiny-qwen2", "messages": messages},
+                          headers={"Authorization": f"Bearer {gateway.api_key}"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert said in error["message"] and "system, developer, user, assistant, tool" in error["message"]
+    assert "Input should be" not in error["message"]
+    with pytest.raises(openai.BadRequestError) as err:  # the client raises its usual error, the message kept
+        client(served, sid).chat.completions.create(model="tiny-qwen2", messages=messages)
+    assert err.value.status_code == 400 and err.value.body["message"] == error["message"]
+    assert len(calls) == before and gateway.store.records(sid) == []
+
+
+def test_a_tool_message_without_its_call_id_names_that_field(served):
+    server, gateway, _ = served
+    sid = gateway.store.open()
+    response = httpx.post(f"{server.base_url(sid)}/chat/completions",
+                          json={"model": "tiny-qwen2", "messages": [*MESSAGES, {"role": "tool", "content": "ok"}]},
+                          headers={"Authorization": f"Bearer {gateway.api_key}"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[1].tool_call_id"
+
+
 def test_a_body_that_is_not_json_gets_400(served):
     server, gateway, _ = served
     sid = gateway.store.open()
@@ -248,13 +285,56 @@ def test_a_prompt_over_max_model_len_gets_context_length_exceeded(served):
     sid = gateway.store.open()
     before = len(calls)
     long = [{"role": "user", "content": "lake " * MAX_MODEL_LEN}]
-    with pytest.raises(openai.BadRequestError) as err:
-        client(served, sid).chat.completions.create(model="tiny-qwen2", messages=long)
-    assert err.value.code == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError) as err:  # fits alone, not with the asked completion
-        client(served, sid).chat.completions.create(model="tiny-qwen2", messages=MESSAGES, max_tokens=MAX_MODEL_LEN)
-    assert err.value.code == "context_length_exceeded"
-    assert len(calls) == before
+    for asked in ({}, {"max_tokens": 8}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client(served, sid).chat.completions.create(model="tiny-qwen2", messages=long, **asked)
+        assert err.value.status_code == 400 and err.value.code == "context_length_exceeded"
+        assert err.value.body["param"] == "messages" and str(MAX_MODEL_LEN) in err.value.body["message"]
+    assert len(calls) == before and gateway.store.records(sid) == []
+
+
+def test_max_tokens_over_the_budget_is_capped_and_served(served):
+    """Agent frameworks ask for 4096 and more: the call is served with the run's per-turn budget."""
+    _, gateway, calls = served
+    sid = gateway.store.open()
+    out = client(served, sid).chat.completions.create(model="tiny-qwen2", messages=MESSAGES,
+                                                      max_tokens=MAX_MODEL_LEN, temperature=1.0)
+    [record] = gateway.store.records(sid)
+    assert calls[-1][1]["max_tokens"] == RESPONSE_LENGTH
+    assert out.usage.completion_tokens == len(record.completion_ids) <= RESPONSE_LENGTH
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("response_length, asked, room_left, expected", [
+    (None, {"max_tokens": 5000}, None, "room"),              # the context left after the prompt
+    (None, {}, None, "room"),
+    (64, {"max_tokens": 5000}, None, 64),                    # the run's per-turn budget
+    (64, {"max_completion_tokens": 4096, "max_tokens": 8}, None, 64),
+    (64, {"max_tokens": 10}, None, 10),                      # under the budget: as asked
+    (64, {}, None, 64),
+    (64, {"max_tokens": 4096}, 20, 20),                      # a long prompt: the context left is smaller
+    (64, {"max_tokens": 4096}, 1, 1),
+])
+def test_max_tokens_is_capped_to_the_smaller_of_the_budget_and_the_room_left(served, response_length, asked,
+                                                                              room_left, expected):
+    _, gateway, _ = served
+    prompt = len(gateway.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False))
+    max_model_len = prompt + room_left if room_left is not None else MAX_MODEL_LEN
+    seen = []
+
+    def engine(prompts, **sampling):
+        seen.append(sampling)
+        return [GenerationOutput([5], [-0.1], "length")] * len(prompts)
+
+    scripted = Gateway(tokenizer=gateway.tokenizer, generate=engine, store=SessionStore(), api_key=gateway.api_key,
+                       model="tiny-qwen2", max_model_len=max_model_len, response_length=response_length)
+    with GatewayServer(create_app(scripted)) as other:
+        sid = scripted.store.open()
+        api = openai.OpenAI(base_url=other.base_url(sid), api_key=gateway.api_key, max_retries=0)
+        out = api.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, **asked)
+    assert seen[0]["max_tokens"] == (max_model_len - prompt if expected == "room" else expected)
+    assert out.choices[0].finish_reason == "length"
 
 
 def broken(prompts, **_):
