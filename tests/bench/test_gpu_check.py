@@ -27,7 +27,8 @@ def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
     assert record["actor_update"]["all_finite"] and record["actor_update"]["tokens"] == 4 * 64
     assert record["weight_sync"]["engine_changed"]  # the update moved the weights and the sync carried them
     before = record["engine_vs_actor_before_update"]
-    assert before["engine_sampled_vs_its_full_forward"] < 1e-4  # one bf16 CPU engine agrees with itself
+    # one bf16 CPU engine agrees with itself: well under bf16's resolution (7.8e-3), on any model build
+    assert before["engine_sampled_vs_its_full_forward"] < 2e-3
     assert record["engine_vs_actor_after_sync"]["mean_abs"] < 1e-2
     lora = record["lora_update"]
     assert 0 < lora["trained_parameters"] < lora["of"] / 4  # only the adapter trains

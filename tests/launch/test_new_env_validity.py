@@ -165,8 +165,9 @@ def test_a_users_tags_file_adds_to_the_corpus_and_a_clash_is_refused(elevator_ta
 def test_make_model_envs_builds_a_model_that_knows_the_users_env(tiny_model_path, elevator_tags, tmp_path):
     """``make model ENVS=...`` as the walkthrough runs it (the tags file's folder on PYTHONPATH by make, not by the
     test): a second model whose corpus holds the shipped tags and the user's, answering the new env's actions
-    where the shipped model answers none. 300 warm-up steps keep it to half a minute (the Makefile's default,
-    1,200, measured 0.875 valid; 300 measured 0.297)."""
+    where the shipped model answers none. 600 warm-up steps keep it to about a minute (the Makefile's default,
+    1,200, measured 0.875 valid; 600 measured 0.609; 300 measured 0.297 on one build and 0.141 on another, so the
+    floor asked here, 8 valid of 64, is what the builds of docs/tiny_model.md's table all clear with room)."""
     import os
     import subprocess
 
@@ -175,7 +176,7 @@ def test_make_model_envs_builds_a_model_that_knows_the_users_env(tiny_model_path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     keep = ["-o", "models/tiny-qwen2/build_info.json", "-o", "models/tiny-qwen2-rm/config.json"]  # only the new one
     proc = subprocess.run(["make", "--no-print-directory", *keep, "model", f"ENVS={tmp_path / 'my_envs.yaml'}",
-                           f"ENVS_MODEL={out}", "ENVS_WARMUP=300"],
+                           f"ENVS_MODEL={out}", "ENVS_WARMUP=600"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert f"train with model_path={out}" in proc.stdout
@@ -183,4 +184,4 @@ def test_make_model_envs_builds_a_model_that_knows_the_users_env(tiny_model_path
     assert "Elevator" in info["corpus"]["tags_used"] and "FrozenLake" in info["corpus"]["tags_used"]
     [shipped] = validity_probe.probe_model(tiny_model_path, elevator_tags, ["Elevator"], episodes=64)
     [added] = validity_probe.probe_model(out, elevator_tags, ["Elevator"], episodes=64)
-    assert shipped.valid_rate == 0.0 and added.valid_rate >= 0.2, (shipped.answers, added.answers)
+    assert shipped.valid == 0 and added.valid >= 8, (shipped.answers, added.answers)
