@@ -48,8 +48,9 @@ def test_sft_lowers_validation_loss_and_raises_greedy_success(sft_run):
     assert end["val/sft_loss"] < 0.5 * start["val/sft_loss"], (start["val/sft_loss"], end["val/sft_loss"])
     assert end["val/sft_token_acc"] > start["val/sft_token_acc"] + 0.2
     # 32 held-out FrozenLake3x3 seeds played greedily through the RL validation rollout
-    assert end["val/success_rate"] >= start["val/success_rate"] + 0.4, (start["val/success_rate"],
-                                                                        end["val/success_rate"])
+    # ... up to the expert's most common path (Down, Down, Right, Right solves 3 maps in 4), whatever the untrained
+    # start scored: a build's greedy start was measured at 0.000, 0.156 and 0.719 on three machines
+    assert end["val/success_rate"] >= 0.6, (start["val/success_rate"], end["val/success_rate"])
     assert end["val/format_error_rate"] == 0.0
     train = records[1:]
     assert all(math.isfinite(r["sft/loss"]) and r["sft/tokens"] > 0 for r in train)
