@@ -163,7 +163,8 @@ def careless_walker(env: "FrozenLakeEnv", rng) -> str:
     Its moves carry no information about where the holes are, so SFT on its episodes
     (``data.demonstrator=envs.frozen_lake:careless_walker``) gives a warm start whose hole choice is held near
     one half by the data, not by the luck of the SFT: it knows the reply format, the goal's direction and the
-    walls (a move off the map is never demonstrated), and RL must teach it to read the holes (docs/tiny_model.md)."""
+    walls (a move off the map is never demonstrated), and RL must teach it to read the holes; measured, RL did not
+    within 60 steps (docs/tiny_model.md, "Pipeline seeds")."""
     inside = down_right_neighbours(env.desc, *env.position)
     return rng.choice(sorted(inside) or ["Down", "Right"])
 
@@ -172,8 +173,9 @@ def noted_tiles(env: "FrozenLakeEnv") -> str:
     """What lies Down and Right of the player, in the surroundings line's words: ``Down: hole, Right: ice.``"""
     row, col = env.position
     size = len(env.desc)
-    return ", ".join(f"{name}: {TILE_WORDS[env.desc[row + dr][col + dc]] if row + dr < size and col + dc < size else 'wall'}"
-                     for name, (dr, dc) in (("Down", MOVES["Down"]), ("Right", MOVES["Right"]))) + "."
+    words = [TILE_WORDS[env.desc[row + dr][col + dc]] if row + dr < size and col + dc < size else "wall"
+             for dr, dc in (MOVES["Down"], MOVES["Right"])]
+    return f"Down: {words[0]}, Right: {words[1]}."
 
 
 def noting_walker(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
@@ -187,10 +189,10 @@ def hole_noting_walker(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
     onto a noted hole whenever there is one (:func:`step_into_holes`), the other half :func:`careless_walker`'s, so
     where exactly one of Down and Right is a hole it takes it three times in four. Returns (action, think text).
 
-    SFT on its episodes (``data.demonstrator=envs.frozen_lake:hole_noting_walker``, make train's warm start) teaches
-    a copy of the two tiles at every turn, a supervised signal that forms the reading on every model build, and a
-    move that follows the note towards the hole: the warm start reads, and its greedy move is the hole (held-out
-    success near 0). RL from the task's reward must re-aim a reading that exists (docs/tiny_model.md)."""
+    SFT on its episodes (``data.demonstrator=envs.frozen_lake:hole_noting_walker``) asks for a copy of the two tiles
+    at every turn and a move that follows them towards the hole, so that RL from the task's reward re-aims a reading
+    that exists. Measured (docs/tiny_model.md, "Pipeline seeds"): on one model build of three the start read and RL
+    re-aimed it; on the other two the copy did not form in 406 SFT steps and RL learned nothing."""
     action = step_into_holes(env, rng) if rng.random() < 0.5 else careless_walker(env, rng)
     return action, noted_tiles(env)
 
