@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from agent_trainer.config.envs import EnvGroupsConfig
 from agent_trainer.config.splits import Split
 from envs import BaseEnv, EnvTagConfig, make_env
 from envs.registry import normalize_tags
+
+if TYPE_CHECKING:
+    from agent_trainer.config import AgentTrainerConfig
 
 VAL_SEED_OFFSET = 2**30
 """Validation seeds start here (relative to the base seed); training seeds stay below it."""
@@ -75,6 +78,12 @@ def group_seeds(split: Split | str, num_groups: int, reset_index: int, base_seed
             f"[0, {VAL_SEED_OFFSET}); use a different base_seed"
         )
     return [base_seed + reset_index * num_groups + g for g in range(num_groups)]
+
+
+def held_out_seeds(cfg: AgentTrainerConfig) -> list[int]:
+    """The held-out seeds of an RL config's validation split (``es_manager.val``), one per group: the seeds its
+    validation rollouts reset with (:func:`group_seeds`), for tools that play the same episodes outside the run."""
+    return group_seeds(Split.VAL, cfg.es_manager.val.env_groups, 0, cfg.es_manager.seed)
 
 
 # --------------------------------------------------------------------------- turn records

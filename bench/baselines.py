@@ -37,7 +37,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent_trainer.es_manager import VAL_SEED_OFFSET  # noqa: E402
+from agent_trainer.es_manager import held_out_seeds  # noqa: E402
 from agent_trainer.demonstrations import has_expert as has_expert_solver, valid_actions  # noqa: E402
 from envs import make_env  # noqa: E402
 from envs.frozen_lake import FrozenLakeEnv, down_right_neighbours  # noqa: E402
@@ -148,9 +148,9 @@ def baselines(tag: str, env_tags: dict, val_seeds: list[int], max_turn: int, rep
     return {name: play(tag, env_tags, val_seeds, policy, max_turn, n) for name, (policy, n) in policies.items()}
 
 
-def val_seeds(cfg) -> list[int]:
-    """The RL run's held-out seeds, one per validation group."""
-    return [cfg.es_manager.seed + VAL_SEED_OFFSET + g for g in range(cfg.es_manager.val.env_groups)]
+val_seeds = held_out_seeds
+"""The RL run's held-out seeds, one per validation group (:func:`agent_trainer.es_manager.held_out_seeds`; the name
+bench/learning.py calls)."""
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -192,7 +192,7 @@ start, and GOAL_MARGIN above every baseline that ignores the observation."""
 
 def baseline_scores(cfg, env_tags: dict, repeats: int = 8) -> dict[str, Score]:
     """Every baseline of every validation tag on the RL run's held-out seeds, named ``<policy> [<tag>]``."""
-    seeds = val_seeds(cfg)
+    seeds = held_out_seeds(cfg)
     return {f"{name} [{tag}]": score for tag in cfg.es_manager.val.tags
             for name, score in baselines(tag, env_tags, seeds, cfg.agent_proxy.max_turn, repeats).items()}
 
@@ -240,7 +240,7 @@ def report(cfg, env_tags: dict, sft_dir: Path | None, records: list[dict], repea
            scores: dict[str, Score] | None = None) -> str:
     """The comparison table: model runs (greedy, held-out; ``records``: the RL run's metrics) and baselines on the
     same seeds."""
-    seeds = val_seeds(cfg)
+    seeds = held_out_seeds(cfg)
     rows: list[tuple[str, str, str]] = []
     if sft_dir is not None:
         sft = val_points(read_metrics(sft_dir))

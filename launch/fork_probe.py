@@ -32,11 +32,13 @@ TAG = "FrozenLakeNoDeadEnds"
 
 def fork_states(model, tokenizer, envs_file: str, episodes: int, max_turn: int = 6, seed: int = 0):
     """(hidden state, Down-minus-Right logit, hole is Down) at every fork the careless walker reaches."""
+    from agent_trainer.config.splits import Split
     from agent_trainer.ctx_manager import ContextManager
     from agent_trainer.demonstrations import reply_ids, reply_text
-    from agent_trainer.es_manager import VAL_SEED_OFFSET, EnvStateManager, EpisodeSpec
+    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec, group_seeds
     from envs import load_env_tags
     from envs.frozen_lake import careless_walker, down_right_neighbours
+    from launch.validity_probe import walk
 
     ctx_mgr = ContextManager(tokenizer, enable_think=False)
     manager = EnvStateManager(load_env_tags(envs_file), [EpisodeSpec(env_id=i, group_id=i, tag=TAG)
@@ -44,28 +46,27 @@ def fork_states(model, tokenizer, envs_file: str, episodes: int, max_turn: int =
     prefix = tokenizer.encode(DECISION_PREFIX, add_special_tokens=False)
     [down], [right] = (tokenizer.encode(f" {a}", add_special_tokens=False) for a in ("Down", "Right"))
     rng, found = random.Random(seed), []
+
+    def walked(turn, active):
+        """The careless walker's replies; at a fork, first what the model reads there."""
+        replies = []
+        for ctx in active:
+            env = manager.episodes[ctx.env_id].env
+            inside = down_right_neighbours(env.desc, *env.position)
+            holes = [name for name, (r, c) in inside.items() if env.desc[r][c] == "H"]
+            if len(inside) == 2 and len(holes) == 1:
+                with torch.no_grad():
+                    out = model(torch.tensor([ctx_mgr.prompt_ids(ctx) + prefix]), output_hidden_states=True)
+                logits = out.logits[0, -1]
+                found.append((out.hidden_states[-1][0, -1].double(), float(logits[down] - logits[right]),
+                              holes[0] == "Down"))
+            ids = reply_ids(tokenizer, reply_text(careless_walker(env, rng)))
+            replies.append((ids, [0.0] * len(ids)))
+        return replies
+
     try:
-        contexts = {out.env_id: ctx_mgr.start(out) for out in
-                    manager.reset({i: seed + VAL_SEED_OFFSET + i for i in range(episodes)})}
-        for _ in range(max_turn):
-            active = [ctx for ctx in contexts.values() if not ctx.done]
-            if not active:
-                break
-            inputs = []
-            for ctx in active:
-                env = manager.episodes[ctx.env_id].env
-                inside = down_right_neighbours(env.desc, *env.position)
-                holes = [name for name, (r, c) in inside.items() if env.desc[r][c] == "H"]
-                if len(inside) == 2 and len(holes) == 1:
-                    with torch.no_grad():
-                        out = model(torch.tensor([ctx_mgr.prompt_ids(ctx) + prefix]), output_hidden_states=True)
-                    logits = out.logits[0, -1]
-                    found.append((out.hidden_states[-1][0, -1].double(), float(logits[down] - logits[right]),
-                                  holes[0] == "Down"))
-                ids = reply_ids(tokenizer, reply_text(careless_walker(env, rng)))
-                inputs.append(ctx_mgr.append_reply(ctx, ids, [0.0] * len(ids)))
-            for out in manager.step(inputs):
-                ctx_mgr.append_env_output(contexts[out.env_id], out, 100)
+        for _ in walk(manager, ctx_mgr, group_seeds(Split.VAL, episodes, 0, seed), max_turn, walked, 100):
+            pass
     finally:
         manager.close()
     return found
@@ -77,9 +78,8 @@ def probe_accuracy(features: torch.Tensor, labels: torch.Tensor, folds: int = 5,
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
     correct = 0
     for fold in range(folds):
-        test = order[fold::folds]
-        train = order[torch.ones(len(order), dtype=torch.bool).index_fill_(0, torch.arange(fold, len(order), folds),
-                                                                            False)]
+        in_test = torch.arange(len(order)) % folds == fold
+        test, train = order[in_test], order[~in_test]
         w = torch.zeros(x.shape[1], dtype=x.dtype, requires_grad=True)
         b = torch.zeros(1, dtype=x.dtype, requires_grad=True)
         opt = torch.optim.LBFGS([w, b], max_iter=200)

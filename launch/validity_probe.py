@@ -55,6 +55,26 @@ class ProbeResult:
         return self.format_ok / self.turns if self.turns else 0.0
 
 
+def walk(manager, ctx_mgr, reset_seeds: list[int], turns: int, replies, response_length: int):
+    """Reset ``manager``'s episodes (episode ``i`` with ``reset_seeds[i]``) and walk them for up to ``turns`` turns
+    through ``ctx_mgr``; yield each episode's ``(EnvInput, EnvOutput)`` of every turn as it is stepped.
+
+    Each turn, ``replies(turn, active)`` gives the reply of every episode still running, in the order of ``active``
+    (their contexts): ``(token_ids, logprobs)``. The walk stops early once every episode is done; the next
+    observation is appended with ``response_length`` as the context manager's reply budget. The caller builds and
+    closes ``manager``."""
+    contexts = {out.env_id: ctx_mgr.start(out) for out in manager.reset(dict(enumerate(reset_seeds)))}
+    for turn in range(turns):
+        active = [ctx for ctx in contexts.values() if not ctx.done]
+        if not active:
+            break
+        inputs = [ctx_mgr.append_reply(ctx, ids, logprobs)
+                  for ctx, (ids, logprobs) in zip(active, replies(turn, active))]
+        for inp, out in zip(inputs, manager.step(inputs)):
+            yield inp, out
+            ctx_mgr.append_env_output(contexts[out.env_id], out, response_length)
+
+
 def probe_tag(engine, tokenizer, tags: dict, tag: str, *, episodes: int = 64, turns: int = 1, seed: int = 0,
               temperature: float = 1.0, response_length: int = 100, enable_think: bool = True,
               reset_seeds: list[int] | None = None) -> ProbeResult:
@@ -69,26 +89,22 @@ def probe_tag(engine, tokenizer, tags: dict, tag: str, *, episodes: int = 64, tu
     manager = EnvStateManager(tags, [EpisodeSpec(env_id=i, group_id=i, tag=tag) for i in range(episodes)])
     budget = min(manager.tags[tag].max_tokens, response_length)
     result = ProbeResult(tag, 0, 0, 0, episodes=episodes)
+
+    def sampled(turn, active):
+        generated = engine.generate([ctx_mgr.prompt_ids(ctx) for ctx in active], max_tokens=budget,
+                                    temperature=temperature, seed=seed + turn)
+        return [(out.token_ids, out.logprobs) for out in generated]
+
     try:
-        outputs = manager.reset(dict(enumerate(reset_seeds)))
-        contexts = {out.env_id: ctx_mgr.start(out) for out in outputs}
-        for turn in range(turns):
-            active = [ctx for ctx in contexts.values() if not ctx.done]
-            if not active:
-                break
-            generated = engine.generate([ctx_mgr.prompt_ids(ctx) for ctx in active], max_tokens=budget,
-                                        temperature=temperature, seed=seed + turn)
-            inputs = [ctx_mgr.append_reply(ctx, out.token_ids, out.logprobs) for ctx, out in zip(active, generated)]
-            for inp, out in zip(inputs, manager.step(inputs)):
-                parsed_ok = bool(inp.actions)
-                result.turns += 1
-                result.valid += bool(out.info.get("action_is_valid", False))
-                result.format_ok += parsed_ok
-                result.answers[" || ".join(inp.actions) if parsed_ok else "<format error>"] += 1
-                if "chose_hole" in out.info:
-                    result.chose_hole.append(float(out.info["chose_hole"]))
-                result.successes += bool(out.done and out.info.get("success", False))
-                ctx_mgr.append_env_output(contexts[out.env_id], out, budget)
+        for inp, out in walk(manager, ctx_mgr, reset_seeds, turns, sampled, budget):
+            parsed_ok = bool(inp.actions)
+            result.turns += 1
+            result.valid += bool(out.info.get("action_is_valid", False))
+            result.format_ok += parsed_ok
+            result.answers[" || ".join(inp.actions) if parsed_ok else "<format error>"] += 1
+            if "chose_hole" in out.info:
+                result.chose_hole.append(float(out.info["chose_hole"]))
+            result.successes += bool(out.done and out.info.get("success", False))
     finally:
         manager.close()
     return result

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> list:
     """Compose the RL config, play its held-out seeds with the model, print a line per tag and a JSON summary."""
     from transformers import AutoTokenizer
 
-    from agent_trainer.es_manager import VAL_SEED_OFFSET
+    from agent_trainer.es_manager import held_out_seeds
     from agent_trainer.main import compose_and_prepare
     from launch.validity_probe import probe_tag
     from workers.rollout import HFRolloutWorker
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> list:
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL config")
     args = parser.parse_args(argv)
     cfg, env_tags = compose_and_prepare([*args.overrides, f"model_path={args.model}"], config_name=args.config_name)
-    seeds = [cfg.es_manager.seed + VAL_SEED_OFFSET + g for g in range(cfg.es_manager.val.env_groups)]
+    seeds = held_out_seeds(cfg)
     rollout = cfg.actor_rollout_ref.rollout
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engine = HFRolloutWorker(str(args.model), seed=cfg.trainer.seed)
