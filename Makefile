@@ -108,22 +108,25 @@ chromium:
 	      || echo "apt-get could not install chromium; the viewer's browser tests are skipped"; \
 	  else echo "chromium missing (apt-get install chromium); the viewer's browser tests are skipped"; fi; }
 
-# make train: a warm start that knows the reply format but steps into holes (SFT on a careless walker's moves;
-# reused once it exists, delete $(SFT_RUN) to redo it), then GiGPO from the task's reward alone on FrozenLake maps
+# make train: a warm start that notes the tiles beside it but moves blind to its note (SFT on a noting walker's
+# moves; reused once it exists, delete $(SFT_RUN) to redo it), then GiGPO from the task's reward alone on FrozenLake maps
 # where reading the map pays, then the held-out comparison table (start, RL end, baselines computed by
 # bench/baselines.py on the same seeds) and learning_summary.json in the RL run's folder.
-# SEED=s is the pipeline seed: it seeds the model build (SEED 0 is models/tiny-qwen2, the model make test uses;
-# others build models/tiny-qwen2-seed<s>), the SFT's demonstrations and batch order, and the RL run; each seed
+# SEED=s is the pipeline seed: it seeds the model build (models/tiny-qwen2-train-seed<s>), the SFT's
+# demonstrations and batch order, and the RL run; each seed
 # writes its own folders, so seeds never overwrite each other (docs/tiny_model.md, "Pipeline seeds").
 SEED ?= 0
 TRAIN_CONFIG := frozenlake_nodeadends
-TRAIN_MODEL := $(if $(filter 0,$(SEED)),$(MODEL),models/tiny-qwen2-seed$(SEED))
+TRAIN_MODEL := models/tiny-qwen2-train-seed$(SEED)
 SFT_RUN := outputs/agent_trainer/sft_$(TRAIN_CONFIG)_seed$(SEED)
 RL_RUN := outputs/agent_trainer/$(TRAIN_CONFIG)_seed$(SEED)
 DEMO_SEED := $(shell echo $$(( $(SEED) * 1000 )))
 
-models/tiny-qwen2-seed%/build_info.json: $(STAMP) $(MODEL_INPUTS)
-	$(PY) -m launch.build_tiny_model --out models/tiny-qwen2-seed$* --seed $* --force
+# make train's model: the build of make test's, with the copy of FrozenLake's note taught on most of a longer
+# warm-up (docs/tiny_model.md, "Pipeline seeds").
+models/tiny-qwen2-train-seed%/build_info.json: $(STAMP) $(MODEL_INPUTS)
+	$(PY) -m launch.build_tiny_model --out models/tiny-qwen2-train-seed$* --seed $* --warmup-steps 800 \
+	  --noted-weight 16 --force
 
 $(SFT_RUN)/final/config.json: $(TRAIN_MODEL)/build_info.json config/sft_frozenlake_nodeadends.yaml config/sft_frozenlake.yaml
 	$(PY) -m agent_trainer.sft --config-name sft_$(TRAIN_CONFIG) model_path=$(TRAIN_MODEL) \

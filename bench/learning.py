@@ -345,7 +345,7 @@ class PipelineRun:
 
 def make_train_dirs(seed: int) -> tuple[Path, Path]:
     """make train's model folder and RL run folder for a pipeline seed (the Makefile's TRAIN_MODEL and RL_RUN)."""
-    model = REPO / "models" / ("tiny-qwen2" if seed == 0 else f"tiny-qwen2-seed{seed}")
+    model = REPO / "models" / f"tiny-qwen2-train-seed{seed}"
     return model, REPO / "outputs" / "agent_trainer" / f"{MAKE_TRAIN_CONFIG}_seed{seed}"
 
 

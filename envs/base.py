@@ -119,6 +119,15 @@ class BaseEnv(abc.ABC):
     def close(self) -> None:
         """Release resources (files, subprocesses). Safe to call twice."""
 
+    def note(self) -> str | None:
+        """A short note of what the current observation says that matters for the next move, in the
+        observation's own words (FrozenLake with ``describe_surroundings``: ``Down: ice, Right: hole.``), or None.
+
+        The model build's warm-up writes it as the think of its replies (random actions still), so the model
+        learns to copy what it reads before it answers; demonstrators may think it too (docs/tiny_model.md).
+        None (the default): the warm-up thinks a template."""
+        return None
+
     def expert_action(self) -> str:
         """The action an expert solver takes from the current state.
 

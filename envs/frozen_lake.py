@@ -11,11 +11,13 @@ sideways otherwise; the slip randomness is seeded by ``reset(seed)``.
 Legend: P player, _ frozen tile, O hole, G goal, X player in a hole,
 W player on the goal. Actions: Left | Down | Right | Up.
 
-With ``describe_surroundings`` the grid is followed by one line naming what lies
-one step in each direction and where the goal is, e.g.
-``Left: wall, Down: ice, Right: hole, Up: wall. The goal is down and right.``:
+With ``describe_surroundings`` the grid is followed by one line naming where
+the goal is and what lies one step in each direction, e.g.
+``The goal is down and right. Left: wall, Down: ice, Right: hole, Up: wall.``:
 the same information as the grid, in words a small model can read without
-locating itself in a character grid first.
+locating itself in a character grid first. The goal comes first so that each
+neighbour's word sits at a fixed distance from the end of the observation,
+which a two-layer model learns to look up (docs/tiny_model.md).
 """
 
 from __future__ import annotations
@@ -120,9 +122,9 @@ MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 
 
 def describe_surroundings(desc: list[str], row: int, col: int) -> str:
-    """What lies one step in each direction of (row, col) and where the goal is, as one line of words.
+    """Where the goal is and what lies one step in each direction of (row, col), as one line of words.
 
-    ``Left: wall, Down: ice, Right: hole, Up: wall. The goal is down and right.``
+    ``The goal is down and right. Left: wall, Down: ice, Right: hole, Up: wall.``
     (the goal is at the bottom-right corner of every generated map, but the line reads it off ``desc``).
     """
     size = len(desc)
@@ -133,7 +135,7 @@ def describe_surroundings(desc: list[str], row: int, col: int) -> str:
     goal_r, goal_c = next((r, line.index("G")) for r, line in enumerate(desc) if "G" in line)
     ways = [word for word, wanted in (("down", goal_r > row), ("up", goal_r < row), ("right", goal_c > col),
                                       ("left", goal_c < col)) if wanted]
-    return f"{', '.join(around)}. The goal is {' and '.join(ways) or 'here'}."
+    return f"The goal is {' and '.join(ways) or 'here'}. {', '.join(around)}."
 
 
 def down_right_neighbours(desc: list[str], row: int, col: int) -> dict[str, tuple[int, int]]:
@@ -278,6 +280,14 @@ class FrozenLakeEnv(GymnasiumTextEnv):
     def legend(self) -> str:
         """Symbols used by render()."""
         return LEGEND
+
+    def note(self) -> str | None:
+        """With ``describe_surroundings``, what lies Down and Right of the player (:func:`noted_tiles`), the
+        two words a move needs; None without the line, before reset and once the episode has ended."""
+        if not self.config.describe_surroundings or self._gym is None:
+            return None
+        row, col = self.position
+        return None if self.desc[row][col] in "HG" else noted_tiles(self)
 
     def expert_action(self) -> str:
         """Optimal move: shortest path when not slippery, max success probability otherwise."""

@@ -25,7 +25,11 @@ Steps:
 4. Format warm-up: a short causal-LM fit on synthetic chat transcripts whose
    assistant turns are ``<think>..</think><answer>RANDOM valid action</answer>``,
    loss on assistant tokens only. Random (not expert) actions teach the reply
-   format but not the task, so RL has something left to learn.
+   format but not the task, so RL has something left to learn. Where the env
+   notes its observation (``BaseEnv.note``: FrozenLake's ``Down: ice, Right:
+   hole.``) the think is that note, so the model learns to copy what it reads;
+   such tags get ``NOTED_SEEDS`` reset seeds, enough maps that the copy is
+   learned rather than remembered.
 
 Deterministic given ``--seed``. Building is idempotent: a complete model at
 ``--out`` is kept unless ``--force``.
@@ -56,6 +60,10 @@ HEAD_DIM = 64  # vLLM CPU attention rejects head_dim 16; 64 is measured to work
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 PAD_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_end|>"
 FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+NOTED_SEEDS = 512
+"""Reset seeds of a tag whose env notes its observations (``BaseEnv.note``), and of a tag a user adds with
+``--add-envs-config``: the copy is learned on that many maps rather than remembered."""
+
 # Qwen2.5-Instruct's ChatML template with its tool-calling format (``tools=`` in apply_chat_template,
 # ``<tool_call>`` / ``<tool_response>`` blocks; agent_trainer/agents/tool_call.py), verbatim but for the
 # default system message (Qwen2's). Without tools it renders exactly what Qwen2-Instruct's template does.
@@ -116,6 +124,8 @@ class EpisodeSample:
     """Per observation still open for a reply: (action choices, from a discrete list?)."""
     taken: list[str] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    notes: list[str | None] = field(default_factory=list)
+    """Per observation: the env's note of it (``BaseEnv.note``), the think of the reply to it; None: a template."""
 
 
 @dataclass
@@ -158,14 +168,16 @@ def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
     env = make_env(tag, tags=tags)
     try:
         texts, episodes = [tags[tag].env_instruction, env.legend()], []
-        for seed in range(n_seeds):
+        seed = 0
+        while seed < n_seeds or (episodes and episodes[0].notes[0] is not None and seed < NOTED_SEEDS):
             obs = env.reset(seed=seed)
+            seed += 1
             description = env.action_description()
             # As the env-state manager builds it: tag instruction, then legend, then actions.
             instruction = "\n".join(
                 p for p in [tags[tag].env_instruction.strip(), env.legend(), f"Actions: {description}"] if p
             )
-            ep = EpisodeSample(tag, instruction, [obs], [action_choices(description, obs)])
+            ep = EpisodeSample(tag, instruction, [obs], [action_choices(description, obs)], notes=[env.note()])
             texts += [description, obs]
             for _ in range(n_steps):
                 action = rng.choice(ep.choices[-1][0])
@@ -173,6 +185,7 @@ def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
                 ep.taken.append(action)
                 ep.rewards.append(float(reward))
                 ep.observations.append(obs)
+                ep.notes.append(env.note())
                 texts.append(obs)
                 if done:  # no further turn: ``choices`` stays one shorter than ``observations``
                     break
@@ -214,6 +227,7 @@ def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3,
                                     [(["Left", "Right", "Up", "Down"], True)])
         return Corpus(texts, [placeholder], [], {}, "prompts_only")
     tags = load_env_tags(envs_config)
+    shipped = set(tags)
     for extra in add_envs_configs:
         added = load_env_tags(extra)
         if clash := sorted(set(added) & set(tags)):
@@ -223,7 +237,9 @@ def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3,
     episodes, used, skipped = [], [], {}
     for tag in tags:
         try:
-            tag_texts, tag_episodes = _collect_tag(tag, tags, n_seeds, n_steps, rng)
+            # A user's added tag gets as many maps as a noted one: that build is for their env.
+            tag_seeds = n_seeds if tag in shipped else max(n_seeds, NOTED_SEEDS)
+            tag_texts, tag_episodes = _collect_tag(tag, tags, tag_seeds, n_steps, rng)
         except ImportError as exc:
             skipped[tag] = str(exc)
             logger.warning("skipping env tag %s: missing optional dependency (%s)", tag, exc)
@@ -319,10 +335,10 @@ def make_model(tokenizer, *, hidden_size: int = 128, layers: int = 2, kv_heads: 
 # --------------------------------------------------------------------------- warm-up
 
 
-def _reply(actions: list[str], rng: random.Random) -> str:
-    """``<think>short text</think><answer>actions joined by ||</answer>``."""
-    return (f"<think>{rng.choice(_THINK_TEMPLATES).format(a=actions[0])}</think>"
-            f"<answer>{' || '.join(actions)}</answer>")
+def _reply(actions: list[str], rng: random.Random, note: str | None = None) -> str:
+    """``<think>note or short text</think><answer>actions joined by ||</answer>``."""
+    think = note if note is not None else rng.choice(_THINK_TEMPLATES).format(a=actions[0])
+    return f"<think>{think}</think><answer>{' || '.join(actions)}</answer>"
 
 
 def make_transcript(ep: EpisodeSample, rng: random.Random) -> list[dict]:
@@ -332,14 +348,19 @@ def make_transcript(ep: EpisodeSample, rng: random.Random) -> list[dict]:
     turn = 0
     if len(ep.choices) > 1 and rng.random() < 0.5:
         # Second turn: the first reply is the action that produced the recorded next observation.
-        messages.append({"role": "assistant", "content": _reply([ep.taken[0]], rng)})
+        messages.append({"role": "assistant", "content": _reply([ep.taken[0]], rng, _note(ep, 0))})
         messages.append({"role": "user", "content": prompts.next_user_message(ep.observations[1], ep.rewards[0])})
         turn = 1
     choices, discrete = ep.choices[turn]
     # Several actions per turn ("A || B") only where actions are names; "||" would corrupt a free-text answer.
     n_actions = 2 if discrete and rng.random() < 0.2 else 1
-    messages.append({"role": "assistant", "content": _reply([rng.choice(choices) for _ in range(n_actions)], rng)})
+    messages.append({"role": "assistant",
+                     "content": _reply([rng.choice(choices) for _ in range(n_actions)], rng, _note(ep, turn))})
     return messages
+
+
+def _note(ep: EpisodeSample, turn: int) -> str | None:
+    return ep.notes[turn] if turn < len(ep.notes) else None
 
 
 def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
@@ -364,14 +385,16 @@ def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[
 
 def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed: int = 0,
            batch_size: int = 8, lr: float = 5e-3, max_len: int = 512, reading_fraction: float = 0.0,
-           max_transcripts: int = 2048, on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
+           max_transcripts: int = 2048, noted_weight: float = 1.0,
+           on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
     """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss and the
     reading exercises' prompts it trained on (for the probe to avoid).
 
     ``reading_fraction`` of the transcripts are reading exercises (``launch.reading_corpus``), the rest
     random-action env transcripts. The reported loss is the mean over the last 10 steps (one batch is noisy).
-    At most ``max_transcripts`` distinct transcripts are drawn. ``on_step(step)`` runs after each step (a probe
-    during a pilot).
+    At most ``max_transcripts`` distinct transcripts are drawn, each from a tag drawn at random, a tag whose env
+    notes its observations (``BaseEnv.note``) ``noted_weight`` times as often as another. ``on_step(step)`` runs
+    after each step (a probe during a pilot).
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -379,7 +402,14 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
     n_reading = round(n_pool * reading_fraction)
     chats = reading_corpus.exercise_chats(n_reading, seed)
     seen = {chat[1]["content"] for chat in chats}
-    chats += [make_transcript(rng.choice(episodes), rng) for _ in range(n_pool - n_reading)]
+    by_tag: dict[str, list[EpisodeSample]] = {}
+    for ep in episodes:
+        by_tag.setdefault(ep.tag, []).append(ep)
+    # A tag whose env notes its observations weighs noted_weight times the others.
+    names = list(by_tag)
+    weights = [noted_weight if by_tag[t][0].notes and by_tag[t][0].notes[0] else 1.0 for t in names]
+    chats += [make_transcript(rng.choice(by_tag[rng.choices(names, weights)[0]]), rng)
+              for _ in range(n_pool - n_reading)]
     pool = []
     for chat in chats:
         ids, mask = encode_transcript(tokenizer, chat)
@@ -500,7 +530,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                      max_position_embeddings: int = 2048, warmup_steps: int = 300, batch_size: int = 8,
                      lr: float = 5e-3, seed: int = 0, envs_config: str | Path = "config/envs.yaml",
                      corpus_seeds: int = 32, format_samples: int = 32, threads: int = 1,
-                     reading_fraction: float = 0.0, reading_samples: int = 128, force: bool = False,
+                     reading_fraction: float = 0.0, reading_samples: int = 128, noted_weight: float = 1.0,
+                     force: bool = False,
                      add_envs_configs: tuple[str | Path, ...] = ()) -> Path:
     """Build (or reuse) the tiny model at ``out_dir`` and return its path.
 
@@ -534,7 +565,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
             loss, seen = None, set()
             if warmup_steps > 0:
                 loss, seen = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
-                                    batch_size=batch_size, lr=lr, reading_fraction=reading_fraction)
+                                    batch_size=batch_size, lr=lr, reading_fraction=reading_fraction,
+                                    noted_weight=noted_weight)
             rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
             reading = reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
             model.save_pretrained(tmp, safe_serialization=True)
@@ -545,8 +577,9 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
                 "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
-                "reading_fraction": reading_fraction, "reading_accuracy": reading, "reading_samples": reading_samples,
+                "noted_weight": noted_weight, "reading_fraction": reading_fraction, "reading_accuracy": reading, "reading_samples": reading_samples,
                 "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
+                           "noted_tags": sorted({ep.tag for ep in corpus.episodes if ep.notes and ep.notes[0]}),
                            "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
                            "n_episodes": len(corpus.episodes)},
                 "build_seconds": round(time.monotonic() - start, 2),
@@ -600,6 +633,9 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--intermediate-size", type=int, default=384, help="MLP width")
     p.add_argument("--max-position-embeddings", type=int, default=2048, help="context length")
     p.add_argument("--warmup-steps", type=int, default=300, help="format warm-up steps; 0 keeps random init")
+    p.add_argument("--noted-weight", type=float, default=1.0,
+                   help="how much more often a tag whose env notes its observations is drawn for the warm-up (make "
+                        "train's model: 16, with 800 steps, so the copy of the note forms; docs/tiny_model.md)")
     p.add_argument("--batch-size", type=int, default=8, help="warm-up batch size (transcripts)")
     p.add_argument("--lr", type=float, default=5e-3, help="warm-up peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed for corpus, init, warm-up and sampling")
@@ -629,8 +665,8 @@ def main(argv: list[str] | None = None) -> Path:
         intermediate_size=a.intermediate_size, max_position_embeddings=a.max_position_embeddings,
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
-        threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples, force=a.force,
-        add_envs_configs=tuple(a.add_envs_config),
+        threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples,
+        noted_weight=a.noted_weight, force=a.force, add_envs_configs=tuple(a.add_envs_config),
     )
     if a.reward_model_out:
         build_reward_model(out, a.reward_model_out, seed=a.seed)

@@ -1,13 +1,17 @@
-"""Does a FrozenLake warm start read the holes? A probe at the forks, where exactly one of Down and Right is a hole.
+"""Does a FrozenLake warm start read the holes? A probe of the note and of the move at the forks.
 
     python -m launch.fork_probe --model outputs/agent_trainer/sft_frozenlake_nodeadends_seed0/final [--episodes 256]
 
 Episodes of ``FrozenLakeNoDeadEnds`` on the held-out seeds (``es_manager.val``'s, seed 0) are walked by
-``envs.frozen_lake.careless_walker`` with make train's reply format, through the rollout's env-state and context
-managers. At every fork the model reads the prompt followed by ``<think>The best move now is`` (the reply's
-decision token comes next) and the probe records: the policy's probability of the hole move (Down vs Right
-renormalised), the Down-minus-Right logit difference, and the last layer's hidden state. It reports
+``envs.frozen_lake.noting_walker`` in make train's reply format (``<think>Down: ice, Right: hole.</think>
+<answer>Right</answer>``), through the rollout's env-state and context managers. At every turn the model reads
+the prompt followed by the walker's reply, and the probe records whether its most likely token at each of the
+note's two tile words is the right word (teacher-forced: the copy RL builds on). At every fork (exactly one of Down
+and Right a hole) it also reads the prompt, the true note and ``<answer>`` (the move's first token comes next)
+and records the policy's probability of the hole move (Down vs Right renormalised), the Down-minus-Right logit
+difference, and the last layer's hidden state. It reports
 
+- ``note_copy``: the share of the note's tile words (two per turn) the model names right;
 - ``p_hole``: the mean probability of stepping onto the hole (0.5 blind, 0 for a reader that avoids holes);
 - ``mean_abs_logit_diff``: how far from a coin flip the forks are;
 - ``corr_logit_diff_hole_down``: the correlation of the logit difference with "the hole is Down" (how much the
@@ -15,7 +19,7 @@ renormalised), the Down-minus-Right logit difference, and the last layer's hidde
 - ``linear_probe_accuracy``: 5-fold cross-validated accuracy of a logistic regression from the hidden state to
   the hole's side (chance 0.5): whether the feature RL would have to scale is there at all.
 
-docs/tiny_model.md ("Pipeline seeds") uses it to tell a start RL can re-aim from one it cannot.
+docs/tiny_model.md ("Pipeline seeds") reads starts with it.
 """
 
 from __future__ import annotations
@@ -26,41 +30,51 @@ import random
 
 import torch
 
-DECISION_PREFIX = "<think>The best move now is"
 TAG = "FrozenLakeNoDeadEnds"
 
 
 def fork_states(model, tokenizer, envs_file: str, episodes: int, max_turn: int = 6, seed: int = 0):
-    """(hidden state, Down-minus-Right logit, hole is Down) at every fork the careless walker reaches."""
+    """(hidden state, Down-minus-Right logit, hole is Down) at every fork the noting walker reaches, and the
+    note's copy as (tile words named right, tile words)."""
     from agent_trainer.config.splits import Split
     from agent_trainer.ctx_manager import ContextManager
     from agent_trainer.demonstrations import reply_ids, reply_text
     from agent_trainer.es_manager import EnvStateManager, EpisodeSpec, group_seeds
     from envs import load_env_tags
-    from envs.frozen_lake import careless_walker, down_right_neighbours
+    from envs.frozen_lake import down_right_neighbours, noting_walker
     from launch.validity_probe import walk
 
-    ctx_mgr = ContextManager(tokenizer, enable_think=False)
+    ctx_mgr = ContextManager(tokenizer, enable_think=True)
     manager = EnvStateManager(load_env_tags(envs_file), [EpisodeSpec(env_id=i, group_id=i, tag=TAG)
                                                          for i in range(episodes)])
-    prefix = tokenizer.encode(DECISION_PREFIX, add_special_tokens=False)
-    [down], [right] = (tokenizer.encode(f" {a}", add_special_tokens=False) for a in ("Down", "Right"))
-    rng, found = random.Random(seed), []
+    answer = tokenizer.encode("<answer>", add_special_tokens=False)
+    [down], [right] = (tokenizer.encode(f"<answer>{a}", add_special_tokens=False)[len(answer):][:1]
+                       for a in ("Down", "Right"))
+    colon = tokenizer.encode(":", add_special_tokens=False)
+    rng, found, copied = random.Random(seed), [], [0, 0]
 
     def walked(turn, active):
-        """The careless walker's replies; at a fork, first what the model reads there."""
+        """The noting walker's replies; first what the model makes of them."""
         replies = []
         for ctx in active:
             env = manager.episodes[ctx.env_id].env
+            action, note = noting_walker(env, rng)
+            prompt, ids = ctx_mgr.prompt_ids(ctx), reply_ids(tokenizer, reply_text(action, note))
+            think = ids[: ids.index(answer[0])]
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + think])).logits[0]
+            words = [k + 1 for k in range(len(think) - 1) if think[k : k + len(colon)] == colon]
+            for k in words:  # the token after each ':' of the note is a tile word
+                copied[0] += int(logits[len(prompt) + k - 1].argmax()) == think[k]
+                copied[1] += 1
             inside = down_right_neighbours(env.desc, *env.position)
             holes = [name for name, (r, c) in inside.items() if env.desc[r][c] == "H"]
             if len(inside) == 2 and len(holes) == 1:
                 with torch.no_grad():
-                    out = model(torch.tensor([ctx_mgr.prompt_ids(ctx) + prefix]), output_hidden_states=True)
-                logits = out.logits[0, -1]
-                found.append((out.hidden_states[-1][0, -1].double(), float(logits[down] - logits[right]),
+                    out = model(torch.tensor([prompt + think + answer]), output_hidden_states=True)
+                last = out.logits[0, -1]
+                found.append((out.hidden_states[-1][0, -1].double(), float(last[down] - last[right]),
                               holes[0] == "Down"))
-            ids = reply_ids(tokenizer, reply_text(careless_walker(env, rng)))
             replies.append((ids, [0.0] * len(ids)))
         return replies
 
@@ -69,7 +83,7 @@ def fork_states(model, tokenizer, envs_file: str, episodes: int, max_turn: int =
             pass
     finally:
         manager.close()
-    return found
+    return found, copied
 
 
 def probe_accuracy(features: torch.Tensor, labels: torch.Tensor, folds: int = 5, l2: float = 1e-2) -> float:
@@ -103,14 +117,14 @@ def probe(model_path: str, envs_file: str = "config/envs.yaml", episodes: int = 
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
-    found = fork_states(model, tokenizer, envs_file, episodes)
+    found, (named, words) = fork_states(model, tokenizer, envs_file, episodes)
     if len(found) < 10:
         raise SystemExit(f"only {len(found)} forks reached in {episodes} episodes; raise --episodes")
     hidden = torch.stack([h for h, _, _ in found])
     diff = torch.tensor([d for _, d, _ in found], dtype=torch.float64)
     down = torch.tensor([float(is_down) for _, _, is_down in found], dtype=torch.float64)
     p_down = torch.sigmoid(diff)
-    return {"model": str(model_path), "forks": len(found),
+    return {"model": str(model_path), "note_copy": round(named / max(words, 1), 3), "forks": len(found),
             "p_hole": round(float(torch.where(down.bool(), p_down, 1 - p_down).mean()), 3),
             "mean_abs_logit_diff": round(float(diff.abs().mean()), 3),
             "corr_logit_diff_hole_down": round(float(torch.corrcoef(torch.stack([diff, down]))[0, 1]), 3),

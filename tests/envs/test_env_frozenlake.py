@@ -169,10 +169,36 @@ def test_describe_surroundings_names_each_neighbour_and_the_goal():
 
     desc = ["SFH", "FHF", "FFG"]
     both = "The goal is down and right."
-    assert describe_surroundings(desc, 0, 0) == f"Left: wall, Down: ice, Right: ice, Up: wall. {both}"
-    assert describe_surroundings(desc, 0, 1) == f"Left: ice, Down: hole, Right: hole, Up: wall. {both}"
-    assert describe_surroundings(desc, 1, 2) == "Left: hole, Down: goal, Right: wall, Up: hole. The goal is down."
-    assert describe_surroundings(desc, 2, 1) == "Left: ice, Down: wall, Right: goal, Up: hole. The goal is right."
+    assert describe_surroundings(desc, 0, 0) == f"{both} Left: wall, Down: ice, Right: ice, Up: wall."
+    assert describe_surroundings(desc, 0, 1) == f"{both} Left: ice, Down: hole, Right: hole, Up: wall."
+    assert describe_surroundings(desc, 1, 2) == "The goal is down. Left: hole, Down: goal, Right: wall, Up: hole."
+    assert describe_surroundings(desc, 2, 1) == "The goal is right. Left: ice, Down: wall, Right: goal, Up: hole."
+
+
+def test_the_neighbours_words_sit_at_a_fixed_distance_from_the_end_of_the_line():
+    """The goal comes first, so each neighbour's word is the same number of words from the end wherever the goal
+    is: the lookup a two-layer model learns."""
+    from envs.frozen_lake import describe_surroundings
+
+    desc = ["SFH", "FHF", "FFG"]
+    for row, col in [(0, 0), (0, 1), (1, 2), (2, 1), (1, 0)]:
+        words = describe_surroundings(desc, row, col).split()
+        assert [words[k] for k in (-8, -6, -4, -2)] == ["Left:", "Down:", "Right:", "Up:"]
+
+
+def test_note_names_the_down_and_right_tiles_only_where_the_line_is_shown():
+    described = FrozenLakeEnv(FrozenLakeConfig(size=4, describe_surroundings=True))
+    assert described.note() is None  # before reset
+    for seed in range(5):
+        obs, done = described.reset(seed=seed), False
+        while not done:
+            words = obs.splitlines()[-1].split()
+            assert described.note() == f"Down: {words[-5].rstrip(',')}, Right: {words[-3].rstrip(',')}."
+            obs, _, done, info = described.step(described.expert_action())
+        assert info["success"] and described.note() is None  # on the goal: no line, no note
+    plain = FrozenLakeEnv(FrozenLakeConfig(size=4))
+    plain.reset(seed=0)
+    assert plain.note() is None
 
 
 def test_describe_surroundings_option_adds_a_line_under_the_grid_until_the_episode_ends():
@@ -181,7 +207,7 @@ def test_describe_surroundings_option_adds_a_line_under_the_grid_until_the_episo
     for seed in range(10):
         grid, obs = plain.reset(seed=seed), described.reset(seed=seed)
         assert obs.startswith(grid + "\n") and obs.count("\n") == grid.count("\n") + 1
-        assert obs.splitlines()[-1].startswith("Left: wall, Down: ")
+        assert obs.splitlines()[-1].startswith("The goal is ") and ". Left: wall, Down: " in obs
         done = False
         while not done:  # the expert walks to the goal: every observation on the way has the line
             obs, _, done, info = described.step(described.expert_action())

@@ -19,6 +19,7 @@ def test_the_linear_probe_finds_a_feature_that_is_there_and_none_that_is_not():
 
 def test_the_probe_runs_on_a_model_at_the_forks_of_the_held_out_maps(tiny_model_path):
     result = fork_probe.probe(tiny_model_path, episodes=48)
-    assert result["forks"] >= 10
+    assert result["forks"] >= 10 and 0.0 <= result["note_copy"] <= 1.0
     assert 0.0 <= result["p_hole"] <= 1.0 and result["mean_abs_logit_diff"] >= 0.0
     assert -1.0 <= result["corr_logit_diff_hole_down"] <= 1.0 and 0.0 <= result["linear_probe_accuracy"] <= 1.0
+

@@ -41,8 +41,10 @@ def test_seed_reaches_the_model_build_the_sft_and_the_rl(tiny_model_path):
     seed = 7
     cmd = planned(seed)
     build, sft, rl = cmd["launch.build_tiny_model"], cmd["agent_trainer.sft"], cmd["agent_trainer.main"]
-    assert build[build.index("--seed") + 1] == "7" and build[build.index("--out") + 1] == "models/tiny-qwen2-seed7"
-    assert _value(sft, "model_path") == "models/tiny-qwen2-seed7"
+    assert build[build.index("--seed") + 1] == "7"
+    assert build[build.index("--out") + 1] == "models/tiny-qwen2-train-seed7"
+    assert float(build[build.index("--noted-weight") + 1]) > 1  # the copy of the note is taught on most transcripts
+    assert _value(sft, "model_path") == "models/tiny-qwen2-train-seed7"
     sft_dir = _value(sft, "trainer.default_local_dir")
     assert _value(rl, "model_path") == f"{sft_dir}/final"
     # The SFT composes with those arguments: its demonstrations, batch order and validation seeds follow the seed.
@@ -62,10 +64,9 @@ def test_seed_reaches_the_model_build_the_sft_and_the_rl(tiny_model_path):
     assert cmd["bench/baselines.py"][cmd["bench/baselines.py"].index("--rl-dir") + 1] == cfg.trainer.default_local_dir
 
 
-def test_seeds_never_share_a_folder_and_seed_0_trains_make_tests_model():
+def test_seeds_never_share_a_folder():
     zero, three = planned(0), planned(3)
-    assert "launch.build_tiny_model" not in zero or "models/tiny-qwen2" in zero["launch.build_tiny_model"]
-    assert _value(zero["agent_trainer.sft"], "model_path") == "models/tiny-qwen2"
+    assert _value(zero["agent_trainer.sft"], "model_path") == "models/tiny-qwen2-train-seed0"
     for key, module in (("trainer.default_local_dir", "agent_trainer.sft"),
                         ("trainer.default_local_dir", "agent_trainer.main"), ("model_path", "agent_trainer.sft")):
         assert _value(zero[module], key) != _value(three[module], key)

@@ -85,6 +85,33 @@ def test_transcript_encoding_matches_chat_template_and_masks_replies(tokenizer):
         assert all(prompts.parse_response(m["content"]).format_ok for m in messages if m["role"] == "assistant")
 
 
+def test_noted_observations_are_the_think_of_the_replies_and_get_many_maps(tmp_path):
+    """An env that notes its observation (BaseEnv.note) has the warm-up copy the note into the think of each
+    reply, on NOTED_SEEDS maps; an env without notes keeps the template thinks on corpus_seeds maps."""
+    ep = btm.EpisodeSample("t", "Go to G.", ["P _ G", "_ P G"], [(["Left", "Right"], True), (["Left"], True)],
+                           taken=["Right"], rewards=[0.5], notes=["Right: ice.", "Right: goal."])
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(20):
+        messages = btm.make_transcript(ep, rng)
+        thinks = [prompts.parse_response(m["content"]).think for m in messages if m["role"] == "assistant"]
+        assert thinks == ["Right: ice.", "Right: goal."][: len(thinks)]
+        seen.add(len(thinks))
+    assert seen == {1, 2}
+    tags, added = tmp_path / "envs.yaml", tmp_path / "my_envs.yaml"
+    tags.write_text("custom_envs:\n"
+                    "  Noted:\n    env_type: frozen_lake\n    env_instruction: Walk.\n"
+                    "    env_config: {size: 4, describe_surroundings: true}\n"
+                    "  Plain:\n    env_type: frozen_lake\n    env_instruction: Walk.\n    env_config: {size: 4}\n")
+    added.write_text("custom_envs:\n  Mine:\n    env_type: frozen_lake\n    env_instruction: Walk.\n")
+    corpus = btm.collect_corpus(tags, n_seeds=3, add_envs_configs=(added,))
+    by_tag = {tag: [e for e in corpus.episodes if e.tag == tag] for tag in ("Noted", "Plain", "Mine")}
+    assert len(by_tag["Noted"]) == btm.NOTED_SEEDS and len(by_tag["Plain"]) == 3
+    assert len(by_tag["Mine"]) == btm.NOTED_SEEDS  # a user's added tag weighs as much as a noted one
+    assert all(e.notes[0].startswith("Down: ") for e in by_tag["Noted"])
+    assert all(n is None for e in by_tag["Plain"] + by_tag["Mine"] for n in e.notes)
+
+
 def test_action_choices_lists_and_free_text():
     assert btm.action_choices("Left | Down | Right | Up", "P _") == (["Left", "Down", "Right", "Up"], True)
     choices, discrete = btm.action_choices("a whole number from 1 to 100", "Guess: between 1 and 100.")
