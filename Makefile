@@ -139,7 +139,7 @@ train: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/confi
 	$(PY) -m agent_trainer.main --config-name $(TRAIN_CONFIG) model_path=$(SFT_RUN)/final trainer.seed=$(SEED) \
 	  trainer.default_local_dir=$(RL_RUN) trainer.resume_mode=disable trainer.val_before_train=true $(ARGS)
 	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --sft-dir $(SFT_RUN) --rl-dir $(RL_RUN) \
-	  --started-at "$$(cat $(VENV)/.train-started)" trainer.seed=$(SEED) $(ARGS)
+	  --started-at "$$(cat $(VENV)/.train-started)" model_path=$(SFT_RUN)/final trainer.seed=$(SEED) $(ARGS)
 
 train-clock: install
 	@date +%s > $(VENV)/.train-started

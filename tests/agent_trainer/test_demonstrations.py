@@ -250,8 +250,8 @@ def test_the_noting_walkers_note_the_tiles_beside_them_in_the_reply(ctx_mgr):
             observation = env.reset(seed=demo.seed)
             replies = [m["content"] for m in demo.messages if m["role"] == "assistant"]
             for action, reply in zip(demo.actions, replies):
-                line = next(x for x in observation.splitlines() if x.startswith("Left: "))
-                down, right = (w.split(": ")[1] for w in line.split(". ")[0].split(", ")[1:3])
+                line = next(x for x in observation.splitlines() if x.startswith("The goal is "))
+                down, right = (w.split(": ")[1] for w in line.rstrip(".").split(". ")[1].split(", ")[1:3])
                 assert reply == f"<think>Down: {down}, Right: {right}.</think><answer>{action}</answer>"
                 if {down, right} == {"hole", "ice"}:
                     chose.append(int((down if action == "Down" else right) == "hole"))

@@ -61,6 +61,8 @@ def test_seed_reaches_the_model_build_the_sft_and_the_rl(tiny_model_path):
     assert cfg.trainer.seed == 7 and cfg.es_manager.seed == 7
     assert _value(cmd["launch.warm_start_report"], "trainer.seed") == "7"
     assert _value(cmd["bench/baselines.py"], "trainer.seed") == "7"
+    # the table composes without make test's model: a fresh clone's make train builds only its own
+    assert _value(cmd["bench/baselines.py"], "model_path") == f"{sft_dir}/final"
     assert cmd["bench/baselines.py"][cmd["bench/baselines.py"].index("--rl-dir") + 1] == cfg.trainer.default_local_dir
 
 
