@@ -31,17 +31,18 @@ def test_the_frozenlake_config_plays_demonstrations_in_the_rl_format(tiny_model_
         assert row.token_ids == demo.token_ids and row.response_mask == demo.response_mask
 
 
-def test_make_trains_warm_start_is_a_careless_walker_on_the_maps_without_dead_ends(tiny_model_path):
-    """config/sft_frozenlake_nodeadends.yaml: the RL config's tag, moves only Down or Right, half of them the
-    scripted demonstrator's (onto the hole beside it when there is one), the other half random."""
+def test_make_trains_warm_start_is_a_noting_walker_on_the_maps_without_dead_ends(tiny_model_path):
+    """config/sft_frozenlake_nodeadends.yaml: the RL config's tag, think-then-answer replies whose think notes the
+    Down and Right tiles, moves only Down or Right, all of them the walker's (no noise)."""
     run = compose_sft("sft_frozenlake_nodeadends", [f"model_path={tiny_model_path}", "data.num_episodes=40"])
     assert run.rl.es_manager.train.tags == ["FrozenLakeNoDeadEnds"] == run.rl.es_manager.val.tags
-    assert run.rl.algorithm.adv_estimator == "gigpo"
+    assert run.rl.algorithm.adv_estimator == "gigpo" and run.rl.agent_proxy.enable_think
     demos = run.data.demos["train"] + run.data.demos["val"]
     assert {d.tag for d in demos} == {"FrozenLakeNoDeadEnds"}
     actions = [a for d in demos for a in d.actions]
-    scripted = sum(e for d in demos for e in d.expert) / len(actions)
-    assert set(actions) == {"Down", "Right"} and 0.35 < scripted < 0.65
+    assert set(actions) == {"Down", "Right"} and all(e for d in demos for e in d.expert)
+    replies = [m["content"] for d in demos for m in d.messages if m["role"] == "assistant"]
+    assert all(r.startswith("<think>Down: ") and ", Right: " in r for r in replies)
 
 
 @pytest.mark.parametrize("override, expected", [

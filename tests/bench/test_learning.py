@@ -82,5 +82,5 @@ def test_pipeline_seeds_each_seed_against_the_bar_and_the_rate(tmp_path):
     assert "is met by 2 of 3 pipeline seeds.** RL end: min 0.550, median 0.620, max 0.900." in block
     assert "| 0 | d815fd00 | 0.50 / 0.120 | 0.000 | 0.700 | 0.900 | +0.900 | 0.460 | met | 9.0 min |" in block
     assert "| 1 | 8088211a |  | 0.100 | 0.300 | 0.550 | +0.450 | 0.460 | short |  |" in block
-    assert learning.make_train_dirs(0)[0].name == "tiny-qwen2" and learning.make_train_dirs(3)[0].name == "tiny-qwen2-seed3"
+    assert [learning.make_train_dirs(s)[0].name for s in (0, 3)] == ["tiny-qwen2-train-seed0", "tiny-qwen2-train-seed3"]
     assert learning.make_train_dirs(3)[1].name == "frozenlake_nodeadends_seed3"
