@@ -52,8 +52,9 @@ def check_records(records: list[dict], extra: list[str], expect_critic: bool,
         # two steps each by config only
         ("frozenlake_gigpo", ["trainer.total_training_steps=2"], False),
         ("frozenlake_remax", ["trainer.total_training_steps=2"], False),
-        # make train's RL config (GiGPO, 8 episodes per map, on the maps without dead ends)
-        ("frozenlake_nodeadends", ["trainer.total_training_steps=2"], False),
+        # make train's RL config (GiGPO, 8 episodes per map, on the maps without dead ends, think-then-answer);
+        # its micro-batch of 8 is cut to fit TINY's mini-batch of 8 over 2 ranks
+        ("frozenlake_nodeadends", ["trainer.total_training_steps=2", "micro_batch_size_per_gpu=4"], False),
     ],
 )
 def test_config_trains(tiny_model_path, tmp_path, config_name, extra, expect_critic):
