@@ -148,11 +148,6 @@ def baselines(tag: str, env_tags: dict, val_seeds: list[int], max_turn: int, rep
     return {name: play(tag, env_tags, val_seeds, policy, max_turn, n) for name, (policy, n) in policies.items()}
 
 
-val_seeds = held_out_seeds
-"""The RL run's held-out seeds, one per validation group (:func:`agent_trainer.es_manager.held_out_seeds`; the name
-bench/learning.py calls)."""
-
-
 def read_metrics(run_dir: Path) -> list[dict]:
     """The records of ``<run_dir>/metrics.jsonl`` (data: ``json.loads`` only)."""
     path = Path(run_dir) / "metrics.jsonl"

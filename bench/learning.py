@@ -445,6 +445,7 @@ def main(argv: list[str] | None = None) -> None:
         replace_block(DOC, pipeline_block(argv, runs, plot_pipeline(runs)), PIPELINE_BEGIN, PIPELINE_END)
         print(f"wrote {DOC}", flush=True)
         return
+    from agent_trainer.es_manager import held_out_seeds
     from agent_trainer.main import compose_and_prepare
 
     sections, figures, logs = {}, [], []
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
                    for algo in algos_of(env, args)}
         logs += [log_file(model.parent)] + [log_file(d) for dirs in results.values() for d in dirs]
         cfg, env_tags = compose_and_prepare(env_overrides(env, args.val_groups), config_name="frozenlake")
-        base = bl.baselines(env.tag, env_tags, bl.val_seeds(cfg), env.max_turn)
+        base = bl.baselines(env.tag, env_tags, held_out_seeds(cfg), env.max_turn)
         sections[env_key] = env_section(env_key, results, base)
         figures.append(plot(env_key, results, {n: s.success for n, s in base.items()}))
     write_doc(argv, args, sections, figures, *recorded_seconds(logs))

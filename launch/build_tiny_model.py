@@ -127,6 +127,11 @@ class EpisodeSample:
     notes: list[str | None] = field(default_factory=list)
     """Per observation: the env's note of it (``BaseEnv.note``), the think of the reply to it; None: a template."""
 
+    @property
+    def noted(self) -> bool:
+        """Whether the env notes its observations (its first one has a note)."""
+        return bool(self.notes) and self.notes[0] is not None
+
 
 @dataclass
 class Corpus:
@@ -169,7 +174,7 @@ def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
     try:
         texts, episodes = [tags[tag].env_instruction, env.legend()], []
         seed = 0
-        while seed < n_seeds or (episodes and episodes[0].notes[0] is not None and seed < NOTED_SEEDS):
+        while seed < n_seeds or (episodes and episodes[0].noted and seed < NOTED_SEEDS):
             obs = env.reset(seed=seed)
             seed += 1
             description = env.action_description()
@@ -407,7 +412,7 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
         by_tag.setdefault(ep.tag, []).append(ep)
     # A tag whose env notes its observations weighs noted_weight times the others.
     names = list(by_tag)
-    weights = [noted_weight if by_tag[t][0].notes and by_tag[t][0].notes[0] else 1.0 for t in names]
+    weights = [noted_weight if by_tag[t][0].noted else 1.0 for t in names]
     chats += [make_transcript(rng.choice(by_tag[rng.choices(names, weights)[0]]), rng)
               for _ in range(n_pool - n_reading)]
     pool = []
@@ -577,9 +582,10 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
                 "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
-                "noted_weight": noted_weight, "reading_fraction": reading_fraction, "reading_accuracy": reading, "reading_samples": reading_samples,
+                "noted_weight": noted_weight, "reading_fraction": reading_fraction, "reading_accuracy": reading,
+                "reading_samples": reading_samples,
                 "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
-                           "noted_tags": sorted({ep.tag for ep in corpus.episodes if ep.notes and ep.notes[0]}),
+                           "noted_tags": sorted({ep.tag for ep in corpus.episodes if ep.noted}),
                            "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
                            "n_episodes": len(corpus.episodes)},
                 "build_seconds": round(time.monotonic() - start, 2),
