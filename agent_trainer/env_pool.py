@@ -6,7 +6,7 @@ namespace. A call goes to several actors at once and waits with ``ray.wait(timeo
 so one hung environment never blocks the others:
 
 - an actor that dies or raises is reported in :attr:`EnvCall.failed` (Ray restarts it,
-  ``max_restarts``), its episodes end where they are;
+  ``max_restarts``), its episodes end where they are; the next call to it waits for the restart;
 - an actor that misses the deadline is killed and a fresh one with the same name and shard is
   started (:meth:`EnvActorPool.replace`); it is reported in :attr:`EnvCall.timed_out`. The
   fresh actor's episodes are reset by the next rollout.
@@ -137,6 +137,8 @@ class EnvActorPool:
                     continue
                 call.failed.append(i)
                 call.errors[i] = f"env actor {self.name(i)} failed in {method}: {err}"
+                if isinstance(err, RayActorError):  # died: Ray restarts it, the next call waits for that
+                    self._started.discard(i)
         for i in call.timed_out:
             logger.error("%s; killing it and starting a fresh one for its episodes (es_manager.env_%s_timeout_s)",
                          call.errors[i], "reset" if method == "reset" else "step")
@@ -146,12 +148,28 @@ class EnvActorPool:
         return call
 
     def _wait_started(self, indices: list[int]) -> None:
-        """Wait at most START_TIMEOUT_S for the given actors' first start (or restart after a replacement); one
-        still starting then gets the call anyway, and its deadline."""
-        pending = {self.actors[i].__ray_ready__.remote(): i for i in indices if i not in self._started}
-        if pending:
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=START_TIMEOUT_S)
-            self._started.update(pending[ref] for ref in ready)  # a dead one too: the call reports it
+        """Wait at most START_TIMEOUT_S for the given actors' first start, their start after a replacement, or
+        Ray's restart of one that died; one still starting then gets the call anyway, and its deadline."""
+        waiting = [i for i in indices if i not in self._started]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while waiting:
+            pending = {self.actors[i].__ray_ready__.remote(): i for i in waiting}
+            ready, _ = ray.wait(list(pending), num_returns=len(pending),
+                                timeout=max(0.0, deadline - time.monotonic()))
+            waiting = []
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ActorUnavailableError:  # Ray is restarting it: ask again
+                    waiting.append(pending[ref])
+                    continue
+                except RayActorError:  # dead for good: the call reports it
+                    pass
+                self._started.add(pending[ref])
+            if waiting and time.monotonic() < deadline:
+                time.sleep(0.5)
+            elif waiting:
+                break
 
     def replace(self, index: int, stuck=None) -> None:
         """Kill actor ``index`` (stuck: its process is ended) and start a fresh one with its name and shard.

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ray.exceptions import ActorUnavailableError, RayActorError
 
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.env_pool import EnvActorPool, PendingCall
 from agent_trainer.es_manager import EnvOutput, EpisodeSpec, group_seeds
-from agent_trainer.rollout.engines import wait_until_ready
 from agent_trainer.rollout.results import EnvFailure, RolloutFaults
 
 
@@ -61,7 +59,6 @@ class EnvResets:
         raised or whose actor was lost are dropped (:meth:`check_failures`).
         """
         self.last_seeds = seeds
-        timeout = self.cfg.es_manager.env_reset_timeout_s
         pending, self.pending = self.pending, None
         self.was_prefetched = pending is not None and pending[0] == list(seeds)
         if self.was_prefetched:
@@ -74,11 +71,7 @@ class EnvResets:
         faults.actor_failures += len(call.failed)
         faults.timeouts += len(call.timed_out)
         timed_out = set(call.timed_out)
-        if call.failed:  # Ray restarts a dead env actor (max_restarts); its episodes start again there
-            try:
-                wait_until_ready([self.env_pool.actors[i] for i in call.failed], timeout_s=timeout)
-            except (ActorUnavailableError, RayActorError):
-                pass  # still down: the retry below reports it and its episodes are dropped
+        if call.failed:  # Ray restarts a dead env actor (max_restarts); its episodes start again there once it is up
             retry = self.env_pool.collect(self.submit(seeds, call.failed))
             outputs += retry.results
             lost = {i: text for i, text in lost.items() if i in timed_out} | retry.errors
