@@ -48,21 +48,27 @@ class PluginRegistry(Generic[T]):
             hint = name_hint(name, self.names())
             raise ValueError(f"{self.key} = {name!r} is unknown; known: {self.names()}, "
                              "or give an import path 'package.module:ClassName'" + (f"; {hint}" if hint else ""))
-        module_name, _, attr = name.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            missing = getattr(exc, "name", None) or module_name
-            hint = module_hint(missing) if module_name.startswith(missing) else ""
-            raise ValueError(f"{self.key} = {name!r} could not be imported ({exc}); known: {self.names()}"
-                             + (f"; {hint}" if hint else "")) from exc
-        if not hasattr(module, attr):
-            raise ValueError(f"{self.key} = {name!r} could not be imported (module {module_name!r} has no attribute "
-                             f"{attr!r}); {class_hint(module, module_name, attr, self.base)}")
-        cls = getattr(module, attr)
+        cls = load_import_path(name, f"{self.key} = {name!r}", f"known: {self.names()}", self.base)
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise ValueError(f"{self.key} = {name!r} is not a subclass of {self.base.__name__}")
         return cls
+
+
+def load_import_path(path: str, shown: str, known: str, base: type | None = None):
+    """The object at ``path`` ("package.module:Name"); ValueError starting with ``shown`` (the key and the value)
+    and ending with ``known`` (what else would do) when the module or the name is missing. ``base``: the class the
+    object should subclass, for the hint of a near name."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None) or module_name
+        hint = module_hint(missing) if module_name.startswith(missing) else ""
+        raise ValueError(f"{shown} could not be imported ({exc}); {known}" + (f"; {hint}" if hint else "")) from exc
+    if not hasattr(module, attr):
+        raise ValueError(f"{shown} could not be imported (module {module_name!r} has no attribute {attr!r}); "
+                         f"{class_hint(module, module_name, attr, base)}")
+    return getattr(module, attr)
 
 
 def import_package_modules(package: str, path) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from agent_trainer import core_algos
+from agent_trainer.checks.engines import engine_class
 from agent_trainer.checks.rl import check_engine_keys, check_offload
 from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, RefConfig
 from agent_trainer.es_manager import EnvStateManager
@@ -181,27 +182,17 @@ def build_actor_group(cfg: AgentTrainerConfig, device: str, actor: ActorConfig, 
 
 
 def build_engines(cfg: AgentTrainerConfig, device: str, host: WorkerGroup | None = None) -> WorkerGroup:
-    """The rollout engines: vLLM (CPU build here, CUDA vLLM on GPUs) or HF generate, on ``device`` (resolved).
+    """The rollout engines of ``actor_rollout_ref.rollout.name`` (the engine registry, ``checks.engines``: vLLM,
+    HF generate, or a user's engine class) on ``device`` (resolved); the class gives its constructor's arguments.
 
     ``host``: the actor group whose bundles the engines share (``actor_rollout_ref.hybrid_engine``; engine i in
     rank i's bundle, with half its GPU), else the engines get a placement group of their own, one bundle of
     ``tensor_model_parallel_size`` GPUs per engine (vLLM's ``mp`` executor runs the TP workers inside it).
     """
-    from workers.rollout import HFRolloutWorker, VLLMRolloutWorker
-
     r = cfg.actor_rollout_ref.rollout
-    worker_cls = VLLMRolloutWorker if r.name == "vllm" else HFRolloutWorker
-    kwargs: dict[str, Any] = {
-        "model_path": cfg.actor_rollout_ref.model.path,
-        "device": device,
-        "dtype": r.dtype or cfg.actor_rollout_ref.model.dtype,
-        "max_model_len": r.max_model_len,
-        "seed": cfg.trainer.seed,
-        "enable_sleep_mode": device == "cuda" and sleep_mode_on(cfg, device),
-    }
-    if r.name == "vllm":
-        kwargs.update(kv_cache_space_gib=r.kv_cache_space_gib, tensor_parallel_size=r.tensor_model_parallel_size,
-                      gpu_memory_utilization=r.gpu_memory_utilization)
+    worker_cls = engine_class(r.name)  # the registry (checks.engines): a registered name or an import path
+    kwargs = worker_cls.init_kwargs(cfg, device=device,
+                                    enable_sleep_mode=device == "cuda" and sleep_mode_on(cfg, device))
     return WorkerGroup(
         worker_cls, name="rollout", world_size=r.num_workers, num_cpus_per_rank=r.num_cpus_per_worker,
         num_gpus_per_rank=engine_gpus(cfg, device, colocated=host is not None), host=host,
@@ -226,9 +217,10 @@ def engine_gpus(cfg: AgentTrainerConfig, device: str, colocated: bool) -> float:
 
 
 def engine_env_vars(cfg: AgentTrainerConfig, device: str) -> dict[str, str]:
-    """The engine processes' environment: their threads, and on CPU ``workers.rollout.CPU_ENGINE_ENV`` (in-process
-    vLLM, no thread pinning), where a value set in the driver's environment wins. GPU engines keep vLLM's defaults."""
-    from workers.rollout import CPU_ENGINE_ENV
+    """The engine processes' environment: their threads, and on CPU ``workers.engines.vllm.CPU_ENGINE_ENV``
+    (in-process vLLM, no thread pinning), where a value set in the driver's environment wins. GPU engines keep vLLM's
+    defaults."""
+    from workers.engines.vllm import CPU_ENGINE_ENV
 
     env = {"OMP_NUM_THREADS": str(engine_threads(cfg))}
     if device == "cpu":
@@ -248,7 +240,7 @@ def engine_threads(cfg: AgentTrainerConfig) -> int:
     parameters (a local safetensors checkpoint); else 1. On 2 cores a 19M model's generation ran 1.5x faster
     on 2 threads and the 0.6M tiny model's 0.9x.
     """
-    from workers.rollout import checkpoint_parameters
+    from workers.engines.base import checkpoint_parameters
 
     r = cfg.actor_rollout_ref.rollout
     if r.num_threads:

@@ -13,9 +13,9 @@ Three parts, one module (docs/architecture.md, "Weight sync"):
   ``collective`` broadcasts it in a weight-transfer process group of rank 0 and every engine worker (gloo on
   CPU, NCCL on GPU; a group built from its own TCPStore, not the default process group); ``cuda_ipc`` (engines
   on the actor's GPUs) sends CUDA IPC handles of the bucket, which the engine maps without a copy.
-- The engine side (:class:`EngineWeightSync`, a mixin of both rollout workers): a sync is a session
-  (``begin_weight_sync``, buckets, ``finish_weight_sync``); a vLLM engine forwards every call by name to its
-  workers (``workers.vllm_ext.RolloutWorkerExtension``).
+- The engine side (:class:`workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync is a
+  session (``begin_weight_sync``, buckets, ``finish_weight_sync``); the vLLM engine forwards every call by name
+  to its workers (``workers.vllm_ext.RolloutWorkerExtension``). The helpers it uses live here.
 
 :func:`sync_weights` is the driver's call, shared by RL (``AgentTrainer``) and SFT (``SFTTrainer``): one sync,
 and on an engine failure a wait for Ray's restart and one more sync.
@@ -29,7 +29,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -572,165 +572,6 @@ def sync_weights(actor_wg, engines: list, plan: SyncPlan, on_stats: Callable[[di
 def _sync_once(actor_wg, engines: list, plan: SyncPlan) -> dict:
     refs = actor_wg.execute_all_async("push_weights", plan, engines)
     return actor_wg.get(refs)[0]
-
-
-# --------------------------------------------------------------------------- the engine side
-
-
-class EngineWeightSync:
-    """Engine-side weight sync, mixed into both rollout workers (``VLLMRolloutWorker``, ``HFRolloutWorker``).
-
-    A sync is a session: ``begin_weight_sync``, then buckets (``load_weight_bucket`` from the object store,
-    ``receive_weight_bucket`` over the weight-transfer group, or ``load_weight_ipc``), then
-    ``finish_weight_sync``, which checks every weight arrived and resets the prefix cache. A vLLM engine
-    (``self.llm``) forwards each call by name to its workers (``workers.vllm_ext``); an HF engine
-    (``self.model``) loads in this process.
-    """
-
-    # -- what the sender asks ----------------------------------------------------------
-    def weight_sync_info(self) -> dict:
-        """The engine's weight dtype and device, its worker count (group ranks) and its current group's name."""
-        if hasattr(self, "llm"):
-            model_config = self.llm.llm_engine.model_config
-            workers = int(self.llm.llm_engine.vllm_config.parallel_config.world_size)
-            dtype = model_config.dtype
-        else:
-            workers, dtype = 1, self.model.dtype
-        device = getattr(self, "device", None)  # the engine's device, decided by the caller (cpu | cuda)
-        device = getattr(device, "type", device) or ("cuda" if torch.cuda.is_available() else "cpu")
-        return {"dtype": dtype_name(dtype), "device": str(device),
-                "workers": workers, "weight_group": getattr(self, "_weight_group_name", None)}
-
-    # -- the session -----------------------------------------------------------------------
-    def begin_weight_sync(self) -> None:
-        self._sync_received: set[str] = set()
-        self._sync_seconds = 0.0
-        start = time.perf_counter()
-        if hasattr(self, "llm"):
-            self.llm.collective_rpc("begin_bucketed_load")
-        self._sync_seconds += time.perf_counter() - start
-
-    def _abandon_weight_sync(self) -> None:
-        """Close an open vLLM load session after a refused bucket: vLLM's layerwise reload puts the old values
-        back into every layer that did not get all its weights, so the engine keeps generating with a
-        consistent model (the sync itself has failed and says so)."""
-        if hasattr(self, "llm"):
-            self.llm.collective_rpc("end_bucketed_load")
-
-    def _expected_weights(self) -> tuple[set[str] | None, set[str]]:
-        """(names a full sync must bring, names it may leave out: a tied ``lm_head.weight``)."""
-        if hasattr(self, "llm"):
-            return getattr(self, "_weight_names", None), {"lm_head.weight"}
-        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        return set(self.model.state_dict()), tied
-
-    def _check_names(self, names: Sequence[str]) -> None:
-        expected, optional = self._expected_weights()
-        if expected is not None:
-            unexpected = sorted(set(names) - expected - optional)
-            if unexpected:
-                raise ValueError(f"weight sync: names the rollout model does not have {unexpected[:8]}; send the "
-                                 "actor's unwrapped HF names (like 'model.layers.0.self_attn.q_proj.weight')")
-
-    def _copy_into_model(self, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
-        """HF engine: copy in place (a tied ``lm_head`` follows its embeddings)."""
-        with torch.no_grad():
-            targets = dict(self.model.named_parameters(remove_duplicate=False))
-            targets.update(self.model.named_buffers())
-            for name, tensor in zip(names, tensors):
-                targets[name].copy_(tensor)
-
-    def load_weight_bucket(self, bucket: tuple[list, Any]) -> None:
-        """object_store: one bucket (specs, flat bytes as a numpy array) from Ray's object store.
-
-        A vLLM engine passes the bytes to its workers as a buffer (``load_packed_bucket``), never as tensors:
-        vLLM's multiprocess client decodes a call's arguments untyped, which turns a tensor into a list.
-        """
-        start = time.perf_counter()
-        specs, data = bucket
-        names = [s[0] for s in specs]
-        try:
-            self._check_names(names)
-        except ValueError:
-            self._abandon_weight_sync()
-            raise
-        if hasattr(self, "llm"):
-            self.llm.collective_rpc("load_packed_bucket", args=(specs, memoryview(data).cast("B")))
-        else:
-            self._copy_into_model(*unpack_bucket(specs, bytes_as_tensor(data)))
-        self._sync_received.update(names)
-        self._sync_seconds += time.perf_counter() - start
-
-    def load_full_weights(self, state_dict: dict[str, torch.Tensor]) -> float:
-        """A whole state dict in one session (one bucket on CPU): the engines' ``update_weights``; returns seconds.
-        Names are checked before the session opens, so a refused state dict leaves the engine as it was."""
-        self._check_names(list(state_dict))
-        self.begin_weight_sync()
-        packer = _Packer(2**62, sum(_aligned(t.numel() * t.dtype.itemsize) for t in state_dict.values()),
-                         torch.device("cpu"))
-        for name, tensor in state_dict.items():
-            packer.add(name, tensor.detach().cpu(), tensor.dtype)
-        if packer.specs:
-            bucket = packer.take()
-            self.load_weight_bucket((bucket.specs, bucket.flat.numpy()))
-        return self.finish_weight_sync()
-
-    def init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str, name: str,
-                          timeout_s: float) -> None:
-        """collective: join the weight-transfer group (every worker of this engine, ranks from ``rank_offset``)."""
-        if hasattr(self, "llm"):
-            self.llm.collective_rpc("init_weight_group",
-                                    args=(host, port, rank_offset, world_size, backend, name, timeout_s))
-        else:
-            self._weight_group = join_weight_group(host, port, rank_offset, world_size, backend, name, timeout_s,
-                                                   node_ip())
-        self._weight_group_name = name
-
-    def receive_weight_bucket(self, specs: list[list]) -> None:
-        """collective: receive one bucket from rank 0's broadcast and load it."""
-        start = time.perf_counter()
-        if hasattr(self, "llm"):
-            expected, optional = self._expected_weights()
-            names = [s[0] for s in specs]
-            unexpected = sorted(set(names) - expected - optional) if expected is not None else []
-            if unexpected:  # still receive (rank 0 is broadcasting), then refuse
-                self.llm.collective_rpc("receive_weight_bucket", args=(specs, False))
-                raise ValueError(f"weight sync: names the rollout model does not have {unexpected[:8]}")
-            self.llm.collective_rpc("receive_weight_bucket", args=(specs, True))
-            self._sync_received.update(names)
-        else:
-            names = [s[0] for s in specs]
-            flat = receive_bucket(self._weight_group, specs, torch.device(getattr(self, "device", "cpu")))
-            self._check_names(names)
-            self._copy_into_model(*unpack_bucket(specs, flat))
-            self._sync_received.update(names)
-        self._sync_seconds += time.perf_counter() - start
-
-    def load_weight_ipc(self, specs: list[list], handle: list) -> None:
-        """cuda_ipc: map the bucket rank 0 holds on this GPU and load from it (GPU only)."""
-        start = time.perf_counter()
-        if hasattr(self, "llm"):
-            self.llm.collective_rpc("load_ipc_weight_bucket", args=(specs, handle))
-            self._sync_received.update(s[0] for s in specs)
-        else:
-            self._check_names([s[0] for s in specs])
-            self._copy_into_model(*unpack_bucket(specs, rebuild_ipc_tensor(handle, torch.device(self.device))))
-            self._sync_received.update(s[0] for s in specs)
-        self._sync_seconds += time.perf_counter() - start
-
-    def finish_weight_sync(self) -> float:
-        """Check every weight arrived, finish the engine's load, reset the prefix cache; returns load seconds."""
-        start = time.perf_counter()
-        expected, optional = self._expected_weights()
-        if hasattr(self, "llm"):
-            self.llm.collective_rpc("end_bucketed_load")
-            self.llm.reset_prefix_cache()
-        missing = sorted(expected - self._sync_received - optional) if expected is not None else []
-        if missing:
-            raise ValueError(f"weight sync: the rollout model got no {missing[:8]}{' ...' if len(missing) > 8 else ''}"
-                             "; the engine would keep stale weights")
-        self._sync_seconds += time.perf_counter() - start
-        return self._sync_seconds
 
 
 def bytes_as_tensor(data) -> torch.Tensor:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent_trainer import core_algos
 from agent_trainer.agents.registry import resolve_agent_cls
+from agent_trainer.checks.engines import check_engine, check_engine_mode, engine_only_keys
 from agent_trainer.checks.multiturn import validate_multiturn
 from agent_trainer.checks.plugins import check_plugins
 from agent_trainer.checks.rules import (
@@ -167,19 +168,16 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
           f"actor_rollout_ref.rollout.response_length = {r.response_length} must be smaller than "
           f"actor_rollout_ref.rollout.max_model_len = {r.max_model_len} (the whole episode, prompt included); "
           "raise max_model_len or lower response_length")
+    engine = check_engine(cfg)  # the registered engine (or import path); tensor parallelism needs one that splits
     if r.tensor_model_parallel_size > 1:
-        check(r.name == "vllm", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
-                                 f"{r.tensor_model_parallel_size} needs rollout.name=vllm (got {r.name!r}); "
-                                 "set it to 1")
         # trainer.device=auto: checked against the cluster's GPUs once joined (workers.build.check_device).
         check(cfg.trainer.device != "cpu", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
                                             f"{r.tensor_model_parallel_size} splits the engine over GPUs, and "
                                             "trainer.device = 'cpu'; set it to 1 (or trainer.device=cuda)")
     _check_hybrid_engine(cfg)
     check_engine_keys(cfg, cfg.trainer.device)
-    check(r.mode != "async" or r.name == "vllm",
-          f"actor_rollout_ref.rollout.mode = async needs rollout.name=vllm (got {r.name!r}): it seeds each request, "
-          "which the hf engine cannot; set rollout.name=vllm or rollout.mode=sync")
+    check_engine_mode(cfg, engine)
+    engine.check(cfg)  # the engine's own start-up rules
     for split in CONFIG_SPLITS:
         groups = getattr(cfg.es_manager, split).env_groups
         check(cfg.agent_proxy.num_env_actors <= groups,
@@ -188,34 +186,26 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
               f"set agent_proxy.num_env_actors <= {groups}")
 
 
-ENGINE_ONLY_KEYS: dict[str, tuple[str, str]] = {
-    "kv_cache_space_gib": ("vllm", "cpu"),
-    "gpu_memory_utilization": ("vllm", "cuda"),
-    "num_threads": ("", "cpu"),
-}
-"""``actor_rollout_ref.rollout`` keys only one engine or one device reads: key -> (engine, device), "" = any engine.
-vLLM's CPU KV cache is sized by kv_cache_space_gib (its GPU cache by gpu_memory_utilization); the hf engine
-(transformers generate) reads neither; num_threads sets a CPU engine's intra-op threads. Every other rollout key is
-read by both engines on both devices (tensor_model_parallel_size > 1 and enable_sleep_mode have rules of their
-own)."""
-
-
 def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
     """A non-default ``actor_rollout_ref.rollout`` key that the chosen engine (or device) never reads is refused.
+
+    Which engines read which keys comes from the engine registry (``checks.engines.engine_only_keys``: each engine
+    class's ``only_keys``); every other rollout key is read by every engine on both devices.
 
     ``device``: cpu | cuda, or auto before the cluster is known (then only the engine's keys are checked; the
     device's once joined, ``workers.build.check_device``). Raises ValueError with one line naming key, value, fix.
     """
     r, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
-    for key, (engine, on) in ENGINE_ONLY_KEYS.items():
+    for key, (engines, on) in engine_only_keys().items():
         value = getattr(r, key)
         if value == getattr(default, key):
             continue
         name = f"actor_rollout_ref.rollout.{key}"
-        check(not engine or r.name == engine,
-              f"{name} = {value!r} is read by the {engine} engine only, and actor_rollout_ref.rollout.name = "
-              f"{r.name!r} ignores it; drop it (or set rollout.name={engine})")
-        check(device in ("auto", on),
+        check(not engines or r.name in engines,
+              f"{name} = {value!r} is read by the {' / '.join(engines)} engine only, and "
+              f"actor_rollout_ref.rollout.name = {r.name!r} ignores it; drop it (or set rollout.name={engines[0]})"
+              if engines else "")
+        check(not on or device in ("auto", on),
               f"{name} = {value!r} is read on {on} only, and the run's engines are on {device} "
               f"(trainer.device = {cfg.trainer.device!r}); drop it")
 

@@ -167,7 +167,7 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
          RECOMPUTE_OLD_LOG_PROB),
         ("actor_rollout_ref.model.dtype", cfg.actor_rollout_ref.model.dtype, DTYPES),
         ("actor_rollout_ref.rollout.dtype", cfg.actor_rollout_ref.rollout.dtype, (None, *DTYPES)),
-        ("actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ("vllm", "hf")),
+        # actor_rollout_ref.rollout.name: the engine registry's names or an import path (checks.engines.engine_class)
         ("actor_rollout_ref.rollout.weight_sync", cfg.actor_rollout_ref.rollout.weight_sync, WEIGHT_SYNC_TRANSPORTS),
         ("actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES),
         ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from workers.weight_sync import (ALIGN, EngineWeightSync, SyncPlan, bucket_nbytes, iter_weight_buckets,
+from workers.weight_sync import (ALIGN, SyncPlan, bucket_nbytes, iter_weight_buckets,
                                  resolve_transport, sync_tensor_names, unpack_bucket)
 
 
@@ -139,11 +139,12 @@ def test_engine_calls_encode_with_vllms_msgpack_encoder(tiny_model_path):
     import numpy as np
     from vllm.v1.worker.gpu_worker import Worker
 
+    from workers.engines.vllm import VLLMEngine
     from workers.vllm_ext import RolloutWorkerExtension
 
     model = _model(tiny_model_path)
     bucket = next(iter_weight_buckets(model, True, 2**30))
-    engine = EngineWeightSync()
+    engine = VLLMEngine.__new__(VLLMEngine)  # the engine's weight-sync calls without starting vLLM
     engine.llm = _EncodingLLM()
     engine._weight_names = set(bucket.names) | {"lm_head.weight"}
     engine.begin_weight_sync()
