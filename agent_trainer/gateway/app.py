@@ -44,7 +44,7 @@ class Generation(Protocol):
 
 
 class Generate(Protocol):
-    """An engine's ``generate`` (``HFRolloutWorker.generate``, ``VLLMRolloutWorker.generate``): ids in, ids out."""
+    """An engine's ``generate`` (``HFEngine.generate``, ``VLLMEngine.generate``): ids in, ids out."""
 
     def __call__(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float,
                  stop_token_ids: list[int] | None, seed: int | None) -> Sequence[Generation]: ...

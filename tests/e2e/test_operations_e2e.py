@@ -288,7 +288,7 @@ def test_evaluating_the_checkpoint_starts_no_trainer_worker(run, tiny_model_path
     assert (out / "trajectories" / "viewer.html").stat().st_size > 1000
     workers_log = (out / "logs" / "workers.log").read_text()
     started = set(re.findall(r":actor_name:(\w+)", workers_log))
-    assert started == {"VLLMRolloutWorker", "EnvStateManager"}, started  # no FSDP actor, critic or reference
+    assert started == {"VLLMEngine", "EnvStateManager"}, started  # no FSDP actor, critic or reference
     console = (proc.stdout + proc.stderr).splitlines()
     assert not [line for line in console for q in QUIET if q.matches(line)]
     assert any(q.matches(line) for line in workers_log.splitlines() for q in QUIET)
