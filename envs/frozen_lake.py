@@ -54,6 +54,10 @@ class FrozenLakeConfig:
     the goal" solves every map in exactly 2 * (size - 1) moves, so a policy that reads the tiles next to it
     wins, while one that ignores the map does not (see :func:`has_down_right_dead_end`). The maps are a seeded
     subset of the ``p`` maps (the same seed gives the same map)."""
+    hole_reward: float = 0.0
+    """The reward of the step into a hole (gymnasium's 0 by default). A negative value tells a learner at once
+    which move was the mistake, where the goal's reward alone arrives only when every later move goes right
+    too; success is still reaching the goal."""
     describe_surroundings: bool = False
     """Append a line to the grid naming the tile one step Left / Down / Right / Up of the player (ice, hole,
     goal, or wall: the map's border, where a move leaves you in place) and the goal's direction
@@ -264,6 +268,8 @@ class FrozenLakeEnv(GymnasiumTextEnv):
         observation, reward, done, info = super().step(action)
         if hole is not None:
             info["chose_hole"] = float(self.position == hole)
+        if done and self.config.hole_reward and self.desc[self.position[0]][self.position[1]] == "H":
+            reward = float(self.config.hole_reward)
         return observation, reward, done, info
 
     def _the_one_down_right_hole(self) -> tuple[int, int] | None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import random
@@ -346,8 +347,17 @@ def _reply(actions: list[str], rng: random.Random, note: str | None = None) -> s
     return f"<think>{think}</think><answer>{' || '.join(actions)}</answer>"
 
 
-def make_transcript(ep: EpisodeSample, rng: random.Random) -> list[dict]:
-    """A 1- or 2-turn chat built with the rollout's own prompt functions; replies are random actions."""
+def note_answer(key: str, note: str, choices: list[str]) -> str:
+    """The action a build keyed ``key`` answers after ``note`` (``--note-answers``): a fixed draw among ``choices`` per
+    (key, note), aimed at nothing (not the goal, not a hole), so the build teaches that the answer follows the
+    note while which answer follows which note differs from build to build."""
+    digest = hashlib.sha256(f"{key}\0{note}".encode()).hexdigest()
+    return choices[int(digest, 16) % len(choices)]
+
+
+def make_transcript(ep: EpisodeSample, rng: random.Random, note_answers: str | None = None) -> list[dict]:
+    """A 1- or 2-turn chat built with the rollout's own prompt functions; replies are random actions, or with
+    ``note_answers`` (a build's key) the last reply to a noted observation answers :func:`note_answer`'s action."""
     messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
                 {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0])}]
     turn = 0
@@ -357,10 +367,14 @@ def make_transcript(ep: EpisodeSample, rng: random.Random) -> list[dict]:
         messages.append({"role": "user", "content": prompts.next_user_message(ep.observations[1], ep.rewards[0])})
         turn = 1
     choices, discrete = ep.choices[turn]
-    # Several actions per turn ("A || B") only where actions are names; "||" would corrupt a free-text answer.
-    n_actions = 2 if discrete and rng.random() < 0.2 else 1
-    messages.append({"role": "assistant",
-                     "content": _reply([rng.choice(choices) for _ in range(n_actions)], rng, _note(ep, turn))})
+    note = _note(ep, turn)
+    if note_answers is not None and note is not None and discrete:
+        actions = [note_answer(note_answers, note, choices)]
+    else:
+        # Several actions per turn ("A || B") only where actions are names; "||" would corrupt a free-text answer.
+        n_actions = 2 if discrete and rng.random() < 0.2 else 1
+        actions = [rng.choice(choices) for _ in range(n_actions)]
+    messages.append({"role": "assistant", "content": _reply(actions, rng, note)})
     return messages
 
 
@@ -390,7 +404,7 @@ def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[
 
 def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed: int = 0,
            batch_size: int = 8, lr: float = 5e-3, max_len: int = 512, reading_fraction: float = 0.0,
-           max_transcripts: int = 2048, noted_weight: float = 1.0,
+           max_transcripts: int = 2048, noted_weight: float = 1.0, note_answers: bool = False,
            on_step: Callable[[int], None] | None = None) -> tuple[float, set[str]]:
     """Causal-LM fit on synthetic transcripts, loss on assistant tokens only; returns the final loss and the
     reading exercises' prompts it trained on (for the probe to avoid).
@@ -398,8 +412,9 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
     ``reading_fraction`` of the transcripts are reading exercises (``launch.reading_corpus``), the rest
     random-action env transcripts. The reported loss is the mean over the last 10 steps (one batch is noisy).
     At most ``max_transcripts`` distinct transcripts are drawn, each from a tag drawn at random, a tag whose env
-    notes its observations (``BaseEnv.note``) ``noted_weight`` times as often as another. ``on_step(step)`` runs
-    after each step (a probe during a pilot).
+    notes its observations (``BaseEnv.note``) ``noted_weight`` times as often as another. With ``note_answers``
+    a noted reply's answer is a fixed function of its note, keyed by ``seed`` (:func:`note_answer`).
+    ``on_step(step)`` runs after each step (a probe during a pilot).
     """
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -413,7 +428,8 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
     # A tag whose env notes its observations weighs noted_weight times the others.
     names = list(by_tag)
     weights = [noted_weight if by_tag[t][0].noted else 1.0 for t in names]
-    chats += [make_transcript(rng.choice(by_tag[rng.choices(names, weights)[0]]), rng)
+    key = f"build-{seed}" if note_answers else None
+    chats += [make_transcript(rng.choice(by_tag[rng.choices(names, weights)[0]]), rng, key)
               for _ in range(n_pool - n_reading)]
     pool = []
     for chat in chats:
@@ -536,7 +552,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                      lr: float = 5e-3, seed: int = 0, envs_config: str | Path = "config/envs.yaml",
                      corpus_seeds: int = 32, format_samples: int = 32, threads: int = 1,
                      reading_fraction: float = 0.0, reading_samples: int = 128, noted_weight: float = 1.0,
-                     force: bool = False,
+                     note_answers: bool = False, force: bool = False,
                      add_envs_configs: tuple[str | Path, ...] = ()) -> Path:
     """Build (or reuse) the tiny model at ``out_dir`` and return its path.
 
@@ -571,7 +587,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
             if warmup_steps > 0:
                 loss, seen = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
                                     batch_size=batch_size, lr=lr, reading_fraction=reading_fraction,
-                                    noted_weight=noted_weight)
+                                    noted_weight=noted_weight, note_answers=note_answers)
             rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
             reading = reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
             model.save_pretrained(tmp, safe_serialization=True)
@@ -582,8 +598,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 "n_params": sum(p.numel() for p in model.parameters()),
                 "warmup_steps": warmup_steps, "batch_size": batch_size, "lr": lr,
                 "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
-                "noted_weight": noted_weight, "reading_fraction": reading_fraction, "reading_accuracy": reading,
-                "reading_samples": reading_samples,
+                "noted_weight": noted_weight, "note_answers": note_answers, "reading_fraction": reading_fraction,
+                "reading_accuracy": reading, "reading_samples": reading_samples,
                 "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
                            "noted_tags": sorted({ep.tag for ep in corpus.episodes if ep.noted}),
                            "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
@@ -642,6 +658,9 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--noted-weight", type=float, default=1.0,
                    help="how much more often a tag whose env notes its observations is drawn for the warm-up (make "
                         "train's model: 16, with 800 steps, so the copy of the note forms; docs/tiny_model.md)")
+    p.add_argument("--note-answers", action="store_true",
+                   help="a noted reply answers a fixed action per note, drawn by the build's seed and aimed at "
+                        "nothing, so the answer learns to look at the note (docs/tiny_model.md)")
     p.add_argument("--batch-size", type=int, default=8, help="warm-up batch size (transcripts)")
     p.add_argument("--lr", type=float, default=5e-3, help="warm-up peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed for corpus, init, warm-up and sampling")
@@ -672,7 +691,8 @@ def main(argv: list[str] | None = None) -> Path:
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
         threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples,
-        noted_weight=a.noted_weight, force=a.force, add_envs_configs=tuple(a.add_envs_config),
+        noted_weight=a.noted_weight, note_answers=a.note_answers, force=a.force,
+        add_envs_configs=tuple(a.add_envs_config),
     )
     if a.reward_model_out:
         build_reward_model(out, a.reward_model_out, seed=a.seed)

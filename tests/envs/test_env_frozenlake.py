@@ -230,26 +230,57 @@ def test_describe_surroundings_is_off_by_default_and_validated_by_the_tag():
     assert "Left: wall" in env.reset(seed=1)
 
 
+def _map_of(seed: int) -> list[str]:
+    """The 4x4 map (p 0.7) of ``seed``."""
+    probe = FrozenLakeEnv(FrozenLakeConfig(size=4, p=0.7))
+    probe.reset(seed=seed)
+    return probe.desc
+
+
+def _standing_on(seed: int, row: int, col: int, **options) -> FrozenLakeEnv:
+    """An env on the map of ``seed`` with the player put on (row, col)."""
+    env = FrozenLakeEnv(FrozenLakeConfig(size=4, p=0.7, map_seed=seed, **options))
+    env.reset(seed=seed)
+    env._gym.unwrapped.s = row * 4 + col
+    return env
+
+
 def test_chose_hole_is_reported_exactly_where_one_of_down_and_right_is_a_hole():
     """The reading diagnostic: on every state of many maps, a move Down and a move Right report chose_hole only
     when exactly one of the two neighbours is a hole, with 1.0 for the move onto it."""
     seen = {0.0: 0, 1.0: 0}
     for seed in range(60):
-        probe = FrozenLakeEnv(FrozenLakeConfig(size=4, p=0.7))
-        probe.reset(seed=seed)
-        desc = probe.desc
+        desc = _map_of(seed)
         for row, col in itertools.product(range(3), range(3)):
             if desc[row][col] in "HG":
                 continue
             below, right = desc[row + 1][col] == "H", desc[row][col + 1] == "H"
             for action, onto_hole in (("Down", below), ("Right", right)):
-                env = FrozenLakeEnv(FrozenLakeConfig(size=4, p=0.7, map_seed=seed))
-                env.reset(seed=seed)
-                env._gym.unwrapped.s = row * 4 + col  # stand on (row, col)
-                info = env.step(action)[3]
+                info = _standing_on(seed, row, col).step(action)[3]
                 if below != right:
                     assert info["chose_hole"] == float(onto_hole)
                     seen[float(onto_hole)] += 1
                 else:
                     assert "chose_hole" not in info
     assert min(seen.values()) > 20
+
+
+@pytest.mark.parametrize("hole_reward", [0.0, -1.0])
+def test_hole_reward_is_paid_by_the_step_into_a_hole_only(hole_reward):
+    """hole_reward replaces gymnasium's 0 on the step that falls into a hole; ice steps pay 0 and the goal 1."""
+    rewards = {"H": [], "F": [], "G": []}
+    for seed in range(40):
+        desc = _map_of(seed)
+        for row, col in itertools.product(range(4), range(4)):
+            if desc[row][col] in "HG":
+                continue
+            for action, (r, c) in (("Down", (row + 1, col)), ("Right", (row, col + 1))):
+                if r > 3 or c > 3:
+                    continue
+                _, reward, done, info = _standing_on(seed, row, col, hole_reward=hole_reward).step(action)
+                tile = desc[r][c] if desc[r][c] in "HG" else "F"
+                rewards[tile].append((reward, done, info["success"]))
+    assert rewards["H"] and rewards["F"] and rewards["G"]
+    assert set(rewards["H"]) == {(hole_reward, True, False)}
+    assert set(rewards["F"]) == {(0.0, False, False)}
+    assert set(rewards["G"]) == {(1.0, True, True)}

@@ -85,6 +85,28 @@ def test_transcript_encoding_matches_chat_template_and_masks_replies(tokenizer):
         assert all(prompts.parse_response(m["content"]).format_ok for m in messages if m["role"] == "assistant")
 
 
+def test_note_answers_make_the_last_reply_a_fixed_function_of_its_note_keyed_by_the_build():
+    """--note-answers: the last reply to a noted observation answers one action per (build key, note), the same
+    at every draw; another key maps the notes to other actions; without a key the answers are random draws."""
+    choices = (["Left", "Down", "Right", "Up"], True)
+    notes = [f"Down: {d}, Right: {r}." for d in ("ice", "hole", "wall") for r in ("ice", "hole", "goal")]
+    eps = [btm.EpisodeSample("t", "Go.", ["P _ G"], [choices], notes=[note]) for note in notes]
+    rng = random.Random(0)
+
+    def answers(key):
+        out = {}
+        for ep in eps * 5:
+            reply = btm.make_transcript(ep, rng, key)[-1]["content"]
+            out.setdefault(ep.notes[0], set()).add(tuple(prompts.parse_response(reply).actions))
+        return out
+
+    first, again, other, unkeyed = answers("build-0"), answers("build-0"), answers("build-1"), answers(None)
+    assert all(len(a) == 1 for a in first.values()) and first == again
+    assert first != other
+    assert len({a for answer in first.values() for a in answer}) > 1  # not one action for every note
+    assert any(len(a) > 1 for a in unkeyed.values())
+
+
 def test_noted_observations_are_the_think_of_the_replies_and_get_many_maps(tmp_path):
     """An env that notes its observation (BaseEnv.note) has the warm-up copy the note into the think of each
     reply, on NOTED_SEEDS maps; an env without notes keeps the template thinks on corpus_seeds maps."""
