@@ -201,10 +201,10 @@ def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
         if value == getattr(default, key):
             continue
         name = f"actor_rollout_ref.rollout.{key}"
-        check(not engines or r.name in engines,
-              f"{name} = {value!r} is read by the {' / '.join(engines)} engine only, and "
-              f"actor_rollout_ref.rollout.name = {r.name!r} ignores it; drop it (or set rollout.name={engines[0]})"
-              if engines else "")
+        if engines:
+            check(r.name in engines,
+                  f"{name} = {value!r} is read by the {' / '.join(engines)} engine only, and "
+                  f"actor_rollout_ref.rollout.name = {r.name!r} ignores it; drop it (or set rollout.name={engines[0]})")
         check(not on or device in ("auto", on),
               f"{name} = {value!r} is read on {on} only, and the run's engines are on {device} "
               f"(trainer.device = {cfg.trainer.device!r}); drop it")
