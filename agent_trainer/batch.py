@@ -47,6 +47,10 @@ class BatchMeta:
     seq_len: int | None = None
     """A micro-batch's uncut width (``workers.fsdp_base.plan_micro_batches``): the sequence length the loss
     normalises by (``seq-mean-token-sum-norm``); None on a whole batch."""
+    progress: float | None = None
+    """The run's progress at the update this batch feeds, in [0, 1): (step - 1) / total steps (the trainer's, or
+    the SFT's optimizer steps); a ``cosine`` learning-rate schedule follows it (``OptimConfig``). None: the
+    learning rate stays where it is (a batch no fit loop built)."""
     two_calls: bool | None = None
     """Whether every rank runs this micro-batch in two model calls (a shared prompt prefix), agreed over the
     ranks; None: decided on the rank alone."""

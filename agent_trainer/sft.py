@@ -305,6 +305,7 @@ class SFTTrainer:
         metrics: dict[str, float] = {}
         with timer("step", metrics):
             batch, n_pad = pad_for_update(collate(rows, self.pad_id), self.cfg.train.batch_size)
+            batch.meta.progress = (self.global_step - 1) / self.total_steps()
             with timer("update_actor", metrics):
                 per_rank = self.actor_wg.dp_execute("update_sft", batch)
         metrics.update(token_metrics(per_rank, "sft/"))

@@ -246,6 +246,7 @@ class AgentTrainer:
                     batch.update(self.critic_wg.dp_compute("compute_values", batch))
             with timer("adv", metrics):
                 metrics.update(self.compute_advantage(batch))
+            batch.meta.progress = (self.global_step - 1) / self.cfg.trainer.total_training_steps
             if self.critic_wg is not None:
                 with timer("update_critic", metrics):
                     metrics.update(self.run_update(self.critic_wg, "update_critic", batch,

@@ -64,6 +64,12 @@ FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
 NOTED_SEEDS = 512
 """Reset seeds of a tag whose env notes its observations (``BaseEnv.note``), and of a tag a user adds with
 ``--add-envs-config``: the copy is learned on that many maps rather than remembered."""
+NOTED_STEPS = 6
+"""With ``--note-answers``: random steps per episode of a noted tag, so a transcript may run as many turns as an
+episode of make train's task and the note's answer is learned at every turn, not only at the first two."""
+NOTED_MAX_LEN = 1024
+"""With ``--note-answers``: the warm-up's longest transcript in tokens (512 otherwise), so those of the later turns
+(up to about 900 tokens) are kept, not left out."""
 
 # Qwen2.5-Instruct's ChatML template with its tool-calling format (``tools=`` in apply_chat_template,
 # ``<tool_call>`` / ``<tool_response>`` blocks; agent_trainer/agents/tool_call.py), verbatim but for the
@@ -166,9 +172,10 @@ def action_choices(description: str, observation: str) -> tuple[list[str], bool]
     return [w for w in words if any(ch.isdigit() for ch in w)] or words or ["0"], False
 
 
-def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
-                 rng: random.Random) -> tuple[list[str], list[EpisodeSample]]:
-    """Text and episodes of one tag: instruction, legend, actions, reset/step observations."""
+def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int, rng: random.Random,
+                 noted_steps: int | None = None) -> tuple[list[str], list[EpisodeSample]]:
+    """Text and episodes of one tag: instruction, legend, actions, reset/step observations (``noted_steps`` steps
+    instead of ``n_steps`` where the env notes its observations, when given)."""
     from envs import make_env
 
     env = make_env(tag, tags=tags)
@@ -185,7 +192,7 @@ def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int,
             )
             ep = EpisodeSample(tag, instruction, [obs], [action_choices(description, obs)], notes=[env.note()])
             texts += [description, obs]
-            for _ in range(n_steps):
+            for _ in range(noted_steps if noted_steps and ep.noted else n_steps):
                 action = rng.choice(ep.choices[-1][0])
                 obs, reward, done, _ = env.step(action)
                 ep.taken.append(action)
@@ -214,7 +221,7 @@ def _prompt_texts() -> list[str]:
 
 
 def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3, seed: int = 0,
-                   add_envs_configs: tuple[str | Path, ...] = ()) -> Corpus:
+                   add_envs_configs: tuple[str | Path, ...] = (), noted_steps: int | None = None) -> Corpus:
     """Gather text and warm-up episodes from every tag in ``envs_config`` and then in ``add_envs_configs``
     (a user's tags files: their tags add to the corpus; a tag named in two files is refused).
 
@@ -245,7 +252,7 @@ def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3,
         try:
             # A user's added tag gets as many maps as a noted one: that build is for their env.
             tag_seeds = n_seeds if tag in shipped else max(n_seeds, NOTED_SEEDS)
-            tag_texts, tag_episodes = _collect_tag(tag, tags, tag_seeds, n_steps, rng)
+            tag_texts, tag_episodes = _collect_tag(tag, tags, tag_seeds, n_steps, rng, noted_steps)
         except ImportError as exc:
             skipped[tag] = str(exc)
             logger.warning("skipping env tag %s: missing optional dependency (%s)", tag, exc)
@@ -347,29 +354,59 @@ def _reply(actions: list[str], rng: random.Random, note: str | None = None) -> s
     return f"<think>{think}</think><answer>{' || '.join(actions)}</answer>"
 
 
-def note_answer(key: str, note: str, choices: list[str]) -> str:
-    """The action a build keyed ``key`` answers after ``note`` (``--note-answers``): a fixed draw among ``choices`` per
-    (key, note), aimed at nothing (not the goal, not a hole), so the build teaches that the answer follows the
-    note while which answer follows which note differs from build to build."""
-    digest = hashlib.sha256(f"{key}\0{note}".encode()).hexdigest()
-    return choices[int(digest, 16) % len(choices)]
+def _note_items(note: str) -> list[tuple[str, str]]:
+    """``Down: ice, Right: hole.`` -> [("Down", "ice"), ("Right", "hole")]."""
+    items = [item.split(":", 1) for item in note.rstrip(".").split(",")]
+    return [(name.strip(), word.strip()) for name, word in (item for item in items if len(item) == 2)]
 
 
-def make_transcript(ep: EpisodeSample, rng: random.Random, note_answers: str | None = None) -> list[dict]:
-    """A 1- or 2-turn chat built with the rollout's own prompt functions; replies are random actions, or with
-    ``note_answers`` (a build's key) the last reply to a noted observation answers :func:`note_answer`'s action."""
+@dataclass(frozen=True)
+class NoteAnswers:
+    """``--note-answers``: the answer a build gives after a note. It follows the note's first word (``ice`` in
+    ``Down: ice, Right: hole.``) and is one of the actions the note does not name (Left and Up there): aimed at
+    nothing, neither the goal nor a hole. The words seen in the build's notes, sorted, take those actions in
+    turn from an offset the build's key draws, so neighbouring words (``hole`` and ``ice``) always answer
+    differently and which word answers which action differs from build to build: the build teaches that the
+    answer follows the note, never which answer is right."""
+
+    key: str
+    words: tuple[str, ...]
+    """Every first word of the build's notes, sorted."""
+
+    @classmethod
+    def of(cls, key: str, notes: list[str]) -> NoteAnswers:
+        return cls(key, tuple(sorted({_note_items(n)[0][1] for n in notes if _note_items(n)})))
+
+    def answer(self, note: str, choices: list[str]) -> str | None:
+        """The action after ``note``, or None where the note names no word this build saw."""
+        items = _note_items(note)
+        if not items or items[0][1] not in self.words:
+            return None
+        named = {name for name, _ in items}
+        unnamed = [c for c in choices if c not in named] or list(choices)
+        offset = int(hashlib.sha256(self.key.encode()).hexdigest(), 16) % len(unnamed)
+        return unnamed[(offset + self.words.index(items[0][1])) % len(unnamed)]
+
+
+def make_transcript(ep: EpisodeSample, rng: random.Random, note_answers: NoteAnswers | None = None) -> list[dict]:
+    """A chat built with the rollout's own prompt functions, 1 or 2 turns; replies are random actions. With
+    ``note_answers`` a noted episode runs 1 to all of its recorded turns and the last reply answers the note's
+    action (:class:`NoteAnswers`); the earlier replies are the actions that produced the recorded observations
+    (:func:`encode_transcript` trains the last reply only, the history is context)."""
     messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
                 {"role": "user", "content": prompts.first_user_message(ep.instruction, ep.observations[0])}]
-    turn = 0
-    if len(ep.choices) > 1 and rng.random() < 0.5:
-        # Second turn: the first reply is the action that produced the recorded next observation.
-        messages.append({"role": "assistant", "content": _reply([ep.taken[0]], rng, _note(ep, 0))})
-        messages.append({"role": "user", "content": prompts.next_user_message(ep.observations[1], ep.rewards[0])})
-        turn = 1
-    choices, discrete = ep.choices[turn]
-    note = _note(ep, turn)
-    if note_answers is not None and note is not None and discrete:
-        actions = [note_answer(note_answers, note, choices)]
+    answering = note_answers is not None and ep.noted
+    turns = rng.randrange(len(ep.choices)) if answering else int(len(ep.choices) > 1 and rng.random() < 0.5)
+    for turn in range(turns):
+        # An earlier turn: its reply is the action that produced the recorded next observation.
+        messages.append({"role": "assistant", "content": _reply([ep.taken[turn]], rng, _note(ep, turn))})
+        messages.append({"role": "user", "content": prompts.next_user_message(ep.observations[turn + 1],
+                                                                             ep.rewards[turn])})
+    choices, discrete = ep.choices[turns]
+    note = _note(ep, turns)
+    answer = note_answers.answer(note, choices) if answering and note is not None and discrete else None
+    if answer is not None:
+        actions = [answer]
     else:
         # Several actions per turn ("A || B") only where actions are names; "||" would corrupt a free-text answer.
         n_actions = 2 if discrete and rng.random() < 0.2 else 1
@@ -382,17 +419,20 @@ def _note(ep: EpisodeSample, turn: int) -> str | None:
     return ep.notes[turn] if turn < len(ep.notes) else None
 
 
-def encode_transcript(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Token ids of the ChatML transcript and a mask that is 1 on assistant content and its ``<|im_end|>``.
+def encode_transcript(tokenizer, messages: list[dict], last_reply_only: bool = False) -> tuple[list[int], list[int]]:
+    """Token ids of the ChatML transcript and a mask that is 1 on assistant content and its ``<|im_end|>`` (on the
+    last reply's only with ``last_reply_only``: the earlier replies are context).
 
     Pieces are encoded separately; they split at special/added tokens or
     newlines, so the concatenation equals tokenizing the whole chat template
     output (tests check this).
     """
     ids, mask = [], []
-    for msg in messages:
+    last = max((i for i, msg in enumerate(messages) if msg["role"] == "assistant"), default=-1)
+    for i, msg in enumerate(messages):
         if msg["role"] == "assistant":
-            pieces = [("<|im_start|>assistant\n", 0), (msg["content"] + EOS_TOKEN, 1), ("\n", 0)]
+            trained = int(not last_reply_only or i == last)
+            pieces = [("<|im_start|>assistant\n", 0), (msg["content"] + EOS_TOKEN, trained), ("\n", 0)]
         else:
             pieces = [(f"<|im_start|>{msg['role']}\n{msg['content']}{EOS_TOKEN}\n", 0)]
         for text, m in pieces:
@@ -413,7 +453,8 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
     random-action env transcripts. The reported loss is the mean over the last 10 steps (one batch is noisy).
     At most ``max_transcripts`` distinct transcripts are drawn, each from a tag drawn at random, a tag whose env
     notes its observations (``BaseEnv.note``) ``noted_weight`` times as often as another. With ``note_answers``
-    a noted reply's answer is a fixed function of its note, keyed by ``seed`` (:func:`note_answer`).
+    a noted transcript's last reply answers a fixed function of its note, keyed by ``seed`` (:class:`NoteAnswers`),
+    and only that reply is trained.
     ``on_step(step)`` runs after each step (a probe during a pilot).
     """
     rng = random.Random(seed)
@@ -428,16 +469,22 @@ def warmup(model, tokenizer, episodes: list[EpisodeSample], *, steps: int, seed:
     # A tag whose env notes its observations weighs noted_weight times the others.
     names = list(by_tag)
     weights = [noted_weight if by_tag[t][0].noted else 1.0 for t in names]
-    key = f"build-{seed}" if note_answers else None
-    chats += [make_transcript(rng.choice(by_tag[rng.choices(names, weights)[0]]), rng, key)
-              for _ in range(n_pool - n_reading)]
+    answers = NoteAnswers.of(f"build-{seed}", [n for ep in episodes if ep.noted for n in ep.notes if n]) \
+        if note_answers else None
+    chats = [(chat, False) for chat in chats]
+    for _ in range(n_pool - n_reading):
+        ep = rng.choice(by_tag[rng.choices(names, weights)[0]])
+        chats.append((make_transcript(ep, rng, answers), answers is not None and ep.noted))
     pool = []
-    for chat in chats:
-        ids, mask = encode_transcript(tokenizer, chat)
+    for chat, last_reply_only in chats:
+        ids, mask = encode_transcript(tokenizer, chat, last_reply_only)
         if len(ids) <= max_len:
             pool.append((ids, mask))
     if len(pool) < batch_size:
         raise ValueError(f"only {len(pool)} warm-up transcripts fit max_len={max_len}; raise max_len")
+    if len(pool) < len(chats):
+        logger.info("warm-up: %d of %d transcripts are longer than max_len=%d and left out",
+                    len(chats) - len(pool), len(chats), max_len)
     # Batches of neighbours in length order: little padding, which is most of the cost on CPU.
     pool.sort(key=lambda item: len(item[0]))
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -572,7 +619,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
     # fixes the float reduction order, so a seed reproduces the same bytes.
     with _torch_threads(threads):
         start = time.monotonic()
-        corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed, add_envs_configs=add_envs_configs)
+        corpus = collect_corpus(envs_config, n_seeds=corpus_seeds, seed=seed, add_envs_configs=add_envs_configs,
+                                noted_steps=NOTED_STEPS if note_answers else None)
         tmp = out.parent / f".{out.name}.building-{time.time_ns()}"
         tmp.mkdir(parents=True)
         try:
@@ -587,7 +635,8 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
             if warmup_steps > 0:
                 loss, seen = warmup(model, tokenizer, corpus.episodes, steps=warmup_steps, seed=seed,
                                     batch_size=batch_size, lr=lr, reading_fraction=reading_fraction,
-                                    noted_weight=noted_weight, note_answers=note_answers)
+                                    noted_weight=noted_weight, note_answers=note_answers,
+                                    max_len=NOTED_MAX_LEN if note_answers else 512)
             rate = format_ok_rate(model, tokenizer, corpus.episodes, n_samples=format_samples, seed=seed)
             reading = reading_accuracy(model, tokenizer, n=reading_samples, seed=seed, seen=seen)
             model.save_pretrained(tmp, safe_serialization=True)
@@ -659,8 +708,9 @@ def main(argv: list[str] | None = None) -> Path:
                    help="how much more often a tag whose env notes its observations is drawn for the warm-up (make "
                         "train's model: 16, with 800 steps, so the copy of the note forms; docs/tiny_model.md)")
     p.add_argument("--note-answers", action="store_true",
-                   help="a noted reply answers a fixed action per note, drawn by the build's seed and aimed at "
-                        "nothing, so the answer learns to look at the note (docs/tiny_model.md)")
+                   help="a noted transcript runs up to its episode's turns and its last reply answers an action "
+                        "the note's first word and the build's seed decide, aimed at nothing, so the answer "
+                        "learns to look at the note (docs/tiny_model.md)")
     p.add_argument("--batch-size", type=int, default=8, help="warm-up batch size (transcripts)")
     p.add_argument("--lr", type=float, default=5e-3, help="warm-up peak learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed for corpus, init, warm-up and sampling")

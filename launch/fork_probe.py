@@ -17,7 +17,11 @@ difference, and the last layer's hidden state. It reports
 - ``corr_logit_diff_hole_down``: the correlation of the logit difference with "the hole is Down" (how much the
   policy's choice follows the hole, either way);
 - ``linear_probe_accuracy``: 5-fold cross-validated accuracy of a logistic regression from the hidden state to
-  the hole's side (chance 0.5): whether the feature RL would have to scale is there at all.
+  the hole's side (chance 0.5): whether the feature RL would have to scale is there at all;
+- ``class_mean_distance`` and ``fisher_ratio``: the distance between the mean hidden states of the two sides and
+  Fisher's ratio of that distance to the spread within each side (:func:`fisher_ratio`): how strongly, not only
+  whether, the move's position carries the hole's side (RL aimed starts above about 100 within 30 steps, and not
+  starts below 5: docs/tiny_model.md, "What decides the click").
 
 docs/tiny_model.md ("Pipeline seeds") reads starts with it.
 """
@@ -111,6 +115,18 @@ def probe_accuracy(features: torch.Tensor, labels: torch.Tensor, folds: int = 5,
     return correct / len(labels)
 
 
+def fisher_ratio(features: torch.Tensor, labels: torch.Tensor, ridge: float = 1e-3) -> tuple[float, float]:
+    """(distance of the two classes' means, Fisher's ratio d' S^-1 d): d the difference of the class means, S the
+    pooled within-class covariance plus ``ridge`` times its mean diagonal (the hidden states outnumber the forks in
+    some dimensions)."""
+    ones, zeros = features[labels.bool()], features[~labels.bool()]
+    d = ones.mean(0) - zeros.mean(0)
+    centred = torch.cat([ones - ones.mean(0), zeros - zeros.mean(0)])
+    cov = centred.T @ centred / max(len(centred) - 2, 1)
+    cov = cov + ridge * cov.diagonal().mean() * torch.eye(len(d), dtype=cov.dtype)
+    return float(d.norm()), float(d @ torch.linalg.solve(cov, d))
+
+
 def probe(model_path: str, envs_file: str = "config/envs.yaml", episodes: int = 256) -> dict:
     """The figures of the module docstring for one model folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -128,7 +144,8 @@ def probe(model_path: str, envs_file: str = "config/envs.yaml", episodes: int = 
             "p_hole": round(float(torch.where(down.bool(), p_down, 1 - p_down).mean()), 3),
             "mean_abs_logit_diff": round(float(diff.abs().mean()), 3),
             "corr_logit_diff_hole_down": round(float(torch.corrcoef(torch.stack([diff, down]))[0, 1]), 3),
-            "linear_probe_accuracy": round(probe_accuracy(hidden, down), 3)}
+            "linear_probe_accuracy": round(probe_accuracy(hidden, down), 3),
+            **dict(zip(("class_mean_distance", "fisher_ratio"), (round(v, 3) for v in fisher_ratio(hidden, down))))}
 
 
 def main(argv: list[str] | None = None) -> dict:

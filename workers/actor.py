@@ -216,11 +216,13 @@ class ActorWorker(ReferenceWorker):
                                    f"ppo_epochs={cfg.ppo_epochs}; the trainer must run compute_log_prob first")
             # a new batch: the caller's keeps its keys
             batch = batch.select(batch.keys()).update(self._old_log_probs_after_the_first_mini_batch(batch, mini_size))
+        self.follow_progress(batch.meta.progress)
+        lr = self.lr_scheduler.get_last_lr()[0]  # the rate of this update's first optimizer step
         self.model.train()
         metrics = self.run_update(batch, epochs=cfg.ppo_epochs, mini_batch_size=mini_size, batching=self.batching,
                                   loss_agg_mode=cfg.loss_agg(), grad_clip=cfg.grad_clip, prefix="actor",
                                   micro_loss=lambda micro: self._micro_loss(micro, temperature))
-        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics["actor/lr"] = lr
         return metrics
 
     def _old_log_probs_after_the_first_mini_batch(self, batch: TensorBatch, mini_size: int) -> TensorBatch:
@@ -246,6 +248,7 @@ class ActorWorker(ReferenceWorker):
         ``sft/tokens``, ``sft/correct`` (the driver adds them over ranks), ``sft/grad_norm``
         and the ``sft/lr`` of the step.
         """
+        self.follow_progress(batch.meta.progress)
         self.model.train()
         totals: dict[str, float] = defaultdict(float)
         for micro in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu):

@@ -78,6 +78,7 @@ class CriticWorker(FSDPWorker):
     def update_critic(self, batch: TensorBatch) -> dict[str, float]:
         """Clipped value-loss epochs over this rank's shard (needs values, returns, response_mask)."""
         cfg = self.config
+        self.follow_progress(batch.meta.progress)
         self.model.train()
         return self.run_update(batch, epochs=cfg.ppo_epochs, mini_batch_size=cfg.ppo_mini_batch_size // self.world_size,
                                batching=self.update_batching, loss_agg_mode=cfg.loss_agg_mode,

@@ -343,16 +343,30 @@ class FSDPWorker:
             raise ValueError(problem[0])
 
     def build_optimizer(self, optim: OptimConfig) -> None:
-        """AdamW with a linear warm-up schedule."""
+        """AdamW with a linear warm-up per optimizer step, times the schedule's decay (:meth:`follow_progress`)."""
         assert self.model is not None  # internal: called after the model is built
         trained = [p for p in self.model.parameters() if p.requires_grad]  # all of them, or a LoRA adapter's
         self.optimizer = torch.optim.AdamW(
             trained, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
         )
         warmup = max(0, optim.warmup_steps)
+        self.optim_config, self.lr_decay = optim, 1.0
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+            self.optimizer, lambda step: (min(1.0, (step + 1) / warmup) if warmup else 1.0) * self.lr_decay
         )
+
+    def follow_progress(self, progress: float | None) -> None:
+        """Set the schedule's decay for the run's ``progress`` (``BatchMeta.progress``; None leaves it) and apply it
+        to the learning rate at once: cosine from 1 at progress 0 to ``min_lr_ratio`` at 1, 1 when constant."""
+        optim = self.optim_config
+        if progress is None or optim.lr_scheduler_type != "cosine":
+            return
+        floor = optim.min_lr_ratio
+        self.lr_decay = floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+        sched = self.lr_scheduler
+        sched._last_lr = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, sched._last_lr):
+            group["lr"] = lr
 
     def optimizer_step(self, grad_clip: float) -> float:
         """Clip the global gradient norm, step, zero grads; return the pre-clip norm."""

@@ -23,6 +23,7 @@ from agent_trainer.checks.rules import (
     DTYPES,
     RANGES,
     check,
+    check_optim,
     choices,
     get_key,
     is_number,
@@ -80,9 +81,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
 def _check_optimizers(cfg: AgentTrainerConfig) -> None:
     for key, optim in (("actor_rollout_ref.actor.optim", cfg.actor_rollout_ref.actor.optim),
                        ("critic.optim", cfg.critic.optim)):
-        betas = list(optim.betas)
-        check(len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas),
-              f"{key}.betas = {betas} must be two numbers in [0, 1); e.g. {key}.betas=[0.9,0.999]")
+        check_optim(key, optim)
 
 
 def _check_precision(cfg: AgentTrainerConfig) -> None:

@@ -15,6 +15,7 @@ from agent_trainer import core_algos
 from agent_trainer.config.choices import (
     CTX_MODES,
     DTYPES,
+    LR_SCHEDULERS,
     MIXED_PRECISIONS,
     RECOMPUTE_OLD_LOG_PROB,
     RESUME_MODES,
@@ -67,7 +68,7 @@ def sections(template: list[tuple[str, Rule, str]], *prefixes: str) -> list[tupl
 
 
 _OPTIM = [("optim.lr", above(0), "1e-5"), ("optim.weight_decay", at_least(0), "0.0"),
-          ("optim.warmup_steps", at_least(0), "0")]
+          ("optim.warmup_steps", at_least(0), "0"), ("optim.min_lr_ratio", between(0, 1, False, False), "0.1")]
 _FSDP = [("fsdp.world_size", at_least(1), "1"), ("fsdp.num_cpus_per_rank", at_least(0), "0.25"),
          ("fsdp.num_threads", at_least(1), "1")]
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -191,6 +192,19 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
 def check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def check_optim(key: str, optim: Any) -> None:
+    """An optimizer section's rules that relate its keys (``key``: where it sits, e.g. ``critic.optim``); the
+    RL and the SFT configs share them."""
+    betas = list(optim.betas)
+    check(len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas),
+          f"{key}.betas = {betas} must be two numbers in [0, 1); e.g. {key}.betas=[0.9,0.999]")
+    check_choice(f"{key}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULERS)
+    check(optim.min_lr_ratio == 0 or optim.lr_scheduler_type == "cosine",
+          f"{key}.min_lr_ratio = {optim.min_lr_ratio} is the floor of the cosine schedule, but "
+          f"{key}.lr_scheduler_type = {optim.lr_scheduler_type!r} keeps the learning rate constant; set "
+          f"{key}.lr_scheduler_type=cosine or drop min_lr_ratio")
 
 
 def get_key(cfg: Any, key: str) -> Any:

@@ -5,7 +5,7 @@ Each refusal is one line naming the key, the value and the fix, before ``ray.ini
 
 from __future__ import annotations
 
-from agent_trainer.checks.rules import Rule, above, at_least, between, get_key, is_number, optional
+from agent_trainer.checks.rules import Rule, above, at_least, between, check_optim, get_key, is_number, optional
 from agent_trainer.config.choices import DATA_SOURCES, LOGGERS
 from agent_trainer.config.errors import check_choice
 from agent_trainer.config.sft import SFTConfig
@@ -24,6 +24,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("train.optim.lr", above(0), "1e-4"),
     ("train.optim.weight_decay", at_least(0), "0.0"),
     ("train.optim.warmup_steps", at_least(0), "0"),
+    ("train.optim.min_lr_ratio", between(0, 1, False, False), "0.1"),
     ("eval.temperature", at_least(0, " (0 = greedy)"), "0.0"),
     ("trainer.seed", at_least(0), "0"),
 ]
@@ -40,10 +41,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     check_choice("data.source", cfg.data.source, DATA_SOURCES)
     for name in cfg.trainer.logger:
         check_choice("trainer.logger", name, LOGGERS)
-    betas = list(cfg.train.optim.betas)
-    if not (len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas)):
-        raise ValueError(f"train.optim.betas = {betas} must be two numbers in [0, 1); "
-                         "e.g. train.optim.betas=[0.9,0.999]")
+    check_optim("train.optim", cfg.train.optim)
     data = cfg.data
     if data.source == "jsonl" and not data.train_files:
         raise ValueError("data.train_files = [] but data.source = 'jsonl' reads its conversations from there; give "

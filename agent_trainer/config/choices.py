@@ -14,6 +14,8 @@ MIXED_PRECISIONS = ("none", "bf16")
 """*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (workers.fsdp_base)."""
 CTX_MODES = ("full", "condensed")
 """ctx_manager.mode: one row per episode, or one row per turn with a condensed prompt."""
+LR_SCHEDULERS = ("constant", "cosine")
+"""*.optim.lr_scheduler_type: the learning rate after the warm-up (workers.fsdp_base)."""
 DATA_SOURCES = ("demonstrations", "jsonl")
 """SFT data.source."""
 WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")

@@ -61,6 +61,14 @@ class OptimConfig:
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up, in optimizer steps."""
+    lr_scheduler_type: str = "constant"
+    """constant | cosine (verl's names). cosine decays the learning rate along the run, from ``lr`` at its first
+    step to ``lr * min_lr_ratio`` at its end, by the run's progress (the trainer's step out of
+    ``trainer.total_training_steps``; the SFT's optimizer step out of its total), on top of the warm-up: a
+    run's last steps, where a saturated task gives few episodes anything to learn from, take small steps.
+    A resumed run picks the schedule up where it was (it follows the step, not a saved state)."""
+    min_lr_ratio: float = 0.0
+    """cosine's floor, a fraction of ``lr`` in [0, 1]; only with ``lr_scheduler_type: cosine``."""
 
 
 @dataclass

@@ -72,6 +72,14 @@ CASES = [
     ("world_size_zero", ["actor_rollout_ref.actor.fsdp.world_size=0"], "actor_rollout_ref.actor.fsdp.world_size",
      "= 0", "frozenlake"),
     ("group_size_zero", ["es_manager.train.group_size=0"], "es_manager.train.group_size", "0", "frozenlake"),
+    # the learning-rate schedule
+    ("lr_scheduler_unknown", ["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"],
+     "actor_rollout_ref.actor.optim.lr_scheduler_type", "'linear'", "frozenlake"),
+    ("min_lr_ratio_without_cosine", ["critic.optim.min_lr_ratio=0.1"], "critic.optim.min_lr_ratio = 0.1",
+     "lr_scheduler_type=cosine", "frozenlake"),
+    ("min_lr_ratio_above_one", ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+                                "actor_rollout_ref.actor.optim.min_lr_ratio=1.5"],
+     "actor_rollout_ref.actor.optim.min_lr_ratio", "1.5", "frozenlake"),
     # ranges
     ("temperature_neg", ["actor_rollout_ref.rollout.temperature=-0.5"], "actor_rollout_ref.rollout.temperature",
      "-0.5", "frozenlake"),

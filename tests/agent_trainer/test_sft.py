@@ -62,6 +62,8 @@ def test_make_trains_warm_start_is_a_noting_walker_on_the_maps_without_dead_ends
     ('rl_overrides=["es_manager.train.env_configs.tags=[Bandit]"]', None),
     ("data.noise=0 data.noise_actions=[Down,Right]", "data.noise_actions = ['Down', 'Right'] is what noisy turns draw from, "
                                         "but data.noise = 0 makes none"),
+    ("train.optim.min_lr_ratio=0.2", "train.optim.min_lr_ratio = 0.2 is the floor of the cosine schedule"),
+    ("train.optim.lr_scheduler_type=step", "train.optim.lr_scheduler_type = 'step' is not one of"),
     ("data.demonstrator=envs.frozen_lake:nothing", "data.demonstrator = 'envs.frozen_lake:nothing' could not be "
                                                    "imported"),
 ])

@@ -85,26 +85,50 @@ def test_transcript_encoding_matches_chat_template_and_masks_replies(tokenizer):
         assert all(prompts.parse_response(m["content"]).format_ok for m in messages if m["role"] == "assistant")
 
 
-def test_note_answers_make_the_last_reply_a_fixed_function_of_its_note_keyed_by_the_build():
-    """--note-answers: the last reply to a noted observation answers one action per (build key, note), the same
-    at every draw; another key maps the notes to other actions; without a key the answers are random draws."""
+def test_note_answers_follow_the_notes_first_word_with_an_unnamed_action_keyed_by_the_build():
+    """--note-answers: the last reply to a noted observation answers one action per (build key, note's first
+    word), never an action the note names (aimed at nothing), with ``hole`` and ``ice`` answering differently on
+    every build; another key answers otherwise; the history before it is context, not trained."""
     choices = (["Left", "Down", "Right", "Up"], True)
-    notes = [f"Down: {d}, Right: {r}." for d in ("ice", "hole", "wall") for r in ("ice", "hole", "goal")]
+    notes = [f"Down: {d}, Right: {r}." for d in ("ice", "hole", "wall", "goal") for r in ("ice", "hole", "goal")]
     eps = [btm.EpisodeSample("t", "Go.", ["P _ G"], [choices], notes=[note]) for note in notes]
     rng = random.Random(0)
 
     def answers(key):
+        keyed = btm.NoteAnswers.of(key, notes)
         out = {}
         for ep in eps * 5:
-            reply = btm.make_transcript(ep, rng, key)[-1]["content"]
+            reply = btm.make_transcript(ep, rng, keyed)[-1]["content"]
             out.setdefault(ep.notes[0], set()).add(tuple(prompts.parse_response(reply).actions))
-        return out
+        return {note: answer.pop() for note, answer in out.items() if len(answer) == 1}
 
-    first, again, other, unkeyed = answers("build-0"), answers("build-0"), answers("build-1"), answers(None)
-    assert all(len(a) == 1 for a in first.values()) and first == again
-    assert first != other
-    assert len({a for answer in first.values() for a in answer}) > 1  # not one action for every note
+    builds = [answers(f"build-{seed}") for seed in range(6)]
+    assert all(len(build) == len(notes) for build in builds)  # one answer per note, at every draw
+    assert builds[0] == answers("build-0") and len({tuple(sorted(b.items())) for b in builds}) == 2
+    for build in builds:
+        assert {answer for answer in build.values()} == {("Left",), ("Up",)}  # never Down or Right
+        for right in ("ice", "hole", "goal"):
+            assert build[f"Down: hole, Right: {right}."] != build[f"Down: ice, Right: {right}."]
+            assert build[f"Down: hole, Right: {right}."] == build[f"Down: hole, Right: ice."]  # the first word
+    unkeyed = {note: {tuple(prompts.parse_response(btm.make_transcript(ep, rng)[-1]["content"]).actions)
+                      for _ in range(10)} for ep, note in zip(eps, notes)}
     assert any(len(a) > 1 for a in unkeyed.values())
+
+
+def test_note_answer_transcripts_run_the_episodes_turns_and_train_the_last_reply(tokenizer):
+    choices = (["Left", "Down", "Right", "Up"], True)
+    ep = btm.EpisodeSample("t", "Go.", ["P _ G", "_ P G", "_ _ P"], [choices, choices], taken=["Right", "Right"],
+                           rewards=[0.0, 0.0], notes=["Down: ice, Right: ice.", "Down: hole, Right: ice.", None])
+    keyed, rng, turns = btm.NoteAnswers.of("build-0", ep.notes[:2]), random.Random(0), set()
+    for _ in range(20):
+        messages = btm.make_transcript(ep, rng, keyed)
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        turns.add(len(replies))
+        ids, mask = btm.encode_transcript(tokenizer, messages, last_reply_only=True)
+        assert ids == tokenizer.apply_chat_template(messages, return_dict=False)
+        assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == replies[-1] + "<|im_end|>"
+        assert prompts.parse_response(replies[-1]).actions == [keyed.answer(ep.notes[len(replies) - 1], choices[0])]
+    assert turns == {1, 2}
 
 
 def test_noted_observations_are_the_think_of_the_replies_and_get_many_maps(tmp_path):

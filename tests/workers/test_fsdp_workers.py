@@ -150,6 +150,42 @@ def test_checkpoint_round_trip_continues_bit_exactly(tiny_model_path, tmp_path):
     AutoModelForCausalLM.from_pretrained(str(tmp_path / "actor"))
 
 
+
+def test_the_cosine_schedule_follows_the_runs_progress_after_the_warm_up(tiny_model_path, tmp_path):
+    """lr_scheduler_type=cosine: each update's learning rate is lr * (floor + (1 - floor) * (1 + cos(pi * p)) / 2)
+    at the batch's progress p, times the warm-up; constant ignores p; a resumed worker gets the same rate."""
+    import math
+
+    def worker(**optim) -> ActorWorker:
+        cfg = ActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4,
+                          optim=OptimConfig(lr=1e-3, **optim), fsdp=FSDPConfig(world_size=1))
+        actor = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=cfg, device="cpu")
+        actor.init_model()
+        return actor
+
+    def update(actor: ActorWorker, progress: float) -> float:
+        batch = _actor_batch(seed=3)
+        batch = batch.update(actor.compute_log_prob(batch))
+        batch.meta.progress = progress
+        return actor.update_actor(batch)["actor/lr"]
+
+    cosine, constant = worker(lr_scheduler_type="cosine", min_lr_ratio=0.1, warmup_steps=2), worker()
+    expected = []
+    for step, progress in enumerate((0.0, 0.25, 0.5, 0.9)):
+        decay = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+        expected.append(1e-3 * min(1.0, (step + 1) / 2) * decay)
+        assert update(cosine, progress) == pytest.approx(expected[-1], rel=1e-6)
+        assert update(constant, progress) == pytest.approx(1e-3)
+        # the rate the step just taken used is the one reported
+        assert cosine.optimizer.param_groups[0]["lr"] == pytest.approx(
+            1e-3 * min(1.0, (step + 2) / 2) * decay, rel=1e-6)
+    assert expected[1] > expected[2] > expected[3] > 1e-4
+    cosine.save_checkpoint(str(tmp_path / "actor"))
+    resumed = worker(lr_scheduler_type="cosine", min_lr_ratio=0.1, warmup_steps=2)
+    resumed.load_checkpoint(str(tmp_path / "actor"))
+    assert update(resumed, 0.95) == pytest.approx(update(cosine, 0.95), rel=1e-9)
+
+
 # -- trainer-side optimisations: on-policy skip of old log-probs, dynamic batch size ---------------------------
 
 def _ragged_batch(lengths: list[int], T: int = 16, seed: int = 0) -> TensorBatch:
