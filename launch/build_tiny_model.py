@@ -375,7 +375,7 @@ class NoteAnswers:
 
     @classmethod
     def of(cls, key: str, notes: list[str]) -> NoteAnswers:
-        return cls(key, tuple(sorted({_note_items(n)[0][1] for n in notes if _note_items(n)})))
+        return cls(key, tuple(sorted({items[0][1] for items in map(_note_items, notes) if items})))
 
     def answer(self, note: str, choices: list[str]) -> str | None:
         """The action after ``note``, or None where the note names no word this build saw."""

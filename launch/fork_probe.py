@@ -20,8 +20,8 @@ difference, and the last layer's hidden state. It reports
   the hole's side (chance 0.5): whether the feature RL would have to scale is there at all;
 - ``class_mean_distance`` and ``fisher_ratio``: the distance between the mean hidden states of the two sides and
   Fisher's ratio of that distance to the spread within each side (:func:`fisher_ratio`): how strongly, not only
-  whether, the move's position carries the hole's side (RL aimed starts above about 100 within 30 steps, and not
-  starts below 5: docs/tiny_model.md, "What decides the click").
+  whether, the move's position carries the hole's side (docs/tiny_model.md, "What decides the click", sets it
+  beside RL's outcome on the starts measured there).
 
 docs/tiny_model.md ("Pipeline seeds") reads starts with it.
 """
