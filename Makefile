@@ -130,8 +130,7 @@ models/tiny-qwen2-train-seed%/build_info.json: $(STAMP) $(MODEL_INPUTS)
 
 $(SFT_RUN)/final/config.json: $(TRAIN_MODEL)/build_info.json config/sft_frozenlake_nodeadends.yaml config/sft_frozenlake.yaml
 	$(PY) -m agent_trainer.sft --config-name sft_$(TRAIN_CONFIG) model_path=$(TRAIN_MODEL) \
-	  data.seed=$(DEMO_SEED) trainer.seed=$(SEED) 'rl_overrides=["trainer.seed=$(SEED)"]' \
-	  trainer.default_local_dir=$(SFT_RUN)
+	  data.seed=$(DEMO_SEED) trainer.seed=$(SEED) trainer.default_local_dir=$(SFT_RUN)
 
 # The clock of learning_summary.json's wall_s starts after the venv install (train-clock runs after install).
 train: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/config.json

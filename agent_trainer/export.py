@@ -116,20 +116,24 @@ def run_model_config(src: Path) -> dict | None:
     return model if isinstance(model, dict) else None
 
 
+def is_hub_id(path: str) -> bool:
+    """``org/name`` that is not a local path: a Hugging Face Hub id, which ``from_pretrained`` resolves."""
+    return path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).exists()
+
+
 def base_model_path(src: Path, model: dict | None, base: Path | None) -> Path:
     """The base model a LoRA checkpoint's adapter merges onto: ``base``, else the run's ``model.path`` (a local
     folder, or a Hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, which ``from_pretrained`` resolves)."""
     if base is not None:
-        if not (Path(base) / "config.json").is_file():
-            raise ValueError(f"--base {base} is not a Hugging Face model folder (no config.json); pass the folder "
-                             "of the model the LoRA run trained on")
+        if not (is_hub_id(str(base)) or (Path(base) / "config.json").is_file()):
+            raise ValueError(f"--base {base} is not a Hugging Face model folder (no config.json) or Hub id; pass the "
+                             "model the LoRA run trained on")
         return Path(base)
     if model is None:
         raise ValueError(f"{src.parent / 'config.yaml'} is missing, so the LoRA run's base model is unknown: pass "
                          "--base PATH (the run's actor_rollout_ref.model.path)")
     path = str(model.get("path") or "")
-    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).exists()
-    if not path or "${" in path or not (hub_id or (Path(path) / "config.json").is_file()):
+    if not path or "${" in path or not (is_hub_id(path) or (Path(path) / "config.json").is_file()):
         raise ValueError(f"the run's base model {path or '(none)'} (actor_rollout_ref.model.path in "
                          f"{src.parent / 'config.yaml'}) is not a model folder here: pass --base PATH")
     return Path(path)

@@ -65,9 +65,9 @@ DEFAULT_CONFIG = "sft_frozenlake"
 
 ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
 SFT_SETS = ("model_path", "actor_rollout_ref.model.path", "actor_rollout_ref.rollout.val_kwargs.temperature",
-            "trainer.experiment_name")
-"""RL keys the SFT run sets itself (from model_path, eval.temperature, trainer.experiment_name); rl_overrides
-may not set them."""
+            "trainer.experiment_name", "trainer.seed")
+"""RL keys the SFT run sets itself (from model_path, eval.temperature, trainer.experiment_name, trainer.seed);
+rl_overrides may not set them."""
 BUCKET_BATCHES = 16
 """Length bucketing sorts windows of this many batches by length."""
 FINAL_LINK = "final"
@@ -112,10 +112,10 @@ def compose_rl(cfg: SFTConfig) -> tuple[AgentTrainerConfig, dict]:
         key = override.lstrip("+~").partition("=")[0]
         if key in SFT_SETS:
             raise ValueError(f"rl_overrides sets {key}, which the SFT run sets itself; set model_path, "
-                             "eval.temperature or trainer.experiment_name of the SFT config instead")
+                             "eval.temperature, trainer.experiment_name or trainer.seed of the SFT config instead")
     overrides = [*cfg.rl_overrides, f"model_path={cfg.model_path}",
                  f"actor_rollout_ref.rollout.val_kwargs.temperature={cfg.eval.temperature}",
-                 f"trainer.experiment_name={cfg.trainer.experiment_name}"]
+                 f"trainer.experiment_name={cfg.trainer.experiment_name}", f"trainer.seed={cfg.trainer.seed}"]
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             raw = compose(cfg.rl_config, overrides=overrides)
@@ -135,7 +135,7 @@ def prepare_run(raw: DictConfig | dict) -> SFTRun:
     n_val_groups = rl.es_manager.val.env_groups
     val_start = rl.es_manager.seed + VAL_SEED_OFFSET
     check_against_rl(cfg, rl.actor_rollout_ref.actor.fsdp.world_size, rl.ctx_manager.mode,
-                     range(val_start, val_start + n_val_groups))
+                     range(val_start, val_start + n_val_groups), rl.actor_rollout_ref.model.lora_rank)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
     return SFTRun(cfg=cfg, rl=rl, env_tags=env_tags, tokenizer=tokenizer,
                   data=build_data(cfg, rl, env_tags, tokenizer))
@@ -326,7 +326,7 @@ class SFTTrainer:
         save_freq = self.cfg.trainer.save_freq
         if is_last or (save_freq > 0 and self.global_step % save_freq == 0):
             with timer("save", metrics):
-                self.save_checkpoint(metrics)
+                self.save_checkpoint(metrics, merge=is_last and self.cfg.trainer.merge_lora)
         self.tracking.log(metrics, step=self.global_step)
 
     def evaluate(self) -> dict[str, float]:
@@ -351,9 +351,13 @@ class SFTTrainer:
 
         return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))
 
-    def save_checkpoint(self, metrics: dict[str, float]) -> Path:
-        """``global_step_N/actor``: the worker's HF folder plus the tokenizer; ``<run dir>/final`` links it."""
+    def save_checkpoint(self, metrics: dict[str, float], merge: bool = False) -> Path:
+        """``global_step_N/actor``: the worker's HF folder plus the tokenizer; ``<run dir>/final`` links it. With
+        ``merge`` (a LoRA run's last step, ``trainer.merge_lora``) also ``global_step_N/merged``, the base model with
+        the adapter merged in, which ``final`` links instead."""
         import ray
+
+        from agent_trainer.export import export_merged
 
         tmp = checkpoint.begin_save(self.run_dir, self.global_step)
         ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))
@@ -362,11 +366,15 @@ class SFTTrainer:
         checkpoint.TrainerState(global_step=self.global_step, rng=checkpoint.rng_state(), parts=["actor"],
                                 metrics=dict(metrics), saved_at=time.time()).save(tmp)
         final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
+        part = "actor"
+        if merge:  # after the adapter's checkpoint is saved: a failed merge loses nothing
+            export_merged(final / "actor", final / "merged", base=Path(self.cfg.model_path))
+            part = "merged"
         link = self.run_dir / FINAL_LINK
         if link.is_symlink():
             link.unlink()
-        link.symlink_to(Path(final.name) / "actor", target_is_directory=True)
-        return final / "actor"
+        link.symlink_to(Path(final.name) / part, target_is_directory=True)
+        return final / part
 
 
 def token_metrics(per_rank: list[dict[str, float]], prefix: str) -> dict[str, float]:
@@ -396,7 +404,8 @@ def train(run: SFTRun) -> list[dict[str, float]]:
     trainer = SFTTrainer(run)
     trainer.init_workers()
     history = trainer.fit()
-    print(summary(history, trainer.run_dir, run.rl.actor_rollout_ref.model), flush=True)
+    model = None if run.cfg.trainer.merge_lora else run.rl.actor_rollout_ref.model
+    print(summary(history, trainer.run_dir, model), flush=True)
     return history
 
 

@@ -170,12 +170,23 @@ def recorded_seconds(logs: list[Path]) -> tuple[float, int]:
     return sum(found), len(logs) - len(found)
 
 
+def own_rl_overrides(sft_config: str, config_dir: Path = REPO / "config") -> list[str]:
+    """The ``rl_overrides`` of the SFT config ``sft_config`` (a LoRA adapter, say). A command line's
+    ``rl_overrides`` replaces the config's list, so :func:`sft` passes these again before the env's."""
+    from hydra import compose, initialize_config_dir
+
+    import agent_trainer.sft  # noqa: F401  (registers the SFT schema the config's defaults name)
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return list(compose(sft_config).rl_overrides)
+
+
 def sft(env_key: str, args) -> Path:
     """The env's SFT warm start (reused when its final model exists); returns the model folder."""
     env = ENVS[env_key]
     out = args.out / f"sft_{env_key}"
     if args.fresh or not (out / "final" / "config.json").is_file():
-        rl = json.dumps(env_overrides(env, args.val_groups))
+        rl = json.dumps([*own_rl_overrides(env.sft_config), *env_overrides(env, args.val_groups)])
         run([sys.executable, "-m", "agent_trainer.sft", "--config-name", env.sft_config, f"rl_overrides={rl}",
              f"trainer.default_local_dir={out}", f"trainer.experiment_name=sft_{env_key}", "eval.test_freq=0",
              *args.sft_overrides], log_file(out))

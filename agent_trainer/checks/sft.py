@@ -58,8 +58,12 @@ def validate_sft_config(cfg: SFTConfig) -> None:
                          "data.noise = 0 makes none; set data.noise (1.0 = a format-only warm start) or drop it")
 
 
-def check_against_rl(cfg: SFTConfig, world_size: int, ctx_mode: str, val_seeds: range) -> None:
+def check_against_rl(cfg: SFTConfig, world_size: int, ctx_mode: str, val_seeds: range, lora_rank: int = 0) -> None:
     """Rules that relate this config to the composed RL config."""
+    if cfg.trainer.merge_lora and not lora_rank:
+        raise ValueError("trainer.merge_lora = True merges a LoRA adapter, but the RL config's "
+                         "actor_rollout_ref.model.lora_rank = 0 trains the full model; add "
+                         "'rl_overrides=[\"actor_rollout_ref.model.lora_rank=16\"]' or drop trainer.merge_lora")
     if cfg.train.batch_size % world_size:
         raise ValueError(f"train.batch_size = {cfg.train.batch_size} must be a multiple of the RL config's "
                          f"actor_rollout_ref.actor.fsdp.world_size = {world_size} (every rank takes an equal share); "

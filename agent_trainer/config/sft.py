@@ -104,9 +104,13 @@ class SFTTrainerConfig:
     """console | jsonl | tensorboard."""
     save_freq: int = -1
     """Save a checkpoint every N steps; the last step is always saved. <= 0: only the last."""
+    merge_lora: bool = False
+    """A LoRA warm start (rl_overrides' actor_rollout_ref.model.lora_rank): the last checkpoint also holds
+    global_step_N/merged, the base model with the adapter merged in (peft's merge_and_unload), and <run dir>/final
+    links to it, so RL starts from the warm start as from a full model (model_path=<run dir>/final)."""
     seed: int = 0
-    """Seeds the actor ranks and the order of the training batches (the RL config's trainer.seed seeds its
-    validation seeds and the engine)."""
+    """Seeds the actor ranks and the order of the training batches, and is the RL config's trainer.seed (which
+    seeds its validation seeds and the engine): one seed for the whole warm start."""
 
 
 @dataclass
@@ -120,7 +124,8 @@ class SFTConfig:
     actor FSDP layout, rollout engine and validation episodes come from it."""
     rl_overrides: list[str] = field(default_factory=list)
     """key=value overrides applied to rl_config (as on the RL command line); on the SFT command line quote each:
-    'rl_overrides=["agent_proxy.max_turn=4"]'. model_path and val_kwargs.temperature are set by the SFT run."""
+    'rl_overrides=["agent_proxy.max_turn=4"]'. model_path, val_kwargs.temperature, trainer.experiment_name and
+    trainer.seed are set by the SFT run (trainer.seed is the SFT's own)."""
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)

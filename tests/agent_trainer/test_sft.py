@@ -55,6 +55,7 @@ def test_make_trains_warm_start_is_a_noting_walker_on_the_maps_without_dead_ends
     ("rl_config=nope", "rl_config = 'nope' with rl_overrides []: Cannot find primary config 'nope'"),
     ('rl_overrides=["agent_proxy.max_turn=0"]', "agent_proxy.max_turn = 0 must be >= 1"),
     ('rl_overrides=["model_path=x"]', "rl_overrides sets model_path, which the SFT run sets itself"),
+    ('rl_overrides=["trainer.seed=3"]', "rl_overrides sets trainer.seed, which the SFT run sets itself"),
     ('rl_overrides=["ctx_manager.mode=condensed","algorithm.adv_estimator=grpo_multiturn"]',
      "ctx_manager.mode = 'condensed' in rl_config 'frozenlake'"),
     ("data.seed=1073741820", "reaches the RL validation seeds [1073741824, 1073741952)"),
@@ -64,6 +65,8 @@ def test_make_trains_warm_start_is_a_noting_walker_on_the_maps_without_dead_ends
                                         "but data.noise = 0 makes none"),
     ("train.optim.min_lr_ratio=0.2", "train.optim.min_lr_ratio = 0.2 is the floor of the cosine schedule"),
     ("train.optim.lr_scheduler_type=step", "train.optim.lr_scheduler_type = 'step' is not one of"),
+    ("trainer.merge_lora=true", "trainer.merge_lora = True merges a LoRA adapter, but the RL config's "
+                                "actor_rollout_ref.model.lora_rank = 0 trains the full model"),
     ("data.demonstrator=envs.frozen_lake:nothing", "data.demonstrator = 'envs.frozen_lake:nothing' could not be "
                                                    "imported"),
 ])

@@ -84,3 +84,12 @@ def test_pipeline_seeds_each_seed_against_the_bar_and_the_rate(tmp_path):
     assert "| 1 | 8088211a |  | 0.100 | 0.300 | 0.550 | +0.450 | 0.460 | short |  |" in block
     assert [learning.make_train_dirs(s)[0].name for s in (0, 3)] == ["tiny-qwen2-train-seed0", "tiny-qwen2-train-seed3"]
     assert learning.make_train_dirs(3)[1].name == "frozenlake_nodeadends_seed3"
+
+
+def test_the_grids_warm_start_keeps_the_sft_configs_own_rl_overrides(tmp_path):
+    """A command line's rl_overrides replaces the config's list: the grid passes the config's own keys again."""
+    lora = ["actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.target_modules=[down_proj,o_proj]"]
+    (tmp_path / "sft_lora.yaml").write_text("defaults:\n  - sft_schema\n  - _self_\n\nrl_overrides:\n"
+                                            + "".join(f"  - {o}\n" for o in lora))
+    assert learning.own_rl_overrides("sft_lora", tmp_path) == lora
+    assert learning.own_rl_overrides("sft_frozenlake_nodeadends") == []

@@ -120,6 +120,8 @@ def test_an_unknown_base_model_is_refused_naming_base(trained, tmp_path):
         export.export(_alone(moved, tmp_path), tmp_path / "out", merge=True)
     with pytest.raises(ValueError, match=r"--base .* is not a Hugging Face model folder"):
         export.export(moved, tmp_path / "out", merge=True, base=tmp_path / "gone")
+    # a Hub id is a base too (the SFT's trainer.merge_lora passes its model_path, which may be one)
+    assert export.base_model_path(moved, None, Path("Qwen/Qwen2.5-0.5B-Instruct")) == Path("Qwen/Qwen2.5-0.5B-Instruct")
 
 
 def _alone(step: Path, tmp_path: Path) -> Path:
