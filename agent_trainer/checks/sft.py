@@ -58,7 +58,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
                          "data.noise = 0 makes none; set data.noise (1.0 = a format-only warm start) or drop it")
 
 
-def check_against_rl(cfg: SFTConfig, world_size: int, ctx_mode: str, val_seeds: range, lora_rank: int = 0) -> None:
+def check_against_rl(cfg: SFTConfig, world_size: int, ctx_mode: str, val_seeds: range, lora_rank: int) -> None:
     """Rules that relate this config to the composed RL config."""
     if cfg.trainer.merge_lora and not lora_rank:
         raise ValueError("trainer.merge_lora = True merges a LoRA adapter, but the RL config's "

@@ -62,8 +62,9 @@ def test_sft_with_lora_saves_an_adapter_that_starts_rl(tiny_model_path, tmp_path
 
 
 def test_sft_with_merge_lora_links_final_to_the_build_with_the_adapter_merged_in(tiny_model_path, tmp_path):
-    """trainer.merge_lora (make train's warm start): final is a full model, W + (alpha / r) B A on every adapted layer
-    and the build's weights elsewhere, loaded by a plain model_path; the adapter stays beside it."""
+    """trainer.merge_lora (the LoRA warm start of docs/tiny_model.md's pilots): final is a full model, W + (alpha /
+    r) B A on every adapted layer and the build's weights elsewhere, loaded by a plain model_path; the adapter stays
+    beside it."""
     run_dir = tmp_path / "sft"
     proc = sft_with_lora(tiny_model_path, run_dir, "eval.val_before_train=false", "trainer.merge_lora=true")
     final = (run_dir / "final").resolve()
