@@ -49,10 +49,14 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     if data.source == "demonstrations" and (data.train_files or data.val_files):
         raise ValueError(f"data.train_files = {data.train_files} / data.val_files = {data.val_files} are read only "
                          "with data.source=jsonl; set data.source=jsonl or drop the files")
-    if data.source == "jsonl" and (data.tags or data.noise or data.noise_actions or data.demonstrator != "expert"):
-        raise ValueError(f"data.tags = {data.tags} / data.noise = {data.noise} / data.noise_actions = "
-                         f"{data.noise_actions} / data.demonstrator = {data.demonstrator!r} apply to "
-                         "data.source=demonstrations only; drop them with data.source=jsonl")
+    if data.source == "jsonl":
+        set_keys = [f"data.{key} = {value!r}" for key, value, default in (
+            ("tags", list(data.tags), []), ("noise", data.noise, 0.0), ("noise_actions", list(data.noise_actions), []),
+            ("demonstrator", data.demonstrator, "expert")) if value != default]
+        if set_keys:
+            raise ValueError(f"{' / '.join(set_keys)} apply to data.source=demonstrations only; drop them with "
+                             "data.source=jsonl (a config that sets them: override with the default, e.g. "
+                             "data.demonstrator=expert)")
     if data.noise_actions and not data.noise:
         raise ValueError(f"data.noise_actions = {list(data.noise_actions)} is what noisy turns draw from, but "
                          "data.noise = 0 makes none; set data.noise (1.0 = a format-only warm start) or drop it")

@@ -51,6 +51,8 @@ def test_make_trains_warm_start_is_a_noting_walker_on_the_maps_without_dead_ends
     ("train.batch_size=15", "train.batch_size = 15 must be a multiple of the RL config's "
                             "actor_rollout_ref.actor.fsdp.world_size = 2"),
     ("data.source=jsonl", "data.train_files = [] but data.source = 'jsonl'"),
+    ("data.source=jsonl data.train_files=[t.jsonl] data.noise=0 data.demonstrator=envs.frozen_lake:noting_walker",
+     "data.demonstrator = 'envs.frozen_lake:noting_walker' apply to data.source=demonstrations only"),
     ("data.source=web", "data.source = 'web' is not one of ['demonstrations', 'jsonl']"),
     ("rl_config=nope", "rl_config = 'nope' with rl_overrides []: Cannot find primary config 'nope'"),
     ('rl_overrides=["agent_proxy.max_turn=0"]', "agent_proxy.max_turn = 0 must be >= 1"),
