@@ -289,6 +289,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
         check_local_placement(cfg)
         trainer = AgentTrainer(cfg, tokenizer, env_tags, build_workers=build_workers)
     except (ValueError, PlacementError) as err:
+        forget_hydra_record()
         raise SystemExit(refusal(err)) from None
     OmegaConf.save(OmegaConf.structured(cfg), Path(cfg.trainer.default_local_dir) / "config.yaml")
     with lifecycle.StopSignal() as stop:
@@ -342,8 +343,33 @@ def _run(cfg: DictConfig) -> None:
     try:
         typed, env_tags = prepare(cfg, _cli_overrides())
     except CONFIG_ERRORS as err:
+        forget_hydra_record()
         raise SystemExit(refusal(err, _cli_overrides())) from None
     train(typed, env_tags)
+
+
+def forget_hydra_record() -> None:
+    """A run refused before it starts leaves no folder: hydra made its record of the run
+    (``<trainer.default_local_dir>/hydra/<date>_<time>/``, config/base.yaml) before the config was checked, so it
+    is removed, then each folder above it that this leaves empty: ``hydra/``, the run folder, and the folders
+    inside the working directory that led to it (a folder that holds anything else stays)."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():  # compose_and_prepare, tests: no hydra run, no record
+        return
+    record = Path(HydraConfig.get().runtime.output_dir).resolve()
+    shutil.rmtree(record, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    run_folder = record.parent.parent
+    for folder in record.parents:
+        if folder == cwd or (folder not in (record.parent, run_folder) and cwd not in folder.parents):
+            break
+        try:
+            folder.rmdir()  # only an empty one
+        except OSError:
+            break
 
 
 def main() -> None:
@@ -364,13 +390,10 @@ def main() -> None:
     if _raise_set_by_main:
         os.environ[_RAISE_COMPOSE_ERRORS] = "1"
     user_wants_traceback = not _raise_set_by_main
+    if any(arg in cli_args.HELP_FLAGS for arg in sys.argv[1:]):  # the config names first, then hydra's help
+        print(cli_args.config_choices_text(CONFIG_DIR), flush=True)
     try:
-        try:
-            _run()
-        except SystemExit as done:  # hydra exits after its --help: the config choices follow it
-            if done.code in (None, 0) and any(arg in cli_args.HELP_FLAGS for arg in sys.argv[1:]):
-                print("\n" + cli_args.config_choices_text(CONFIG_DIR), end="")
-            raise
+        _run()
     except (HydraException, OmegaConfBaseException) as err:
         if user_wants_traceback:
             raise
