@@ -32,6 +32,7 @@ from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.prompt_data import check_datasets, dataset_env_tags
 from agent_trainer.worker_registry import worker_api
 from envs import load_env_tags
+from envs.registry import tags_folder
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
         ctx = ray.init(address="local", num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=True,
                        dashboard_host=cfg.trainer.dashboard_host, dashboard_port=cfg.trainer.dashboard_port,
                        namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
-                       runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
+                       runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(cfg.envs_file)}},
                        _system_config=local_cluster_system_config(LOCAL_CLUSTER_SYSTEM_CONFIG))
         watchdog.start()  # a hard kill of this driver takes the whole local cluster with it
     url = f"http://{ctx.dashboard_url}" if ctx.dashboard_url else "not running on this cluster"
@@ -182,14 +183,16 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
     run_logs.route_worker_logs(cfg.trainer.default_local_dir)
 
 
-def worker_pythonpath() -> str:
-    """The PYTHONPATH of every worker of a local run: the run's directory, then the user's PYTHONPATH.
+def worker_pythonpath(envs_file: str = "") -> str:
+    """The PYTHONPATH of every worker of a local run: the run's directory, the folder of a user's ``envs_file``
+    (``envs.registry.import_beside``), then the user's PYTHONPATH.
 
     Absolute paths, so a user module named by import path (an env's ``module:Class``) imports in
     every worker exactly as in the driver, whatever directory Ray starts a worker in. (``ray job
     submit`` ships the job's ``working_dir`` to the workers itself.)
     """
-    entries = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    beside = [str(tags_folder(envs_file))] if envs_file and tags_folder(envs_file) else []
+    entries = [os.getcwd(), *beside] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return os.pathsep.join(dict.fromkeys(str(Path(p).resolve()) for p in entries))
 
 
