@@ -23,8 +23,8 @@ from typing import Sequence
 
 from agent_trainer.checks.env_contract import CheckResult, run_contract
 from envs import parse_env_tags
-from envs.registry import import_beside
 from envs.import_paths import close_names
+from envs.registry import import_beside
 
 DEFAULT_ENVS_FILE = Path(__file__).resolve().parents[1] / "config" / "envs.yaml"
 
