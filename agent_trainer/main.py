@@ -352,22 +352,29 @@ def _run(cfg: DictConfig) -> None:
 
 
 def forget_hydra_record() -> None:
-    """A run refused before it starts leaves no folder: hydra made its record of the run
-    (``<trainer.default_local_dir>/hydra/<date>_<time>/``, config/base.yaml) before the config was checked, so it
-    is removed, then each folder above it that this leaves empty: ``hydra/``, the run folder, and the folders
-    inside the working directory that led to it (a folder that holds anything else stays)."""
+    """A run refused before it starts leaves no folder: hydra wrote its record of the run (``.hydra/`` and its log
+    file, in ``<trainer.default_local_dir>/hydra/<date>_<time>/``, config/base.yaml) before the config was checked,
+    so those are removed, then each folder above them that this leaves empty: the record's, ``hydra/``, the run
+    folder, and the folders inside the working directory that led to it. Nothing else is removed (a folder that
+    holds anything else stays, as does any folder of a ``hydra.run.dir`` set elsewhere but the record's own)."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():  # compose_and_prepare, tests: no hydra run, no record
         return
-    record = Path(HydraConfig.get().runtime.output_dir).resolve()
-    shutil.rmtree(record, ignore_errors=True)
+    hydra_cfg = HydraConfig.get()
+    record = Path(hydra_cfg.runtime.output_dir).resolve()
+    if hydra_cfg.output_subdir:
+        shutil.rmtree(record / hydra_cfg.output_subdir, ignore_errors=True)
+    (record / f"{hydra_cfg.job.name}.log").unlink(missing_ok=True)
     cwd = Path.cwd().resolve()
-    run_folder = record.parent.parent
-    for folder in record.parents:
-        if folder == cwd or (folder not in (record.parent, run_folder) and cwd not in folder.parents):
+    folders = [record]
+    if record.parent.name == "hydra":  # config/base.yaml's layout: then hydra/, the run folder, the ones to it
+        folders += [record.parent, record.parent.parent]
+        folders += [f for f in record.parent.parent.parents if cwd in f.parents]
+    for folder in folders:
+        if folder == cwd:
             break
         try:
             folder.rmdir()  # only an empty one

@@ -73,3 +73,8 @@ def test_a_run_refused_before_it_starts_leaves_no_folder(tmp_path):
     run = run_main(tmp_path, "model_path=./no_such_model", "trainer.default_local_dir=kept")
     assert run.returncode == 1
     assert [p.name for p in (tmp_path / "kept" / "hydra").iterdir()] == ["old"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")  # hydra.run.dir set to a folder of the user's
+    run = run_main(tmp_path, "model_path=./no_such_model", "hydra.run.dir=mine")
+    assert run.returncode == 1
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]  # hydra's record gone, nothing else
