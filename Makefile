@@ -78,9 +78,10 @@ $(RM)/config.json: $(MODEL)/build_info.json
 
 # ENVS=/abs/path/my_envs.yaml (docs/writing_an_environment.md): also build $(ENVS_MODEL), whose corpus is the shipped
 # tags' plus that file's (added, never replacing them); the file's folder goes on PYTHONPATH so its env classes
-# import. make train's model, $(MODEL), is left as it is.
+# import. make train's model, $(MODEL), is left as it is. ENVS_MODEL (a folder) defaults to a name of the tags file's
+# own, models/tiny-qwen2-<file name without .yaml>, so a second tags file builds beside the first.
 ENVS ?=
-ENVS_MODEL ?= models/tiny-qwen2-envs
+ENVS_MODEL ?= models/tiny-qwen2-$(basename $(notdir $(ENVS)))
 ENVS_WARMUP ?= 1200
 
 model: $(MODEL)/build_info.json $(RM)/config.json

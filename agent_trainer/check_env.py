@@ -9,8 +9,8 @@ a registered name or ``module:Class``), the env is built, and the checks the rep
 then the training run's preflight (``agent_trainer.checks.preflight``). One line per check: ``PASS`` or ``FAIL``
 with what came back and the fix. Exit 0 when every check passed, 1 otherwise, 2 on a usage error.
 
-Run it from the directory your environment's package is under (or put that folder on PYTHONPATH), as the
-training run is: the tag's ``module:Class`` is imported from there.
+A tag's ``module:Class`` is imported as in the training run: from the directory the command starts in, the tags
+file's folder, or PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Sequence
 from agent_trainer.checks.env_contract import CheckResult, run_contract
 from envs import parse_env_tags
 from envs.import_paths import close_names
+from envs.registry import import_beside
 
 DEFAULT_ENVS_FILE = Path(__file__).resolve().parents[1] / "config" / "envs.yaml"
 
@@ -69,6 +70,7 @@ def check_tags(path: str, tags: Sequence[str] | None, *, junk: int = 1000, seed:
                timeout_s: float = 60.0) -> list[CheckResult]:
     """Every check of every tag asked for; a tag that is not in the file or does not load is one failure."""
     raw = read_raw_tags(path)
+    import_beside(path)  # the tags' modules import from beside the file, as in a training run
     results: list[CheckResult] = []
     for tag in (tags or list(raw)):
         if tag not in raw:

@@ -17,8 +17,8 @@ reference. Two passes over the same validation seeds (``es_manager.val``):
 - sampled: ``eval.k`` episodes per seed with the training sampling (``rollout.temperature``,
   ``top_p``, ``top_k``); pass@k = the fraction of seeds where any of the k succeeded.
 
-``<eval.output_dir>/eval_report.json`` holds both passes, overall and per env tag; a sample of
-episodes goes to ``<eval.output_dir>/trajectories/`` with its ``viewer.html``. The config is
+``<eval.output_dir>/eval_report.json`` holds both passes, overall and per env tag; every episode of both
+goes to ``<eval.output_dir>/trajectories/`` with its ``viewer.html``. The config is
 validated exactly as for training (one line naming the key on a mistake, before Ray starts).
 """
 
@@ -113,8 +113,8 @@ def run_pass(cfg: AgentTrainerConfig, tokenizer, engines, env_worker_cls, env_ta
     finally:
         rollout.close()
         lifecycle.kill_actors(rollout.env_actors)
-    write_step(cfg.eval.output_dir, 0, f"val_{name}", result.states, result.batch, tokenizer,
-               cfg.trainer.log_trajectories_per_tag)
+    # every episode the pass evaluated (trainer.log_trajectories_per_tag samples a training step's, not these)
+    write_step(cfg.eval.output_dir, 0, f"val_{name}", result.states, result.batch, tokenizer, len(result.states))
     return summarize(result.states, pass_key)
 
 

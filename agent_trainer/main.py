@@ -32,6 +32,7 @@ from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.prompt_data import check_datasets, dataset_env_tags
 from agent_trainer.worker_registry import worker_api
 from envs import load_env_tags
+from envs.registry import tags_folder
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
         ctx = ray.init(address="local", num_cpus=cfg.trainer.ray_num_cpus, include_dashboard=True,
                        dashboard_host=cfg.trainer.dashboard_host, dashboard_port=cfg.trainer.dashboard_port,
                        namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
-                       runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath()}},
+                       runtime_env={"env_vars": {"PYTHONPATH": worker_pythonpath(cfg.envs_file)}},
                        _system_config=local_cluster_system_config(LOCAL_CLUSTER_SYSTEM_CONFIG))
         watchdog.start()  # a hard kill of this driver takes the whole local cluster with it
     url = f"http://{ctx.dashboard_url}" if ctx.dashboard_url else "not running on this cluster"
@@ -182,14 +183,16 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
     run_logs.route_worker_logs(cfg.trainer.default_local_dir)
 
 
-def worker_pythonpath() -> str:
-    """The PYTHONPATH of every worker of a local run: the run's directory, then the user's PYTHONPATH.
+def worker_pythonpath(envs_file: str = "") -> str:
+    """The PYTHONPATH of every worker of a local run: the run's directory, the folder of a user's ``envs_file``
+    (``envs.registry.import_beside``), then the user's PYTHONPATH.
 
     Absolute paths, so a user module named by import path (an env's ``module:Class``) imports in
     every worker exactly as in the driver, whatever directory Ray starts a worker in. (``ray job
     submit`` ships the job's ``working_dir`` to the workers itself.)
     """
-    entries = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    beside = [str(tags_folder(envs_file))] if envs_file and tags_folder(envs_file) else []
+    entries = [os.getcwd(), *beside] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return os.pathsep.join(dict.fromkeys(str(Path(p).resolve()) for p in entries))
 
 
@@ -289,6 +292,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
         check_local_placement(cfg)
         trainer = AgentTrainer(cfg, tokenizer, env_tags, build_workers=build_workers)
     except (ValueError, PlacementError) as err:
+        forget_hydra_record()
         raise SystemExit(refusal(err)) from None
     OmegaConf.save(OmegaConf.structured(cfg), Path(cfg.trainer.default_local_dir) / "config.yaml")
     with lifecycle.StopSignal() as stop:
@@ -342,8 +346,40 @@ def _run(cfg: DictConfig) -> None:
     try:
         typed, env_tags = prepare(cfg, _cli_overrides())
     except CONFIG_ERRORS as err:
+        forget_hydra_record()
         raise SystemExit(refusal(err, _cli_overrides())) from None
     train(typed, env_tags)
+
+
+def forget_hydra_record() -> None:
+    """A run refused before it starts leaves no folder: hydra wrote its record of the run (``.hydra/`` and its log
+    file, in ``<trainer.default_local_dir>/hydra/<date>_<time>/``, config/base.yaml) before the config was checked,
+    so those are removed, then each folder above them that this leaves empty: the record's, ``hydra/``, the run
+    folder, and the folders inside the working directory that led to it. Nothing else is removed (a folder that
+    holds anything else stays, as does any folder of a ``hydra.run.dir`` set elsewhere but the record's own)."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():  # compose_and_prepare, tests: no hydra run, no record
+        return
+    hydra_cfg = HydraConfig.get()
+    record = Path(hydra_cfg.runtime.output_dir).resolve()
+    if hydra_cfg.output_subdir:
+        shutil.rmtree(record / hydra_cfg.output_subdir, ignore_errors=True)
+    (record / f"{hydra_cfg.job.name}.log").unlink(missing_ok=True)
+    cwd = Path.cwd().resolve()
+    folders = [record]
+    if record.parent.name == "hydra":  # config/base.yaml's layout: then hydra/, the run folder, the ones to it
+        folders += [record.parent, record.parent.parent]
+        folders += [f for f in record.parent.parent.parents if cwd in f.parents]
+    for folder in folders:
+        if folder == cwd:
+            break
+        try:
+            folder.rmdir()  # only an empty one
+        except OSError:
+            break
 
 
 def main() -> None:
@@ -364,13 +400,10 @@ def main() -> None:
     if _raise_set_by_main:
         os.environ[_RAISE_COMPOSE_ERRORS] = "1"
     user_wants_traceback = not _raise_set_by_main
+    if any(arg in cli_args.HELP_FLAGS for arg in sys.argv[1:]):  # the config names first, then hydra's help
+        print(cli_args.config_choices_text(CONFIG_DIR), flush=True)
     try:
-        try:
-            _run()
-        except SystemExit as done:  # hydra exits after its --help: the config choices follow it
-            if done.code in (None, 0) and any(arg in cli_args.HELP_FLAGS for arg in sys.argv[1:]):
-                print("\n" + cli_args.config_choices_text(CONFIG_DIR), end="")
-            raise
+        _run()
     except (HydraException, OmegaConfBaseException) as err:
         if user_wants_traceback:
             raise

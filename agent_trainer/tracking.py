@@ -12,6 +12,7 @@ With a config, :meth:`Tracking.record_step` also writes trajectory samples
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from agent_trainer.batch import TensorBatch
     from agent_trainer.config import AgentTrainerConfig
     from agent_trainer.rollout import RolloutResult
+
+logger = logging.getLogger(__name__)
 
 WANDB_RUN_FILE = "wandb_run.json"
 """In the run directory: the wandb run id, so a resumed run continues the same wandb run."""
@@ -67,6 +70,8 @@ class Tracking:
         self.rewind(resume_step)
         self._wandb = self._open_wandb() if "wandb" in self.loggers else None
         self._ray_metrics = None
+        self.validity = ValidityWatch(cfg.envs_file if cfg is not None else "",
+                                      cfg.trainer.total_training_steps if cfg is not None else None)
 
     def rewind(self, step: int) -> None:
         """Forget what was logged after ``step``: the steps a resumed or restarted run trains again.
@@ -109,7 +114,10 @@ class Tracking:
             self.log(metrics, step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        """Write one step's metrics to every sink."""
+        """Write one step's metrics to every sink (and warn once when the first steps' actions are mostly invalid)."""
+        warning = self.validity.observe(step, metrics)
+        if warning:
+            logger.warning(warning)
         if "jsonl" in self.loggers:
             with self.jsonl_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -161,13 +169,16 @@ class Tracking:
 
 CONSOLE_COLUMNS = (
     ("rollout/success_rate", "succ", "{:5.3f}"), ("rollout/episode_reward_mean", "rew", "{:+6.3f}"),
+    ("rollout/valid_action_rate", "valid", "{:4.2f}"),
     ("rollout/num_turns_mean", "turns", "{:3.1f}"), ("rollout/format_error_rate", "fmt_err", "{:4.2f}"),
-    ("actor/pg_loss", "pg", "{:+8.1e}"), ("actor/ppo_kl", "kl", "{:+8.1e}"), ("actor/grad_norm", "grad", "{:6.3g}"),
+    ("actor/pg_loss", "pg", "{:+8.1e}"), ("actor/ppo_kl", "ppo_kl", "{:+8.1e}"),
+    ("actor/grad_norm", "grad", "{:6.3g}"),
     ("critic/vf_loss", "vf", "{:6.3g}"), ("sft/loss", "sft_loss", "{:6.4f}"), ("sft/token_acc", "tok_acc", "{:5.3f}"),
     ("val/sft_loss", "val_loss", "{:6.4f}"), ("val/success_rate", "val_succ", "{:5.3f}"),
     ("timing_s/step", "s", "{:5.1f}"),
 )
-"""The console line's columns: metric, label, fixed-width format (the full set goes to JSONL/TensorBoard/wandb)."""
+"""The console line's columns: metric, label, fixed-width format (the full set goes to JSONL/TensorBoard/wandb).
+docs/operations.md, "Console and logs", says what each one is."""
 
 
 def format_metrics(metrics: dict[str, float], step: int, total_steps: int | None = None) -> str:
@@ -176,3 +187,47 @@ def format_metrics(metrics: dict[str, float], step: int, total_steps: int | None
     head = f"step {step:>{width}}" + (f"/{total_steps}" if total_steps else "")
     parts = [head] + [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in CONSOLE_COLUMNS if key in metrics]
     return "  ".join(parts)
+
+
+SHIPPED_ENVS_FILE = Path(__file__).resolve().parents[1] / "config" / "envs.yaml"
+
+LOW_VALIDITY = 0.1
+"""A valid-action rate (``rollout/valid_action_rate``) under this in each of the run's first steps is warned about."""
+LOW_VALIDITY_STEPS = 3
+"""How many first steps (fewer when the run is shorter) must all stay under :data:`LOW_VALIDITY` for the warning."""
+
+
+class ValidityWatch:
+    """The one warning of a run whose actions are mostly invalid from the start: steps 1 to
+    :data:`LOW_VALIDITY_STEPS` (or to the last step of a shorter run) all under :data:`LOW_VALIDITY`. Its likely
+    cause is a model that does not know the env's words (its action names, the answer format), which RL cannot
+    teach: ``make model ENVS=`` builds one that does (docs/writing_an_environment.md)."""
+
+    def __init__(self, envs_file: str = "", total_steps: int | None = None):
+        self.envs_file = envs_file
+        self.steps = min(LOW_VALIDITY_STEPS, total_steps or LOW_VALIDITY_STEPS)
+        self.low: list[float] = []
+        self.done = False
+
+    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
+        """The warning's text at the step that completes the low streak; None otherwise (and once it was given,
+        a step was valid enough, or a step came after the first ones, as in a resumed run)."""
+        rate = metrics.get("rollout/valid_action_rate")
+        if self.done or rate is None:
+            return None
+        if rate >= LOW_VALIDITY or step != len(self.low) + 1:
+            self.done = True
+            return None
+        self.low.append(rate)
+        if len(self.low) < self.steps:
+            return None
+        self.done = True
+        tags = sorted(key.split("/")[1] for key, value in metrics.items()
+                      if key.startswith("env/") and key.endswith("/action_is_valid") and value < LOW_VALIDITY)
+        users = self.envs_file and Path(self.envs_file).resolve() != SHIPPED_ENVS_FILE
+        envs = f"make model ENVS={Path(self.envs_file).resolve()}" if users else "make model ENVS=/abs/path/my_envs.yaml"
+        return (f"the valid-action rate stayed under {LOW_VALIDITY} for the first {len(self.low)} step(s) "
+                f"({', '.join(f'{r:.2f}' for r in self.low)}; tags {tags}): the model most likely does not know the "
+                f"env's words (its action names, the <answer> format), and RL cannot teach them. Build a model whose "
+                f"corpus holds the env ({envs} in the repository, ENVS_MODEL=<folder> to name it) and train with "
+                "model_path=<that folder> (docs/writing_an_environment.md, \"Build a model that knows it\")")

@@ -2,7 +2,8 @@
 
 Used where a class is named by import path: an env tag's ``env_type`` (``envs.registry``) and the plug-in
 registries (``agent_trainer.plugins``). A module that is not found gets the close module names (difflib over the
-modules of its parent package, or over the top-level importable modules); a class that is not in its module gets
+modules of its parent package, or over the top-level modules of the user's folders: never a standard library
+module's name) and where it was looked for; a class that is not in its module gets
 the close class names of that module; ``package.module.ClassName`` (a dot where the colon belongs) gets the
 ``package.module:ClassName`` it meant.
 """
@@ -12,8 +13,11 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import os
 import pkgutil
 import sys
+import sysconfig
+from pathlib import Path
 from types import ModuleType
 
 FORM = "an import path is written 'package.module:ClassName' (the module's dotted path, a colon, the class)"
@@ -24,13 +28,51 @@ def close_names(word: str, candidates, n: int = 3) -> list[str]:
     return difflib.get_close_matches(word, sorted(set(candidates)), n=n, cutoff=0.6)
 
 
+def user_folders() -> list[str]:
+    """The folders of the import path (``sys.path``) a user's module can live in: the working directory, the
+    folders of PYTHONPATH, a tags file's folder (``envs.registry.load_env_tags``), an editable install's; not the
+    standard library's nor an installed package's (site-packages), whose names an env is never meant to be."""
+    paths = sysconfig.get_paths()
+    library = [Path(paths[key]).resolve() for key in ("stdlib", "platstdlib")]
+    out = []
+    for entry in sys.path:
+        folder = Path(entry or os.getcwd()).resolve()
+        if (not folder.is_dir() or {"site-packages", "dist-packages"} & set(folder.parts)
+                or any(folder == lib or lib in folder.parents for lib in library)):
+            continue
+        out.append(str(folder))
+    return list(dict.fromkeys(out))
+
+
+def where_missing(module_name: str) -> str:
+    """Where a module that is not found was looked for: ``no file leaf.py and no folder leaf/ in [...]``, in its
+    parent package's folder, or in :func:`user_folders` for a top-level name (a parent that is itself not found is
+    the one named)."""
+    parent, _, leaf = module_name.rpartition(".")
+    if parent:
+        try:
+            folders = [str(p) for p in getattr(importlib.import_module(parent), "__path__", [])]
+        except ImportError:
+            return where_missing(parent)
+        return f"no file {leaf}.py and no folder {leaf}/ in {folders}"
+    return f"no file {leaf}.py and no folder {leaf}/ in the folders searched: {user_folders()}"
+
+
+def module_file(module_name: str) -> str:
+    """`` (path/to/module.py)``, the file a module that is found is read from; '' when it is not known."""
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return ""
+    return f" ({spec.origin})" if spec is not None and spec.origin else ""
+
+
 def module_suggestions(module_name: str) -> list[str]:
     """Importable module names close to ``module_name``: siblings in its parent package, else top-level modules
-    (a parent that is itself not found is corrected first)."""
+    of :func:`user_folders` (a parent that is itself not found is corrected first)."""
     parent, _, leaf = module_name.rpartition(".")
     if not parent:
-        names = {m.name for m in pkgutil.iter_modules()} | set(sys.builtin_module_names)
-        return close_names(leaf, names)
+        return close_names(leaf, {m.name for m in pkgutil.iter_modules(user_folders())})
     try:
         package = importlib.import_module(parent)
     except ImportError:

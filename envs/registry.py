@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from envs.base import BaseEnv
-from envs.import_paths import FORM, class_hint, module_hint, name_hint
+from envs.import_paths import FORM, class_hint, module_file, module_hint, name_hint, where_missing
 
 # name -> (env class or "module:Class", config class or "module:Class" or None)
 _REGISTRY: dict[str, tuple[Any, Any]] = {}
@@ -63,15 +64,16 @@ def _load(obj: Any, what: str) -> Any:
         missing = getattr(exc, "name", None) or ""
         if not (module_name == missing or module_name.startswith(missing + ".")):  # found, but an import in it failed
             raise ImportError(
-                f"environment {what!r} needs a missing dependency ({exc}); "
-                f"see docs/environments.md for the extra to install"
+                f"environment {what!r}: module {module_name!r}{module_file(module_name)} needs a missing dependency "
+                f"({exc}); install it (a shipped environment's extra: docs/environments.md)"
             ) from exc
         hint = module_hint(missing or module_name)
         raise ImportError(
-            f"environment {what!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
+            f"environment {what!r}: cannot import module {module_name!r} ({where_missing(missing or module_name)}); "
             + (f"{hint} If not, " if hint else "")
-            + "put it under the directory you start the run from, or add its folder to PYTHONPATH "
-            "(both reach every Ray worker), or pip install its package; see docs/writing_an_environment.md"
+            + "put it under the directory you start the run from or beside the tags file that names it, or add "
+            "its folder to PYTHONPATH (each reaches every Ray worker), or pip install its package; see "
+            "docs/writing_an_environment.md"
         ) from exc
     if not hasattr(module, attr):
         raise ValueError(f"environment {what!r}: module {module_name!r} has no attribute {attr!r}; "
@@ -282,15 +284,36 @@ def _default_tags_path() -> Path:
 
 
 def load_env_tags(path: str | Path = DEFAULT_TAGS_PATH) -> dict[str, EnvTagConfig]:
-    """Read env tags from a YAML file (top level or under ``custom_envs``)."""
+    """Read env tags from a YAML file (top level or under ``custom_envs``).
+
+    A user's file puts its folder on the import path first (:func:`import_beside`), so a tag's ``module:Class``
+    imports from beside the file that names it, wherever the command starts.
+    """
     import yaml  # pyyaml ships with hydra/omegaconf
 
     path = Path(path)
     if not path.exists() and str(path) == DEFAULT_TAGS_PATH:
         path = _default_tags_path()
+    import_beside(path)
     with open(path) as fh:
         raw = yaml.safe_load(fh) or {}
     return parse_env_tags(raw)
+
+
+def tags_folder(path: str | Path) -> Path | None:
+    """The folder of a user's tags file, absolute; None for the shipped ``config/envs.yaml`` (whose envs are
+    the ``envs`` package's)."""
+    folder = Path(path).resolve().parent
+    return None if folder == (Path(__file__).resolve().parent.parent / DEFAULT_TAGS_PATH).parent else folder
+
+
+def import_beside(path: str | Path) -> None:
+    """Put the folder of the tags file ``path`` on ``sys.path`` (after the working directory, before PYTHONPATH's
+    folders, as ``make model ENVS=`` puts it first on PYTHONPATH): its tags' modules import from beside it. A
+    training run passes the folder to its Ray workers too (``agent_trainer.main.worker_pythonpath``)."""
+    folder = tags_folder(path)
+    if folder is not None and str(folder) not in sys.path:
+        sys.path.insert(1 if sys.path else 0, str(folder))
 
 
 def parse_env_tags(raw: Mapping) -> dict[str, EnvTagConfig]:

@@ -254,8 +254,8 @@ def collect_corpus(envs_config: str | Path, n_seeds: int = 32, n_steps: int = 3,
             tag_seeds = n_seeds if tag in shipped else max(n_seeds, NOTED_SEEDS)
             tag_texts, tag_episodes = _collect_tag(tag, tags, tag_seeds, n_steps, rng, noted_steps)
         except ImportError as exc:
-            skipped[tag] = str(exc)
-            logger.warning("skipping env tag %s: missing optional dependency (%s)", tag, exc)
+            skipped[tag] = " ".join(str(exc).split())  # one line, however many the env's message has
+            logger.warning("skipping env tag %s: missing optional dependency (%s)", tag, skipped[tag])
             continue
         texts += tag_texts
         episodes += tag_episodes

@@ -5,7 +5,8 @@ A block is marked by the comment line above it: ``<!-- first-hour: run -->`` (a 
 ``<!-- first-hour: file PATH -->`` (its text is written to PATH, relative to where the commands are) or
 ``<!-- first-hour: not run (reason) -->``. Every bash and python block of the page is marked, so a command
 added to the page is run here or says why not. The e2e test trains 2 steps instead of 10 on fewer
-validation seeds (:data:`SHORTER`), nothing else changed.
+validation and evaluation seeds (:data:`SHORTER`), on the shipped tiny model instead of the one the page's
+step 4 builds (:data:`NOT_BUILT`: that build is ``tests/launch/test_new_env_validity.py``'s), nothing else changed.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ SHORTER = {
     "es_manager.val.env_groups=16 es_manager.val.env_configs.n_groups=[16]":
         "es_manager.val.env_groups=4 es_manager.val.env_configs.n_groups=[4]",
     "eval.k=4": "eval.k=2",
+    "es_manager.val.env_groups=128 es_manager.val.env_configs.n_groups=[128]":
+        "es_manager.val.env_groups=4 es_manager.val.env_configs.n_groups=[4]",
 }
 """What the e2e test shortens in the page's commands (each must be there)."""
+NOT_BUILT = "model_path=$PWD/models/my_envs"
+"""The model the page's step 4 builds (not run here): the training commands take the shipped tiny model instead."""
 
 
 def blocks() -> list[tuple[str, str, str]]:
@@ -84,8 +89,8 @@ def test_the_first_hour_runs_as_written(tmp_path, tiny_model_path):
     for long, short in SHORTER.items():
         assert long in text, f"the page no longer has {long!r}; update SHORTER"
         text = text.replace(long, short)
-    if not (ROOT / "models" / "tiny-qwen2" / "config.json").is_file():  # a checkout without `make model`
-        text = text.replace("$AGENT_TRAINER/models/tiny-qwen2", str(Path(tiny_model_path).resolve()))
+    assert text.count(NOT_BUILT) == 1, f"the page's PPO command no longer trains {NOT_BUILT!r}; update NOT_BUILT"
+    text = text.replace(NOT_BUILT, f"model_path={Path(tiny_model_path).resolve()}")
     proc = run_script(text, tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = tmp_path / "my_project" / "runs"
@@ -96,6 +101,9 @@ def test_the_first_hour_runs_as_written(tmp_path, tiny_model_path):
         assert (runs / name / "global_step_2" / "actor" / "model.safetensors").is_file()
     report = json.loads((runs / "guess_ppo" / "global_step_2" / "eval" / "eval_report.json").read_text())
     assert report["seeds"] == 4 and report["greedy"]["episodes"] == 4 and report["sampled"]["episodes"] == 8
+    written = runs / "guess_ppo" / "global_step_2" / "eval" / "trajectories" / "val_sampled_step_0.jsonl"
+    assert len(written.read_text().splitlines()) == 8  # every episode evaluated (trainer.log_trajectories_per_tag: 4)
+    assert re.search(r"step 2/2  succ \d\.\d{3}  rew [+-]\d\.\d{3}  valid \d\.\d\d .*  ppo_kl ", proc.stdout), proc.stdout
     assert set(report["greedy"]["per_tag"]) == {"MyGuess"}
     assert "'episodes': 4" in proc.stdout  # the page's last command printed the greedy pass
     for viewer in (runs / "guess_ppo" / "trajectories", runs / "guess_ppo" / "global_step_2" / "eval" / "trajectories"):

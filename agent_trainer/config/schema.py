@@ -238,7 +238,8 @@ class TrainerConfig:
     ``<run dir>/trajectories/step_N.jsonl`` and regenerate ``trajectories/viewer.html``; 0 disables.
     See docs/operations.md."""
     log_trajectories_per_tag: int = 4
-    """Episodes per env tag in each trajectory sample: half successes, half failures when both exist."""
+    """Episodes per env tag in each training step's trajectory sample: half successes, half failures when both
+    exist (``agent_trainer.eval`` writes every episode it evaluates)."""
     collapse_metrics_freq: int = 0
     """Every N training steps (and the last), log RAGEN-2's template-collapse diagnostic: the mutual information
     between each episode's first prompt and its first reply, per token (collapse/mi_estimate) and per reply

@@ -150,12 +150,14 @@ def episode_rewards(ctxs: dict[int, EpisodeContext | CondensedEpisode], batch: T
 
 def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: list[EpisodeState],
                     prefix: str, rewards: dict[int, float] | None = None) -> dict[str, float]:
-    """Episode-level metrics: success, reward, turns, lengths, format errors; per-tag env metrics.
+    """Episode-level metrics: success, valid actions, reward, turns, lengths, format errors; per-tag env metrics.
 
     ``rewards`` (env_id -> the episode's reward, :func:`episode_rewards`; default each episode's
     ``total_reward``) gives ``<prefix>/episode_reward_mean|max`` and, over the same figures,
     ``env/<tag>/episode_reward_mean``. ``sequence_length_mean`` is the mean over episodes of the longest
     training row: the whole episode in full mode, one turn's prompt + reply in condensed mode.
+    ``valid_action_rate`` is the mean over episodes of each one's ``action_is_valid`` share (a turn without an
+    action counts as invalid): over one tag, ``env/<tag>/action_is_valid``.
     """
     m: dict[str, float] = {}
     reward_of = {e.env_id: (rewards[e.env_id] if rewards is not None and e.env_id in rewards else e.total_reward)
@@ -173,6 +175,8 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
     m[f"{prefix}/format_error_rate"] = float(sum(e.format_errors for e in episodes) / max(1, sum(turns)))
     success = [bool(s.metrics.get("success", False)) for s in states]
     m[f"{prefix}/success_rate"] = float(np.mean(success)) if success else 0.0
+    valid = [float(s.metrics.get("action_is_valid", 0.0)) for s in states]  # each episode's share of valid actions
+    m[f"{prefix}/valid_action_rate"] = float(np.mean(valid)) if valid else 0.0
     by_tag: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in states:
         for key, value in s.metrics.items():

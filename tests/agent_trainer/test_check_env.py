@@ -176,3 +176,43 @@ def test_plugin_class_paths_suggest_close_names(path, expected):
         registry.get(path)
     message = str(err.value)
     assert expected in message and "\n" not in message and message.startswith(f"some.key = {path!r}")
+
+
+def test_the_tags_files_folder_is_on_the_import_path_from_any_directory(user_project, tmp_path_factory):
+    """As ``make model ENVS=`` does: started from another folder, the tag's module imports from beside the file."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    run = run_cli(elsewhere, "--envs-file", str(user_project / "my_envs.yaml"), "--tag", "Counter", "--junk", "50")
+    assert run.returncode == 0 and run.stdout.splitlines()[-1].startswith("8 of 8 checks passed"), \
+        run.stdout + run.stderr
+
+
+def test_a_module_found_nowhere_is_named_with_where_it_was_looked_for_and_no_unrelated_module(tmp_path):
+    """A package that is in no folder of the import path: the message names it, the file and folder looked for and
+    the folders searched (the tags file's among them), and suggests no standard library module ('termios')."""
+    (tmp_path / "my_envs.yaml").write_text("custom_envs:\n  MyGuess:\n    env_type: my_games.guess:GuessNumberEnv\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = run_cli(elsewhere, "--envs-file", str(tmp_path / "my_envs.yaml"))
+    [line] = [line for line in run.stdout.splitlines() if line.startswith("FAIL")]
+    assert "cannot import module 'my_games.guess' (no file my_games.py and no folder my_games/ in the folders " \
+           "searched: [" in line and repr(str(tmp_path.resolve())) in line and repr(str(elsewhere.resolve())) in line
+    assert "termios" not in line and "did you mean" not in line, line
+
+
+def test_a_training_run_imports_the_tags_module_from_beside_its_file(user_project, tmp_path_factory, monkeypatch,
+                                                                      tiny_model_path):
+    """``agent_trainer.main``'s checks (tags loaded, preflight) from another folder: the tags file's folder is on the
+    driver's import path, and on the workers' PYTHONPATH."""
+    from agent_trainer.main import compose_and_prepare, worker_pythonpath
+
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "mygames", raising=False)
+    monkeypatch.delitem(sys.modules, "mygames.counter", raising=False)
+    tags_file = str(user_project / "counter_envs.yaml")  # the fixture's file holds broken tags: a run loads them all
+    Path(tags_file).write_text("custom_envs:\n  Counter:\n    env_type: mygames.counter:CounterEnv\n")
+    _, env_tags = compose_and_prepare([f"model_path={tiny_model_path}", f"envs_file={tags_file}",
+                                       "es_manager.train.env_configs.tags=[Counter]",
+                                       "es_manager.val.env_configs.tags=[Counter]"])
+    assert env_tags["Counter"].env_type == "mygames.counter:CounterEnv"
+    assert str(user_project.resolve()) in worker_pythonpath(tags_file).split(os.pathsep)

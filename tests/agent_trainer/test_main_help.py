@@ -1,5 +1,6 @@
-"""``python -m agent_trainer.main``: ``--help`` names the ``--config-name`` choices, and hydra's own output folder
-goes in the run folder, never in an ``outputs/<date>/<time>/`` folder of the working directory. No Ray starts."""
+"""``python -m agent_trainer.main``: ``--help`` names the ``--config-name`` choices first, and hydra's own output
+folder goes in the run folder, never in an ``outputs/<date>/<time>/`` folder of the working directory; a run refused
+before it starts leaves no folder. No Ray starts."""
 
 import os
 import re
@@ -39,20 +40,41 @@ def test_config_choices_are_the_config_files_with_their_first_comment_line():
 def test_main_help_names_the_config_choices_and_leaves_no_hydra_folder(tmp_path):
     run = run_main(tmp_path, "--help")
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.startswith("main is powered by Hydra.")  # hydra's help first
-    lines = run.stdout.splitlines()
+    assert run.stdout.startswith("== --config-name choices")  # the names first, before hydra's config dump
+    choices, hydra_help = run.stdout.split("main is powered by Hydra.")
+    lines = choices.splitlines()
     for name in ("frozenlake", "frozenlake_nodeadends"):
         [line] = [line for line in lines if line.split()[:1] == [name]]
         assert line.split(None, 1)[1] == first_comment(name)
-    assert "sft_frozenlake" in run.stdout.splitlines()[-1]  # named as agent_trainer.sft's
+    assert "sft_frozenlake" in choices.strip().splitlines()[-1]  # named as agent_trainer.sft's
+    assert "== Config ==" in hydra_help
     assert not dated_hydra_folders(tmp_path) and not (tmp_path / "outputs").exists()
 
 
-def test_hydra_record_of_a_run_goes_in_the_run_folder(tmp_path):
-    """A run refused before Ray starts (no model at model_path) has gone through hydra's run: its .hydra record is
-    in <trainer.default_local_dir>/hydra/<date>_<time>/, and the working directory has no outputs/<date>/."""
-    run = run_main(tmp_path, "model_path=./no_such_model", "trainer.default_local_dir=run")
+def test_hydra_record_of_a_run_goes_in_the_run_folder():
+    """hydra's run folder (its .hydra record) is <trainer.default_local_dir>/hydra/<date>_<time>/."""
+    from hydra import compose, initialize_config_dir
+
+    from agent_trainer.main import CONFIG_DIR  # registers the schema the configs build on
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose("frozenlake", overrides=["trainer.default_local_dir=run"], return_hydra_config=True)
+    assert cfg.hydra.run.dir.startswith("run/hydra/") and DATED.match(cfg.hydra.run.dir.split("/")[-1])
+
+
+def test_a_run_refused_before_it_starts_leaves_no_folder(tmp_path):
+    """Refused before Ray starts (no model at model_path): no hydra record, no run folder, no outputs/<date>/;
+    a run folder that holds something else keeps it, and only hydra's record goes."""
+    run = run_main(tmp_path, "model_path=./no_such_model", "trainer.default_local_dir=runs/mine")
     assert run.returncode == 1 and "./no_such_model" in run.stderr, run.stderr[-2000:]
     assert not dated_hydra_folders(tmp_path) and not (tmp_path / "outputs").exists()
-    [record] = (tmp_path / "run" / "hydra").iterdir()
-    assert (record / ".hydra" / "config.yaml").is_file()
+    assert not (tmp_path / "runs").exists(), list(tmp_path.rglob("*"))
+    (tmp_path / "kept" / "hydra" / "old").mkdir(parents=True)
+    run = run_main(tmp_path, "model_path=./no_such_model", "trainer.default_local_dir=kept")
+    assert run.returncode == 1
+    assert [p.name for p in (tmp_path / "kept" / "hydra").iterdir()] == ["old"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")  # hydra.run.dir set to a folder of the user's
+    run = run_main(tmp_path, "model_path=./no_such_model", "hydra.run.dir=mine")
+    assert run.returncode == 1
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]  # hydra's record gone, nothing else

@@ -1,11 +1,13 @@
-"""Metric sinks: JSONL lines per step, TensorBoard event files, the console line, the phase timer, the progress bar."""
+"""Metric sinks: JSONL lines per step, TensorBoard event files, the console line, the phase timer, the progress bar;
+the valid-action rate on the console and the one warning of a run whose first steps' actions are invalid."""
 
 import json
+import logging
 import time
 
 import pytest
 
-from agent_trainer.tracking import Tracking, format_metrics, timer
+from agent_trainer.tracking import LOW_VALIDITY_STEPS, Tracking, format_metrics, timer
 
 
 def test_jsonl_and_tensorboard_sinks(tmp_path):
@@ -98,3 +100,57 @@ def test_output_to_a_file_gets_one_line_per_step_and_no_bar(tmp_path, capfd):
     out, err = capfd.readouterr()
     assert out.splitlines() == [format_metrics(history[0], step, 3) for step in (1, 2, 3)]
     assert "training" not in err and "\r" not in out + err
+
+
+def test_console_columns_name_the_valid_action_rate_and_the_ppo_kl():
+    line = format_metrics({"rollout/success_rate": 0.0, "rollout/valid_action_rate": 0.25,
+                           "rollout/format_error_rate": 0.5, "actor/ppo_kl": -4.7e-4}, step=1, total_steps=3)
+    assert line == "step 1/3  succ 0.000  valid 0.25  fmt_err 0.50  ppo_kl -4.7e-04"
+
+
+def test_the_valid_action_rate_is_the_episodes_mean_of_action_is_valid(tiny_model_path, tokenizer, play_mixed,
+                                                                         mixed_manager):
+    """MIXED_REPLIES by hand: env 0 two valid moves of four turns (0.5), env 1 none (0.0), env 2 one valid pull
+    (1.0), env 3 a format error then a valid pull (0.5): 0.5; per tag FrozenLake3x3 0.25, Bandit 0.75."""
+    from agent_trainer.ctx_manager import ContextManager
+    from agent_trainer.rollout.results import rollout_metrics
+
+    played = play_mixed(ContextManager(tokenizer, max_model_len=4096))
+    m = rollout_metrics(list(played.episodes.values()), mixed_manager.get_rollout_states(), "rollout")
+    assert m["env/FrozenLake3x3/action_is_valid"] == pytest.approx(0.25)
+    assert m["env/Bandit/action_is_valid"] == pytest.approx(0.75)
+    assert m["rollout/valid_action_rate"] == pytest.approx(0.5)
+    assert "valid 0.50" in format_metrics(m, 1)
+
+
+def _fit(tmp_path, rates: list[float], caplog) -> list[str]:
+    """``fit_steps`` over steps whose valid-action rates are ``rates``; the warnings the tracker logged."""
+    from types import SimpleNamespace
+
+    from agent_trainer.config import AgentTrainerConfig
+    from agent_trainer.trainer import AgentTrainer
+
+    cfg = AgentTrainerConfig()
+    cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.trainer.save_freq = len(rates), 0, 0
+    cfg.envs_file = str(tmp_path / "my_envs.yaml")
+    trainer = AgentTrainer.__new__(AgentTrainer)
+    trainer.cfg, trainer.global_step = cfg, 0
+    trainer.tracking = Tracking(tmp_path, ["jsonl"], cfg=cfg)
+    steps = iter(rates)
+    trainer.train_step = lambda: (lambda r: {"rollout/valid_action_rate": r, "env/Mine/action_is_valid": r})(next(steps))
+    with caplog.at_level(logging.WARNING, logger="agent_trainer.tracking"):
+        trainer.fit_steps(stop=SimpleNamespace(signum=None))
+    return [r.getMessage() for r in caplog.records if r.name == "agent_trainer.tracking"]
+
+
+def test_a_run_whose_first_steps_act_invalidly_warns_once_with_the_cause(tmp_path, caplog):
+    [warning] = _fit(tmp_path, [0.0, 0.05, 0.0, 0.0, 0.0], caplog)
+    assert f"for the first {LOW_VALIDITY_STEPS} step(s) (0.00, 0.05, 0.00" in warning and "['Mine']" in warning
+    assert f"make model ENVS={(tmp_path / 'my_envs.yaml').resolve()}" in warning and "does not know" in warning
+
+
+def test_no_warning_once_a_first_step_acts_validly_and_a_short_run_warns_at_its_end(tmp_path, caplog):
+    assert _fit(tmp_path, [0.0, 0.5, 0.0, 0.0], caplog) == []
+    caplog.clear()
+    [warning] = _fit(tmp_path / "short", [0.0, 0.0], caplog)
+    assert "for the first 2 step(s)" in warning

@@ -197,8 +197,9 @@ def test_console_is_one_line_per_step_and_no_vllm_info(run):
     assert not [line for line in after if re.search(r"\bINFO \d\d-\d\d \d\d:", line)], text[-4000:]
     assert sum("RotaryEmbedding: Failed to load weights" in line for line in watcher.lines) <= 1, text[-4000:]
     step_lines = [line for line in after if re.match(r"step +\d+/\d+  succ", line)]
-    assert len(step_lines) == STEPS and all(len(line) <= 140 for line in step_lines), step_lines
+    assert len(step_lines) == STEPS and all(len(line) <= 160 for line in step_lines), step_lines
     assert len({line.index("  rew ") for line in step_lines}) == 1  # aligned
+    assert all(re.search(r"  valid [01]\.\d\d  .*  ppo_kl ", line) for line in step_lines), step_lines
     other = [line for line in after if line.strip() and not line.startswith(("training:", "step "))]
     assert len(other) <= 5, other  # a warning shown once, Ray's shutdown lines; not a block per step
 
@@ -285,6 +286,8 @@ def test_evaluating_the_checkpoint_starts_no_trainer_worker(run, tiny_model_path
                                                                              "val_sampled_step_0.jsonl"]
     records = [json.loads(line) for line in (out / "trajectories" / "val_greedy_step_0.jsonl").read_text().splitlines()]
     assert records and all(len(r["turns"]) <= 2 for r in records)  # the run's agent_proxy.max_turn=2
+    sampled = (out / "trajectories" / "val_sampled_step_0.jsonl").read_text().splitlines()
+    assert len(records) == 2 and len(sampled) == 4  # every episode, past the run's log_trajectories_per_tag=2
     assert (out / "trajectories" / "viewer.html").stat().st_size > 1000
     workers_log = (out / "logs" / "workers.log").read_text()
     started = set(re.findall(r":actor_name:(\w+)", workers_log))

@@ -56,3 +56,24 @@ def test_alfworld_without_package_or_data_says_how_to_get_it(tmp_path):
         envs.make_env("alfworld", data_dir=str(tmp_path))
     with pytest.raises(ValueError, match="split must be one of"):
         envs.make_env("alfworld", split="test")
+
+
+def test_a_missing_alfworld_package_is_one_line_where_a_corpus_build_skips_it(tmp_path, caplog):
+    """The tiny model's corpus goes over every shipped tag; one without its optional package is skipped in one
+    warning line (six lines before: the data how-to's block)."""
+    import importlib.util
+    import logging
+
+    from launch.build_tiny_model import collect_corpus
+
+    if importlib.util.find_spec("alfworld") is not None:
+        pytest.skip("the alfworld package is installed: nothing is skipped")
+    with pytest.raises(ImportError) as err:
+        envs.make_env("alfworld", data_dir=str(tmp_path))
+    assert "\n" not in str(err.value) and "pip install 'agent-trainer[alfworld]'" in str(err.value)
+    (tmp_path / "tags.yaml").write_text("Lake:\n  env_type: frozen_lake\nALFWorld:\n  env_type: alfworld\n")
+    with caplog.at_level(logging.WARNING):
+        corpus = collect_corpus(tmp_path / "tags.yaml", n_seeds=1, n_steps=1)
+    assert corpus.tags_used == ["Lake"] and list(corpus.tags_skipped) == ["ALFWorld"]
+    [warning] = [r.getMessage() for r in caplog.records if "skipping env tag ALFWorld" in r.getMessage()]
+    assert "\n" not in warning, warning

@@ -94,6 +94,11 @@ def test_workers_get_the_run_directory_and_the_users_pythonpath_as_absolute_path
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["mods", str(tmp_path), "", "mods"]))
     assert worker_pythonpath().split(os.pathsep) == [str(tmp_path.resolve()), str((tmp_path / "mods").resolve())]
+    tags = tmp_path / "elsewhere" / "my_envs.yaml"  # a user's envs_file: its folder too, after the run's directory
+    assert worker_pythonpath(str(tags)).split(os.pathsep) == [str(tmp_path.resolve()), str(tags.parent.resolve()),
+                                                              str((tmp_path / "mods").resolve())]
+    shipped = Path(__file__).resolve().parents[2] / "config" / "envs.yaml"  # the shipped file adds nothing
+    assert worker_pythonpath(str(shipped)) == worker_pythonpath()
 
 
 def test_death_cause_is_one_line_cut_at_a_sentence():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -159,6 +160,27 @@ def test_a_users_tags_file_adds_to_the_corpus_and_a_clash_is_refused(elevator_ta
     (tmp_path / "clash.yaml").write_text("custom_envs:\n  FrozenLake:\n    env_type: my_building.elevator:ElevatorEnv\n")
     with pytest.raises(ValueError, match=r"--add-envs-config .*clash.yaml: tags \['FrozenLake'\] are already in"):
         btm.collect_corpus(shipped, n_seeds=1, n_steps=1, add_envs_configs=(tmp_path / "clash.yaml",))
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_model_envs_names_its_model_after_the_tags_file():
+    """A second tags file builds beside the first, not over it; ``ENVS_MODEL`` names the folder (``make -n``: the
+    commands make would run)."""
+    import subprocess
+
+    keep = ["-o", "models/tiny-qwen2/build_info.json", "-o", "models/tiny-qwen2-rm/config.json"]
+
+    def build_command(*args: str) -> str:
+        proc = subprocess.run(["make", "-n", "--no-print-directory", *keep, "model", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "--out models/tiny-qwen2-thermostat_envs --add-envs-config /p/thermostat_envs.yaml" in \
+        build_command("ENVS=/p/thermostat_envs.yaml")
+    assert "--out models/tiny-qwen2-elevator --add-envs-config /q/elevator.yaml" in build_command("ENVS=/q/elevator.yaml")
+    assert "--out /p/models/mine --add-envs-config" in build_command("ENVS=/p/thermostat_envs.yaml",
+                                                                      "ENVS_MODEL=/p/models/mine")
 
 
 @pytest.mark.e2e
