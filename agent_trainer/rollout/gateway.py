@@ -8,7 +8,8 @@ token-in/token-out check, the metrics. What changes, per rollout (:class:`Gatewa
 - every episode gets a session of the gateway (``agent_trainer.gateway``: FastAPI + uvicorn on 127.0.0.1, the
   run's key, in a Ray actor of its own, ``gateway.host.GatewayHost``, whose engine calls come back here) and an
   ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes run at once on one
-  event loop, each within ``agent_proxy.gateway.episode_timeout_s``;
+  event loop, each within ``agent_proxy.gateway.episode_timeout_s`` (a synchronous agent function gets an
+  ``openai.OpenAI`` client and runs each episode in a thread of its own);
 - the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
   while the engines were busy is the next engine call), at the run's sampling;
 - ``task.step`` steps the episode's env actor; its rewards are the episode's;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import threading
 import time
@@ -43,7 +45,7 @@ from agent_trainer.gateway.app import eos_ids
 from agent_trainer.gateway.host import EngineRequest, GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
 from agent_trainer.gateway.sessions import CallRecord, RowMetrics, build_rows
-from agent_trainer.gateway.task import EpisodeOver, StepResult, Task, resolve_agent_fn
+from agent_trainer.gateway.task import EpisodeOver, StepResult, SyncTask, Task, is_sync_agent, resolve_agent_fn
 from agent_trainer.rollout.multiturn import MultiTurnRollout
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult
 from agent_trainer.rollout.splits import SamplingParams, sampling_seed
@@ -313,6 +315,9 @@ class GatewayLoop:
         self.agent_errors: Counter[str] = Counter()
         self.agent_timeouts = 0
         self.episodes: list[GatewayEpisode] = []
+        self.sync = is_sync_agent(rollout.agent_fn)
+        """A synchronous agent function: each episode runs in a thread of its own (``gateway-agent``)."""
+        self._agent_threads: ThreadPoolExecutor | None = None
 
     def play(self, ctxs: dict[int, GatewayEpisode]) -> None:
         r = self.rollout
@@ -350,32 +355,46 @@ class GatewayLoop:
         self.rollout.host().deliver.remote(request.request_id, outputs, error)
 
     async def _play_all(self, episodes: list[GatewayEpisode]) -> None:
+        loop = asyncio.get_running_loop()
         # every episode's env step may wait on its env actor at once (asyncio's default pool has cpu + 4 threads)
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4,
-                                                                           thread_name_prefix="gateway-env"))
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4, thread_name_prefix="gateway-env"))
         self.running = len(episodes)
         # one HTTP client under every episode's openai client: a client of its own each would build an SSL context
         # each (the CA bundle read again: most of a 64-episode rollout's driver time when measured)
-        http = openai.DefaultAsyncHttpxClient(timeout=self.rollout.cfg.agent_proxy.gateway.episode_timeout_s)
+        timeout = self.rollout.cfg.agent_proxy.gateway.episode_timeout_s
+        if self.sync:  # a synchronous agent: each episode in a thread of its own, so their calls batch as async ones'
+            http = openai.DefaultHttpxClient(timeout=timeout)
+            self._agent_threads = ThreadPoolExecutor(max_workers=len(episodes), thread_name_prefix="gateway-agent")
+        else:
+            http = openai.DefaultAsyncHttpxClient(timeout=timeout)
         try:
             await asyncio.gather(*(self._episode(http, ctx) for ctx in episodes))
         finally:
-            await http.aclose()
+            if self.sync:  # an agent past its deadline cannot be stopped: its thread is left to end on its own
+                self._agent_threads.shutdown(wait=False, cancel_futures=True)
+                http.close()
+            else:
+                await http.aclose()
 
     async def _episode(self, http, ctx: GatewayEpisode) -> None:
         r, cfg = self.rollout, self.rollout.cfg
         timeout = cfg.agent_proxy.gateway.episode_timeout_s
         host = r.host()
         session = await host.open_session.remote(self.step)
-        client = openai.AsyncOpenAI(base_url=session_url(*r.address(), session), api_key=r.api_key, max_retries=0,
-                                    timeout=timeout, http_client=http)
+        client = (openai.OpenAI if self.sync else openai.AsyncOpenAI)(
+            base_url=session_url(*r.address(), session), api_key=r.api_key, max_retries=0, timeout=timeout,
+            http_client=http)
 
         async def step(actions: list[str], response: str) -> StepResult:
             return await self._env_step(ctx, session, actions, response)
 
-        task = Task(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
-                    group_id=ctx.group_id, model=r.model_name, max_turns=cfg.agent_proxy.max_turn, _step=step)
-        running = asyncio.ensure_future(r.agent_fn(task, client))
+        loop = asyncio.get_running_loop()
+        fields = dict(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
+                      group_id=ctx.group_id, model=r.model_name, max_turns=cfg.agent_proxy.max_turn, _step=step)
+        if self.sync:
+            running = loop.run_in_executor(self._agent_threads, r.agent_fn, SyncTask(**fields, _loop=loop), client)
+        else:
+            running = asyncio.ensure_future(r.agent_fn(Task(**fields), client))
         try:
             done, _ = await asyncio.wait({running}, timeout=timeout)
             if not done:
@@ -400,7 +419,11 @@ class GatewayLoop:
             if isinstance(result, (int, float)) and not isinstance(result, bool):
                 ctx.returned_reward = float(result)  # a non-finite one is screened by algorithm.nonfinite_reward
                 return
-            err = TypeError(f"the agent returned {type(result).__name__}; return a float reward or None")
+            if inspect.iscoroutine(result):  # a plain function that returned an async one's coroutine
+                result.close()
+                err = TypeError("the agent returned a coroutine: declare the function `async def`")
+            else:
+                err = TypeError(f"the agent returned {type(result).__name__}; return a float reward or None")
         if isinstance(err, openai.BadRequestError) and getattr(err, "code", None) == "context_length_exceeded":
             ctx.truncated = ctx.context_overflow = True  # as the built-in agents end an overflowing episode
             return

@@ -12,6 +12,7 @@ import pytest
 
 from agent_trainer.config.splits import Split
 from agent_trainer.gateway.sessions import CallRecord, build_rows
+from agent_trainer.gateway.task import is_sync_agent, resolve_agent_fn
 from agent_trainer.main import compose_and_prepare
 from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,
                                            training_rows)
@@ -32,11 +33,20 @@ def not_async(task, client):
     return None
 
 
+async def generator(task, client):
+    yield None
+
+
+NOT_A_FUNCTION = 3
+
+
 @pytest.mark.parametrize("overrides, words", [
     ([f"{G}.agent=nodots"], [f"{G}.agent = 'nodots' is not an import path", "package.module:function"]),
     ([f"{G}.agent=no_such_module.run"], ["module 'no_such_module' does not import", "PYTHONPATH"]),
     ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.missing"], ["has no 'missing'", "'two_args'"]),
-    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.not_async"], ["is not an async function"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.NOT_A_FUNCTION"], ["is not a function (int)",
+                                                                               "def NOT_A_FUNCTION(task, client)"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.generator"], ["is not a function (a generator function)"]),
     ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout:one_arg"], ["must take two arguments (task, client)"]),
     ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.two_args", "agent_proxy.agent_cls=tool_call"],
      ["agent_proxy.agent_cls = 'tool_call' and agent_proxy.gateway.agent", "unset agent_proxy.agent_cls"]),
@@ -49,6 +59,14 @@ def test_a_gateway_value_that_cannot_work_is_refused_in_one_line(tiny_model_path
         compose_and_prepare([f"model_path={tiny_model_path}", *overrides], "frozenlake")
     message = str(err.value.code)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_a_synchronous_agent_function_is_taken_and_told_apart_by_the_function_itself(tiny_model_path):
+    sync, _ = compose_and_prepare([f"model_path={tiny_model_path}",
+                                   f"{G}.agent=examples.gateway.frozenlake_openai_sync.run"], "frozenlake_gateway")
+    assert is_sync_agent(resolve_agent_fn(sync))
+    async_cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}"], "frozenlake_gateway")
+    assert not is_sync_agent(resolve_agent_fn(async_cfg))
 
 
 def test_the_example_config_names_an_agent_that_resolves(tiny_model_path):
@@ -205,3 +223,14 @@ def test_a_local_task_steps_its_env_charges_a_missing_action_and_ends():
     assert task.reward == -0.1 + moved.reward
     with pytest.raises(EpisodeOver, match="is over after 2 steps"):
         asyncio.run(task.step("Left"))
+
+
+def test_a_local_sync_task_steps_without_await():
+    """``SyncTask.local``: a synchronous agent's task blocks in ``step`` and returns the result (no event loop)."""
+    from envs import make_env
+
+    from agent_trainer.gateway.task import SyncTask
+
+    task = SyncTask.local(make_env("FrozenLake"), seed=3, instruction="Walk.", tag="FrozenLake", model="m", max_turns=1)
+    moved = task.step("Left")
+    assert moved.info["action_is_valid"] and task.done and task.turns == 1 and task.reward == moved.reward
