@@ -70,6 +70,16 @@ class GatewayEpisode(EpisodeStatus):
     """``gateway.sessions.TrainingRow`` s of the episode (built when its agent returned)."""
     row_metrics: RowMetrics = field(default_factory=lambda: RowMetrics(0, 0, 0))
 
+    def finish(self) -> None:
+        """The agent returned and its session closed: its calls become rows; its turns are its env steps."""
+        self.rows, self.row_metrics = build_rows(self.records)
+        self.num_turns = len(self.steps)
+
+    @property
+    def num_replies(self) -> int:
+        """The chat completions the agent made (``num_turns`` counts its env steps)."""
+        return len({r.request_index for r in self.records})
+
     @property
     def total_reward(self) -> float:
         if self.returned_reward is not None:
@@ -342,8 +352,7 @@ class GatewayLoop:
             stopped.set()
             pump.join()
         for ctx in ctxs.values():
-            ctx.rows, ctx.row_metrics = build_rows(ctx.records)
-            ctx.num_turns = len({rec.request_index for rec in ctx.records})
+            ctx.finish()
             r.last_generations[ctx.env_id] = _generations_in_row_order(ctx)
 
     def _serve(self, request: EngineRequest) -> None:
@@ -461,11 +470,12 @@ class GatewayLoop:
     def metrics(self, prefix: str, episodes: list[GatewayEpisode]) -> dict[str, float]:
         m = {"rows": sum(e.row_metrics.rows for e in episodes), "merges": sum(e.row_metrics.merges for e in episodes),
              "breaks": sum(e.row_metrics.breaks for e in episodes),
-             "calls": sum(len({rec.request_index for rec in e.records}) for e in episodes),
+             "calls": sum(e.num_replies for e in episodes),
              "engine_calls": self.batcher.engine_calls, "sampling_overridden": self.batcher.overridden,
              "agent_errors": sum(self.agent_errors.values()), "agent_timeouts": self.agent_timeouts,
              "left_out": self.rollout.ctx.left_out}
-        return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()}
+        calls_mean = sum(e.num_replies for e in episodes) / max(1, len(episodes))
+        return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()} | {f"{prefix}/num_calls_mean": calls_mean}
 
 
 def _generations_in_row_order(ctx: GatewayEpisode) -> list[list[int]]:

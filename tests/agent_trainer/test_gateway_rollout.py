@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from agent_trainer.config.splits import Split
-from agent_trainer.gateway.sessions import CallRecord, build_rows
+from agent_trainer.gateway.sessions import CallRecord
 from agent_trainer.gateway.task import is_sync_agent, resolve_agent_fn
 from agent_trainer.main import compose_and_prepare
+from agent_trainer.rollout.results import rollout_metrics
 from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,
                                            training_rows)
 from agent_trainer.rollout.splits import SamplingParams
@@ -84,7 +85,7 @@ def record(request: int, prompt: list[int], completion: list[int], choice: int =
 def episode(records: list[CallRecord], steps: list[tuple[int, float, int]], returned=None) -> GatewayEpisode:
     e = GatewayEpisode(env_id=3, group_id=1, tag="FrozenLake", instruction="", observation="o0", anchor=100,
                        records=records, steps=steps, returned_reward=returned)
-    e.rows, e.row_metrics = build_rows(records)
+    e.finish()
     return e
 
 
@@ -100,6 +101,19 @@ def test_each_steps_reward_goes_on_the_last_token_of_the_reply_before_it():
     assert row.anchor_ids == [0, 0, 100, 100, 100, 200]  # the observation each call answered
     assert row.rollout_log_probs == [0, 0, -0.5, -0.5, 0, -0.5] and (row.traj_id, row.group_id) == (3, 1)
     assert episode(MERGED, steps=[(1, -0.1, 200), (2, 1.0, 300)]).total_reward == pytest.approx(0.9)
+
+
+def test_turns_count_env_steps_and_calls_their_own_replies():
+    """An agent that asks again before acting (a re-send after an unusable reply): 3 calls, 2 env steps. The
+    episode's turns (rollout/num_turns_mean, the console's turns) are its env steps; its calls are replies."""
+    retried = MERGED + [record(2, [1, 2, 10, 11, 5, 12, 6], [13, 14, 15])]
+    e = episode(retried, steps=[(2, 0.0, 200), (3, 1.0, 300)])
+    assert (e.num_turns, e.num_replies) == (2, 3)
+    m = rollout_metrics([e], [], prefix="rollout")
+    assert m["rollout/num_turns_mean"] == 2 and m["rollout/response_length_mean"] == pytest.approx(6 / 3)
+    assert m["rollout/format_error_rate"] == 0
+    silent = episode([record(0, [1, 2], [10])], steps=[])  # one call, no step (its agent raised): still trained
+    assert (silent.num_turns, silent.num_replies) == (0, 1)
 
 
 def test_a_returned_reward_replaces_the_env_rewards_on_the_last_reply():
