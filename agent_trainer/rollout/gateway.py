@@ -75,6 +75,11 @@ class GatewayEpisode(EpisodeStatus):
         self.rows, self.row_metrics = build_rows(self.records)
         self.num_turns = len(self.steps)
 
+    def step_calls(self) -> list[int]:
+        """Per env step, the number (1-based) of the call whose reply led to it: the last call made before it
+        (0: none), as ``EpisodeState.turn_replies`` pairs them in the trajectories."""
+        return [before for before, _, _ in self.steps]
+
     @property
     def num_replies(self) -> int:
         """The chat completions the agent made (``num_turns`` counts its env steps)."""
@@ -539,11 +544,12 @@ class GatewayRollout(MultiTurnRollout):
         result = super().rollout(step, seeds)
         prefix = self.split.metric_prefix
         result.metrics.update(self.loop.metrics(prefix, self.loop.episodes))
-        rows_of = {e.env_id: e.row_metrics for e in self.loop.episodes}
+        played = {e.env_id: e for e in self.loop.episodes}
         for state in result.states:  # per episode in the trajectories and the viewer
-            m = rows_of.get(int(state.env_id))
-            if m is not None:
-                state.metrics.update(gateway_rows=float(m.rows), gateway_breaks=float(m.breaks))
+            e = played.get(int(state.env_id))
+            if e is not None:
+                state.metrics.update(gateway_rows=float(e.row_metrics.rows), gateway_breaks=float(e.row_metrics.breaks))
+                state.turn_replies = e.step_calls() if len(e.steps) == len(state.history) else None
         return result
 
     def close(self) -> None:
