@@ -15,6 +15,7 @@ from agent_trainer.gateway.sessions import CallRecord
 from agent_trainer.gateway.task import is_sync_agent, resolve_agent_fn
 from agent_trainer.main import compose_and_prepare
 from agent_trainer.rollout.results import rollout_metrics
+from agent_trainer.tracking import format_metrics
 from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,
                                            training_rows)
 from agent_trainer.rollout.splits import SamplingParams
@@ -114,6 +115,8 @@ def test_turns_count_env_steps_and_calls_their_own_replies():
     assert m["rollout/format_error_rate"] == 0
     silent = episode([record(0, [1, 2], [10])], steps=[])  # one call, no step (its agent raised): still trained
     assert (silent.num_turns, silent.num_replies) == (0, 1)
+    line = format_metrics({**m, "rollout/num_calls_mean": 3.0, "rollout/gateway_left_out": 2.0}, 1)
+    assert "turns 2.0  calls 3.0  left_out   2" in line, line  # the console tells turns, calls and episodes left out
 
 
 def test_a_returned_reward_replaces_the_env_rewards_on_the_last_reply():
