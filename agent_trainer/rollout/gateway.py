@@ -331,8 +331,7 @@ class GatewayLoop:
         self.agent_timeouts = 0
         self.episodes: list[GatewayEpisode] = []
         self.sync = is_sync_agent(rollout.agent_fn)
-        """A synchronous agent function: each episode runs in a thread of its own (``gateway-agent``)."""
-        self._agent_threads: ThreadPoolExecutor | None = None
+        """A synchronous agent function: each episode runs in a thread of its own (:func:`in_thread`)."""
 
     def play(self, ctxs: dict[int, GatewayEpisode]) -> None:
         r = self.rollout
@@ -378,14 +377,12 @@ class GatewayLoop:
         timeout = self.rollout.cfg.agent_proxy.gateway.episode_timeout_s
         if self.sync:  # a synchronous agent: each episode in a thread of its own, so their calls batch as async ones'
             http = openai.DefaultHttpxClient(timeout=timeout)
-            self._agent_threads = ThreadPoolExecutor(max_workers=len(episodes), thread_name_prefix="gateway-agent")
         else:
             http = openai.DefaultAsyncHttpxClient(timeout=timeout)
         try:
             await asyncio.gather(*(self._episode(http, ctx) for ctx in episodes))
         finally:
             if self.sync:  # an agent past its deadline cannot be stopped: its thread is left to end on its own
-                self._agent_threads.shutdown(wait=False, cancel_futures=True)
                 http.close()
             else:
                 await http.aclose()
@@ -406,7 +403,8 @@ class GatewayLoop:
         fields = dict(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
                       group_id=ctx.group_id, model=r.model_name, max_turns=cfg.agent_proxy.max_turn, _step=step)
         if self.sync:
-            running = loop.run_in_executor(self._agent_threads, r.agent_fn, SyncTask(**fields, _loop=loop), client)
+            running = in_thread(loop, r.agent_fn, SyncTask(**fields, _loop=loop), client,
+                                name=f"gateway-agent-{ctx.env_id}")
         else:
             running = asyncio.ensure_future(r.agent_fn(Task(**fields), client))
         try:
@@ -481,6 +479,32 @@ class GatewayLoop:
              "left_out": self.rollout.ctx.left_out}
         calls_mean = sum(e.num_replies for e in episodes) / max(1, len(episodes))
         return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()} | {f"{prefix}/num_calls_mean": calls_mean}
+
+
+def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable, *args, name: str) -> asyncio.Future:
+    """``fn(*args)`` in a daemon thread of its own; its result or exception lands in the returned future of
+    ``loop``. A daemon thread, not a pool's: a synchronous agent that never returns (it cannot be cancelled) must
+    not keep the driver process from exiting; one past its deadline finds its future cancelled (or the loop
+    closed) and its result is dropped."""
+    future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def work() -> None:
+        result = error = None
+        try:
+            result = fn(*args)
+        except BaseException as err:  # noqa: BLE001 - handed to the episode, as an async agent's exception is
+            error = err
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the rollout is over (its loop closed): nobody waits for this episode any more
+            pass
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
 
 
 def _generations_in_row_order(ctx: GatewayEpisode) -> list[list[int]]:

@@ -251,3 +251,29 @@ def test_a_local_sync_task_steps_without_await():
     task = SyncTask.local(make_env("FrozenLake"), seed=3, instruction="Walk.", tag="FrozenLake", model="m", max_turns=1)
     moved = task.step("Left")
     assert moved.info["action_is_valid"] and task.done and task.turns == 1 and task.reward == moved.reward
+
+
+def test_a_sync_agent_runs_in_a_daemon_thread_whose_result_or_error_reaches_its_episode():
+    """``in_thread``: the result and the exception of a synchronous agent come back to the event loop; one past its
+    deadline is cancelled there and its thread, a daemon, ends on its own without raising into the closed loop."""
+    import asyncio
+
+    from agent_trainer.rollout.gateway import in_thread
+
+    seen = {}
+
+    async def play():
+        loop = asyncio.get_running_loop()
+        seen["sum"] = await in_thread(loop, lambda a, b: a + b, 1, 2, name="agent-sum")
+        with pytest.raises(ZeroDivisionError):
+            await in_thread(loop, lambda: 1 / 0, name="agent-error")
+        release = threading.Event()
+        late = in_thread(loop, release.wait, name="agent-late")
+        done, _ = await asyncio.wait({late}, timeout=0.05)
+        late.cancel()
+        seen["late"] = (done, next(t for t in threading.enumerate() if t.name == "agent-late").daemon)
+        return release
+
+    release = asyncio.run(play())
+    release.set()  # the loop is closed by now: the thread's result is dropped quietly
+    assert seen == {"sum": 3, "late": (set(), True)}

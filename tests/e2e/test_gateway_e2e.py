@@ -8,6 +8,7 @@ rollout stops the run with a line naming it (step 4)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -125,6 +126,9 @@ def test_a_synchronous_openai_agent_calls_batch_as_the_async_agents_do(tiny_mode
         rollout.agent_fn = sync_agent
         by_sync = rollout.rollout(step=1, seeds=by_async.group_seeds)
     a, s = by_async.metrics, by_sync.metrics
+    logging.getLogger(__name__).info("engine calls per rollout: async %d (%d chat completions), sync %d (%d)",
+                                     a["rollout/gateway_engine_calls"], a["rollout/gateway_calls"],
+                                     s["rollout/gateway_engine_calls"], s["rollout/gateway_calls"])
     assert s["rollout/gateway_calls"] >= 8 and s["rollout/gateway_agent_errors"] == 0, s
     assert s["rollout/gateway_engine_calls"] <= 2 * a["rollout/gateway_engine_calls"], (s, a)
     assert s["rollout/gateway_engine_calls"] < s["rollout/gateway_calls"] / 2, s  # batched, not one by one
