@@ -123,6 +123,13 @@ class EpisodeStatus:
     (``truncated`` is then set too); it keeps the rewards it earned."""
     format_errors: int = 0
 
+    @property
+    def num_replies(self) -> int:
+        """Replies the engine generated for the episode: one per turn for the built-in agents (a gateway agent's
+        calls may be more or fewer than its env steps, ``num_turns``). An episode without one has nothing to
+        train on."""
+        return self.num_turns
+
 
 @dataclass(kw_only=True)
 class EpisodeContext(EpisodeStatus):

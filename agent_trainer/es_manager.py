@@ -147,6 +147,10 @@ class EpisodeState:
     reward: float | None = None
     """The episode's reward as the rollout trained on it (set by the rollout from the training rows,
     ``agent_trainer.rollout.results.assemble``); None on a state straight from an env actor."""
+    turn_replies: list[int] | None = None
+    """Per ``history`` turn, the number (1-based, a row's ``turn_ids``) of the reply that led to it, 0 for none;
+    None: the k-th reply led to the k-th turn (the built-in agents). The gateway rollout sets it from its
+    agents' calls, which may be more or fewer than their env steps (the trajectories pair them by it)."""
 
     @property
     def total_reward(self) -> float:

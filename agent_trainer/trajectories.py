@@ -5,16 +5,20 @@ episodes per env tag (successes and failures, half each when both exist) are wri
 ``<run dir>/trajectories/step_<N>.jsonl``, one :class:`EpisodeRecord` per line, and
 ``viewer.html`` next to them is regenerated.
 
-A turn joins two sources: the env actor's history (observation, reply text, parsed
-actions, reward) and the training row's tokens. A row reads as alternating spans, mask 0
-(prompt or observation) then mask 1 (the reply the engine generated); turn k is the k-th
-such pair, whatever the context layout (one row per episode, or one per turn).
+A turn joins two sources: the training rows' tokens and the env actor's history (observation,
+reply text, parsed actions, reward). A row reads as alternating spans, mask 0 (prompt or
+observation) then mask 1 (a reply the engine generated), whatever the context layout (one row
+per episode, or one per turn); each reply is a turn, numbered by its ``turn_ids`` (its call, for
+a gateway agent), and the env step it led to is shown beside it (``EpisodeState.turn_replies``;
+for the built-in agents the k-th reply led to the k-th step). A gateway agent that asks again
+before acting has turns without a step; a step no reply led to is a turn without tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +51,10 @@ class TurnRecord:
     """response_mask of each token: 1 exactly on the generated reply."""
     advantage: list[float] = field(default_factory=list)
     """The advantage of each token (0 off the mask); empty when the row was filtered out before training."""
+    call: int = 0
+    """The reply's number (1-based; a gateway agent's chat completion); 0: an env step without a reply of its own."""
+    step: int = 0
+    """The env step's number (1-based); 0: a reply that led to no env step (a gateway agent that asked again)."""
 
 
 @dataclass
@@ -66,12 +74,15 @@ class EpisodeRecord:
     final_observation: str
     turns: list[TurnRecord]
     error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The episode's own metrics (``EpisodeState.metrics``: success, num_turns, ...; a gateway episode's
+    ``gateway_rows`` and ``gateway_breaks``)."""
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeRecord:
         """Parse one JSONL line."""
         data = json.loads(line)
-        data["turns"] = [TurnRecord(**t) for t in data["turns"]]
+        data["turns"] = [TurnRecord(**t) for t in data["turns"]]  # older files: no call, step or metrics
         return cls(**data)
 
 
@@ -103,32 +114,73 @@ def row_spans(mask: list[int]) -> list[tuple[range, range]]:
     return spans
 
 
-def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
-    """Join one episode's env history with its training rows (``rows``: ids, mask, advantage lists, in order)."""
+def reply_spans(rows: list[dict]) -> list[tuple[int, dict, range, range]]:
+    """Every reply of an episode's rows as (its number, row, the mask-0 span before it, its mask-1 span), ordered
+    by number: a reply's ``turn_ids`` (a row's ``turn``), or its place in the rows when they carry none."""
     spans = [(row, prompt, reply) for row in rows for prompt, reply in row_spans(row["mask"]) if len(reply)]
+    numbers = [row["turn"][reply.start] if row.get("turn") else 0 for row, _, reply in spans]
+    if not all(numbers):
+        numbers = list(range(1, len(spans) + 1))
+    return sorted(((n, *span) for n, span in zip(numbers, spans)), key=lambda s: s[0])
+
+
+def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
+    """Join one episode's env history with its training rows (``rows``: ids, mask, advantage, turn lists, in
+    order): a turn per reply, beside the env step it led to (module docstring)."""
     history = state.history
+    led_to = state.turn_replies if state.turn_replies is not None and len(state.turn_replies) == len(history) \
+        else list(range(1, len(history) + 1))
+    steps_of: dict[int, list[int]] = defaultdict(list)
+    for k, number in enumerate(led_to):
+        steps_of[number].append(k)
+    replies_of: dict[int, list[tuple]] = defaultdict(list)
+    for number, row, prompt, reply in reply_spans(rows):
+        replies_of[number].append((row, prompt, reply))
     turns = []
-    for k, turn in enumerate(history):
-        record = TurnRecord(turn=k + 1, observation=str(turn.observation), prompt="", reply=str(turn.llm_response),
-                            actions=[str(a) for a in turn.actions], reward=float(turn.reward),
-                            done=k == len(history) - 1)
-        if k < len(spans):
-            row, prompt, reply = spans[k]
-            idx = list(prompt) + list(reply)
-            record.token_ids = [row["ids"][i] for i in idx]
-            record.tokens = tokenizer.batch_decode([[i] for i in record.token_ids])
-            record.mask = [row["mask"][i] for i in idx]
-            record.advantage = [round(row["adv"][i], 4) for i in idx] if row["adv"] else []
-            record.prompt = tokenizer.decode([row["ids"][i] for i in prompt])
-        turns.append(record)
+    for number in sorted(set(steps_of) | set(replies_of)):
+        replies, steps = replies_of.get(number, []), steps_of.get(number, [])
+        for i in range(max(len(replies), len(steps))):
+            k = steps[i] if i < len(steps) else None
+            record = _turn(state, led_to, k, number if i < len(replies) else 0)
+            if i < len(replies):
+                _add_tokens(record, *replies[i], tokenizer)
+                if k is None:
+                    record.reply = tokenizer.decode(record.token_ids[len(replies[i][1]):], skip_special_tokens=True)
+            record.turn = len(turns) + 1
+            turns.append(record)
+    metrics = {k: float(v) for k, v in state.metrics.items() if isinstance(v, (bool, int, float))}
     return EpisodeRecord(step=step, split=split, tag=state.tag, env_id=int(state.env_id),
                          group_id=int(state.group_id), success=bool(state.metrics.get("success", 0.0) > 0),
                          total_reward=state.total_reward,
-                         final_observation=str(state.final_observation), turns=turns, error=state.error)
+                         final_observation=str(state.final_observation), turns=turns, error=state.error,
+                         metrics=metrics)
+
+
+def _turn(state: EpisodeState, led_to: list[int], k: int | None, call: int) -> TurnRecord:
+    """The turn of env step ``k`` (None: a reply that led to no step, shown with the observation the agent had)."""
+    history = state.history
+    if k is None:
+        after = [j for j, n in enumerate(led_to) if n > call]
+        seen = history[after[0]].observation if after else state.final_observation
+        return TurnRecord(turn=0, observation=str(seen), prompt="", reply="", actions=[], reward=0.0, done=False,
+                          call=call)
+    turn = history[k]
+    return TurnRecord(turn=0, observation=str(turn.observation), prompt="", reply=str(turn.llm_response),
+                      actions=[str(a) for a in turn.actions], reward=float(turn.reward), done=k == len(history) - 1,
+                      call=call, step=k + 1)
+
+
+def _add_tokens(record: TurnRecord, row: dict, prompt: range, reply: range, tokenizer) -> None:
+    idx = list(prompt) + list(reply)
+    record.token_ids = [row["ids"][i] for i in idx]
+    record.tokens = tokenizer.batch_decode([[i] for i in record.token_ids])
+    record.mask = [row["mask"][i] for i in idx]
+    record.advantage = [round(row["adv"][i], 4) for i in idx] if row["adv"] else []
+    record.prompt = tokenizer.decode([row["ids"][i] for i in prompt])
 
 
 def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> dict[int, list[dict]]:
-    """Per ``traj_uid``: its rows' real tokens (ids, mask, advantage), in batch order.
+    """Per ``traj_uid``: its rows' real tokens (ids, mask, advantage, turn ids), in batch order.
 
     Episodes missing from ``batch`` (filtered out by rollout shaping) are taken from
     ``fallback`` (the rollout's batch) with no advantages.
@@ -139,6 +191,7 @@ def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> 
             continue
         seen = set(out)
         adv = source["advantages"] if with_adv and "advantages" in source else None
+        turn = source["turn_ids"] if "turn_ids" in source else None
         for b in range(len(source)):
             uid = int(source["traj_uid"][b])
             if uid in seen:
@@ -147,6 +200,7 @@ def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> 
             out.setdefault(uid, []).append({
                 "ids": source["input_ids"][b, :n].tolist(), "mask": source["response_mask"][b, :n].tolist(),
                 "adv": adv[b, :n].tolist() if adv is not None else [],
+                "turn": turn[b, :n].tolist() if turn is not None else [],
             })
     return out
 

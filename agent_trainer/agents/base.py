@@ -15,7 +15,7 @@ token-in/token-out part after every rollout (``agent_trainer.agents.contract``):
 is 1 exactly on the ids the engine generated, in order and unchanged. Episode objects are the
 agent's own; the rollout reads the fields and properties of ``ctx_manager.EpisodeStatus`` /
 ``EpisodeContext`` from them (``env_id``, ``group_id``, ``tag``, ``done``, ``truncated``,
-``context_overflow``, ``num_turns``, ``format_errors``, ``total_reward``,
+``context_overflow``, ``num_turns``, ``num_replies``, ``format_errors``, ``total_reward``,
 ``num_generated_tokens``, ``longest_row``).
 """
 

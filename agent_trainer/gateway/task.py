@@ -1,6 +1,6 @@
 """What a user's agent function gets for one training episode: the :class:`Task` it acts in.
 
-A gateway agent is an ordinary async function (``agent_proxy.gateway.agent``, docs/gateway.md)::
+A gateway agent is an ordinary function (``agent_proxy.gateway.agent``, docs/gateway.md), async::
 
     async def run(task: Task, client: openai.AsyncOpenAI) -> float | None:
         messages = [{"role": "user", "content": task.instruction + "\\n" + task.observation}]
@@ -10,12 +10,15 @@ A gateway agent is an ordinary async function (``agent_proxy.gateway.agent``, do
             step = await task.step(action)      # the project env acts; its reward is the episode's
         return None                             # None: the env's rewards; a float replaces their sum
 
+or synchronous (``def run(task, client)``, handed an ``openai.OpenAI`` and a :class:`SyncTask` whose ``step``
+blocks; each episode runs in a thread of its own, so the episodes' calls still reach the engines together).
 The client's ``base_url`` is the episode's own session of the gateway, so every call it makes is recorded
 and trained on; the task steps the episode's environment (a Ray env actor) and keeps the rewards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 from collections.abc import Awaitable, Callable
@@ -105,11 +108,33 @@ class Task:
         return result
 
 
+@dataclass
+class SyncTask(Task):
+    """The task of a synchronous agent function (``def run(task, client)``): :meth:`step` blocks until the env
+    has acted. In a rollout the step runs on the rollout's event loop (``_loop``), the agent in a thread of its
+    own; without a loop (``SyncTask.local``) it runs in the calling thread."""
+
+    _loop: asyncio.AbstractEventLoop | None = field(repr=False, default=None)
+
+    def step(self, actions: str | list[str] | None, response: str = "") -> StepResult:  # type: ignore[override]
+        """:meth:`Task.step`, blocking: returns the :class:`StepResult`."""
+        stepped = Task.step(self, actions, response)
+        if self._loop is None:
+            return asyncio.run(stepped)
+        return asyncio.run_coroutine_threadsafe(stepped, self._loop).result()
+
+
 KEY = "agent_proxy.gateway.agent"
 
 
+def is_sync_agent(fn: Callable) -> bool:
+    """Whether an agent function is synchronous (``def``, run in a thread per episode) rather than ``async def``."""
+    return not inspect.iscoroutinefunction(fn)
+
+
 def resolve_agent_fn(cfg: AgentTrainerConfig) -> Callable:
-    """The run's agent function (``agent_proxy.gateway.agent``): an ``async def run(task, client)``.
+    """The run's agent function (``agent_proxy.gateway.agent``): ``async def run(task, client)`` or a synchronous
+    ``def run(task, client)`` (:func:`is_sync_agent`).
 
     ``package.module.function`` or ``package.module:function``; raises ValueError naming the key."""
     name = cfg.agent_proxy.gateway.agent
@@ -124,11 +149,14 @@ def resolve_agent_fn(cfg: AgentTrainerConfig) -> Callable:
                          "it must be importable by the driver (the working directory or PYTHONPATH)") from err
     fn = getattr(module, attr, None)
     if fn is None:
-        close = [n for n in dir(module) if inspect.iscoroutinefunction(getattr(module, n, None))]
-        raise ValueError(f"{KEY} = {name!r}: module {module_name!r} has no {attr!r} (its async functions: {close})")
-    if not inspect.iscoroutinefunction(fn):
-        raise ValueError(f"{KEY} = {name!r} is not an async function; write `async def {attr}(task, client)` "
-                         "(docs/gateway.md)")
+        close = [n for n, f in vars(module).items()
+                 if inspect.isfunction(f) and f.__module__ == module.__name__ and not n.startswith("_")]
+        raise ValueError(f"{KEY} = {name!r}: module {module_name!r} has no {attr!r} (its functions: {close})")
+    generator = inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn)
+    if generator or not (inspect.iscoroutinefunction(fn) or inspect.isfunction(fn) or inspect.ismethod(fn)):
+        what = "a generator function" if generator else type(fn).__name__
+        raise ValueError(f"{KEY} = {name!r} is not a function ({what}); write `async def {attr}(task, client)` or "
+                         f"`def {attr}(task, client)` (docs/gateway.md)")
     try:
         inspect.signature(fn).bind(None, None)
     except TypeError as err:

@@ -8,7 +8,8 @@ token-in/token-out check, the metrics. What changes, per rollout (:class:`Gatewa
 - every episode gets a session of the gateway (``agent_trainer.gateway``: FastAPI + uvicorn on 127.0.0.1, the
   run's key, in a Ray actor of its own, ``gateway.host.GatewayHost``, whose engine calls come back here) and an
   ``openai.AsyncOpenAI`` client whose base URL is that session's; the agents of all episodes run at once on one
-  event loop, each within ``agent_proxy.gateway.episode_timeout_s``;
+  event loop, each within ``agent_proxy.gateway.episode_timeout_s`` (a synchronous agent function gets an
+  ``openai.OpenAI`` client and runs each episode in a thread of its own);
 - the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
   while the engines were busy is the next engine call), at the run's sampling;
 - ``task.step`` steps the episode's env actor; its rewards are the episode's;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import threading
 import time
@@ -43,7 +45,7 @@ from agent_trainer.gateway.app import eos_ids
 from agent_trainer.gateway.host import EngineRequest, GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
 from agent_trainer.gateway.sessions import CallRecord, RowMetrics, build_rows
-from agent_trainer.gateway.task import EpisodeOver, StepResult, Task, resolve_agent_fn
+from agent_trainer.gateway.task import EpisodeOver, StepResult, SyncTask, Task, is_sync_agent, resolve_agent_fn
 from agent_trainer.rollout.multiturn import MultiTurnRollout
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult
 from agent_trainer.rollout.splits import SamplingParams, sampling_seed
@@ -67,6 +69,21 @@ class GatewayEpisode(EpisodeStatus):
     rows: list = field(default_factory=list)
     """``gateway.sessions.TrainingRow`` s of the episode (built when its agent returned)."""
     row_metrics: RowMetrics = field(default_factory=lambda: RowMetrics(0, 0, 0))
+
+    def finish(self) -> None:
+        """The agent returned and its session closed: its calls become rows; its turns are its env steps."""
+        self.rows, self.row_metrics = build_rows(self.records)
+        self.num_turns = len(self.steps)
+
+    def step_calls(self) -> list[int]:
+        """Per env step, the number (1-based) of the call whose reply led to it: the last call made before it
+        (0: none), as ``EpisodeState.turn_replies`` pairs them in the trajectories."""
+        return [before for before, _, _ in self.steps]
+
+    @property
+    def num_replies(self) -> int:
+        """The chat completions the agent made (``num_turns`` counts its env steps)."""
+        return len({r.request_index for r in self.records})
 
     @property
     def total_reward(self) -> float:
@@ -313,6 +330,8 @@ class GatewayLoop:
         self.agent_errors: Counter[str] = Counter()
         self.agent_timeouts = 0
         self.episodes: list[GatewayEpisode] = []
+        self.sync = is_sync_agent(rollout.agent_fn)
+        """A synchronous agent function: each episode runs in a thread of its own (:func:`in_thread`)."""
 
     def play(self, ctxs: dict[int, GatewayEpisode]) -> None:
         r = self.rollout
@@ -337,8 +356,7 @@ class GatewayLoop:
             stopped.set()
             pump.join()
         for ctx in ctxs.values():
-            ctx.rows, ctx.row_metrics = build_rows(ctx.records)
-            ctx.num_turns = len({rec.request_index for rec in ctx.records})
+            ctx.finish()
             r.last_generations[ctx.env_id] = _generations_in_row_order(ctx)
 
     def _serve(self, request: EngineRequest) -> None:
@@ -350,32 +368,45 @@ class GatewayLoop:
         self.rollout.host().deliver.remote(request.request_id, outputs, error)
 
     async def _play_all(self, episodes: list[GatewayEpisode]) -> None:
+        loop = asyncio.get_running_loop()
         # every episode's env step may wait on its env actor at once (asyncio's default pool has cpu + 4 threads)
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4,
-                                                                           thread_name_prefix="gateway-env"))
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4, thread_name_prefix="gateway-env"))
         self.running = len(episodes)
         # one HTTP client under every episode's openai client: a client of its own each would build an SSL context
         # each (the CA bundle read again: most of a 64-episode rollout's driver time when measured)
-        http = openai.DefaultAsyncHttpxClient(timeout=self.rollout.cfg.agent_proxy.gateway.episode_timeout_s)
+        timeout = self.rollout.cfg.agent_proxy.gateway.episode_timeout_s
+        if self.sync:  # a synchronous agent: each episode in a thread of its own, so their calls batch as async ones'
+            http = openai.DefaultHttpxClient(timeout=timeout)
+        else:
+            http = openai.DefaultAsyncHttpxClient(timeout=timeout)
         try:
             await asyncio.gather(*(self._episode(http, ctx) for ctx in episodes))
         finally:
-            await http.aclose()
+            if self.sync:  # an agent past its deadline cannot be stopped: its thread is left to end on its own
+                http.close()
+            else:
+                await http.aclose()
 
     async def _episode(self, http, ctx: GatewayEpisode) -> None:
         r, cfg = self.rollout, self.rollout.cfg
         timeout = cfg.agent_proxy.gateway.episode_timeout_s
         host = r.host()
         session = await host.open_session.remote(self.step)
-        client = openai.AsyncOpenAI(base_url=session_url(*r.address(), session), api_key=r.api_key, max_retries=0,
-                                    timeout=timeout, http_client=http)
+        client = (openai.OpenAI if self.sync else openai.AsyncOpenAI)(
+            base_url=session_url(*r.address(), session), api_key=r.api_key, max_retries=0, timeout=timeout,
+            http_client=http)
 
         async def step(actions: list[str], response: str) -> StepResult:
             return await self._env_step(ctx, session, actions, response)
 
-        task = Task(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
-                    group_id=ctx.group_id, model=r.model_name, max_turns=cfg.agent_proxy.max_turn, _step=step)
-        running = asyncio.ensure_future(r.agent_fn(task, client))
+        loop = asyncio.get_running_loop()
+        fields = dict(instruction=ctx.instruction, observation=ctx.observation, tag=ctx.tag, env_id=ctx.env_id,
+                      group_id=ctx.group_id, model=r.model_name, max_turns=cfg.agent_proxy.max_turn, _step=step)
+        if self.sync:
+            running = in_thread(loop, r.agent_fn, SyncTask(**fields, _loop=loop), client,
+                                name=f"gateway-agent-{ctx.env_id}")
+        else:
+            running = asyncio.ensure_future(r.agent_fn(Task(**fields), client))
         try:
             done, _ = await asyncio.wait({running}, timeout=timeout)
             if not done:
@@ -400,7 +431,11 @@ class GatewayLoop:
             if isinstance(result, (int, float)) and not isinstance(result, bool):
                 ctx.returned_reward = float(result)  # a non-finite one is screened by algorithm.nonfinite_reward
                 return
-            err = TypeError(f"the agent returned {type(result).__name__}; return a float reward or None")
+            if inspect.iscoroutine(result):  # a plain function that returned an async one's coroutine
+                result.close()
+                err = TypeError("the agent returned a coroutine: declare the function `async def`")
+            else:
+                err = TypeError(f"the agent returned {type(result).__name__}; return a float reward or None")
         if isinstance(err, openai.BadRequestError) and getattr(err, "code", None) == "context_length_exceeded":
             ctx.truncated = ctx.context_overflow = True  # as the built-in agents end an overflowing episode
             return
@@ -438,11 +473,38 @@ class GatewayLoop:
     def metrics(self, prefix: str, episodes: list[GatewayEpisode]) -> dict[str, float]:
         m = {"rows": sum(e.row_metrics.rows for e in episodes), "merges": sum(e.row_metrics.merges for e in episodes),
              "breaks": sum(e.row_metrics.breaks for e in episodes),
-             "calls": sum(len({rec.request_index for rec in e.records}) for e in episodes),
+             "calls": sum(e.num_replies for e in episodes),
              "engine_calls": self.batcher.engine_calls, "sampling_overridden": self.batcher.overridden,
              "agent_errors": sum(self.agent_errors.values()), "agent_timeouts": self.agent_timeouts,
              "left_out": self.rollout.ctx.left_out}
-        return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()}
+        calls_mean = sum(e.num_replies for e in episodes) / max(1, len(episodes))
+        return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()} | {f"{prefix}/num_calls_mean": calls_mean}
+
+
+def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable, *args, name: str) -> asyncio.Future:
+    """``fn(*args)`` in a daemon thread of its own; its result or exception lands in the returned future of
+    ``loop``. A daemon thread, not a pool's: a synchronous agent that never returns (it cannot be cancelled) must
+    not keep the driver process from exiting; one past its deadline finds its future cancelled (or the loop
+    closed) and its result is dropped."""
+    future = loop.create_future()
+
+    def settle(result, error) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def work() -> None:
+        result = error = None
+        try:
+            result = fn(*args)
+        except BaseException as err:  # noqa: BLE001 - handed to the episode, as an async agent's exception is
+            error = err
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the rollout is over (its loop closed): nobody waits for this episode any more
+            pass
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
 
 
 def _generations_in_row_order(ctx: GatewayEpisode) -> list[list[int]]:
@@ -506,11 +568,12 @@ class GatewayRollout(MultiTurnRollout):
         result = super().rollout(step, seeds)
         prefix = self.split.metric_prefix
         result.metrics.update(self.loop.metrics(prefix, self.loop.episodes))
-        rows_of = {e.env_id: e.row_metrics for e in self.loop.episodes}
+        played = {e.env_id: e for e in self.loop.episodes}
         for state in result.states:  # per episode in the trajectories and the viewer
-            m = rows_of.get(int(state.env_id))
-            if m is not None:
-                state.metrics.update(gateway_rows=float(m.rows), gateway_breaks=float(m.breaks))
+            e = played.get(int(state.env_id))
+            if e is not None:
+                state.metrics.update(gateway_rows=float(e.row_metrics.rows), gateway_breaks=float(e.row_metrics.breaks))
+                state.turn_replies = e.step_calls() if len(e.steps) == len(state.history) else None
         return result
 
     def close(self) -> None:

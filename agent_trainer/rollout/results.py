@@ -93,7 +93,7 @@ def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int
              describe: Callable[[int], str], num_episodes: int) -> RolloutResult:
     """The batch of the episodes that played a turn (``algorithm.nonfinite_reward`` screens them,
     :func:`screen_nonfinite`), checked against the engine's ``generations``, with the split's metrics."""
-    played = [ctxs[k] for k in sorted(ctxs) if ctxs[k].num_turns > 0]
+    played = [ctxs[k] for k in sorted(ctxs) if ctxs[k].num_replies > 0]
     if not played:
         raise RuntimeError(f"no episode of the {split} split played a turn ({num_episodes} episodes, "
                            f"{faults.reset_failures} failed to reset, the others' first prompt exceeded "
@@ -152,6 +152,9 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
                     prefix: str, rewards: dict[int, float] | None = None) -> dict[str, float]:
     """Episode-level metrics: success, valid actions, reward, turns, lengths, format errors; per-tag env metrics.
 
+    ``num_turns_mean`` counts env steps (turns) and ``format_error_rate`` is per turn; ``response_length_mean``
+    is the generated tokens per reply (``num_replies``: a gateway agent's calls).
+
     ``rewards`` (env_id -> the episode's reward, :func:`episode_rewards`; default each episode's
     ``total_reward``) gives ``<prefix>/episode_reward_mean|max`` and, over the same figures,
     ``env/<tag>/episode_reward_mean``. ``sequence_length_mean`` is the mean over episodes of the longest
@@ -168,7 +171,8 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
     m[f"{prefix}/episode_reward_mean"] = float(np.mean(rewards_list))
     m[f"{prefix}/episode_reward_max"] = float(np.max(rewards_list))
     m[f"{prefix}/num_turns_mean"] = float(np.mean(turns))
-    m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(turns)))
+    replies = [e.num_replies for e in episodes]
+    m[f"{prefix}/response_length_mean"] = float(np.mean(gen_lens)) / max(1.0, float(np.mean(replies)))
     m[f"{prefix}/sequence_length_mean"] = float(np.mean([e.longest_row for e in episodes]))
     m[f"{prefix}/truncated_rate"] = float(np.mean([e.truncated for e in episodes]))
     m[f"{prefix}/context_overflow_rate"] = float(np.mean([e.context_overflow for e in episodes]))

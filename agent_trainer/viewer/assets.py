@@ -27,6 +27,7 @@ section { flex: 1; padding: 8px 16px; max-height: calc(100vh - 80px); overflow-y
 .tok.gen { border-bottom: 2px solid #333; color: #000; }
 .legend { font-size: 12px; color: #555; }
 .reward { font-weight: bold; }
+.metrics { font-size: 13px; color: #444; margin-bottom: 6px; }
 """
 
 SCRIPT = r"""
@@ -86,11 +87,16 @@ SCRIPT = r"""
     box.appendChild(el("div", "summary", r.split + " step " + r.step + " \u00b7 " + r.tag + " \u00b7 env " + r.env_id
       + " (group " + r.group_id + ") \u00b7 " + (r.success ? "success" : "failure")
       + " \u00b7 total reward " + r.total_reward.toFixed(3) + (r.error ? " \u00b7 error: " + r.error : "")));
+    const metrics = Object.entries(r.metrics || {});
+    if (metrics.length) box.appendChild(el("div", "metrics", metrics.map(([k, v]) => k + " " + v).join(" \u00b7 ")));
     box.appendChild(el("div", "legend", "generated tokens are underlined, green = positive advantage, "
       + "red = negative (darker = larger); grey = prompt and observations (mask 0); hover a token for its id"));
     r.turns.forEach(t => {
       const card = el("div", "turn");
-      const h = el("h3", "", "Turn " + t.turn + " \u00b7 ");
+      // a gateway agent's calls and env steps need not pair one to one: name both when they do not
+      const paired = !(t.call || t.step) || (t.call === t.turn && t.step === t.turn);
+      const h = el("h3", "", "Turn " + t.turn + (paired ? "" : " (" + (t.call ? "call " + t.call : "no call")
+        + ", " + (t.step ? "env step " + t.step : "no env step") + ")") + " \u00b7 ");
       h.appendChild(el("span", "reward", "reward " + t.reward.toFixed(3)));
       h.appendChild(document.createTextNode((t.done ? " \u00b7 done" : "") + " \u00b7 actions: "
         + (t.actions.length ? t.actions.join(", ") : "(none)")));

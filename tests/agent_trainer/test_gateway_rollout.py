@@ -11,8 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from agent_trainer.config.splits import Split
-from agent_trainer.gateway.sessions import CallRecord, build_rows
+from agent_trainer.gateway.sessions import CallRecord
+from agent_trainer.gateway.task import is_sync_agent, resolve_agent_fn
 from agent_trainer.main import compose_and_prepare
+from agent_trainer.rollout.results import rollout_metrics
+from agent_trainer.tracking import format_metrics
 from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,
                                            training_rows)
 from agent_trainer.rollout.splits import SamplingParams
@@ -32,11 +35,20 @@ def not_async(task, client):
     return None
 
 
+async def generator(task, client):
+    yield None
+
+
+NOT_A_FUNCTION = 3
+
+
 @pytest.mark.parametrize("overrides, words", [
     ([f"{G}.agent=nodots"], [f"{G}.agent = 'nodots' is not an import path", "package.module:function"]),
     ([f"{G}.agent=no_such_module.run"], ["module 'no_such_module' does not import", "PYTHONPATH"]),
     ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.missing"], ["has no 'missing'", "'two_args'"]),
-    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.not_async"], ["is not an async function"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.NOT_A_FUNCTION"], ["is not a function (int)",
+                                                                               "def NOT_A_FUNCTION(task, client)"]),
+    ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.generator"], ["is not a function (a generator function)"]),
     ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout:one_arg"], ["must take two arguments (task, client)"]),
     ([f"{G}.agent=tests.agent_trainer.test_gateway_rollout.two_args", "agent_proxy.agent_cls=tool_call"],
      ["agent_proxy.agent_cls = 'tool_call' and agent_proxy.gateway.agent", "unset agent_proxy.agent_cls"]),
@@ -49,6 +61,14 @@ def test_a_gateway_value_that_cannot_work_is_refused_in_one_line(tiny_model_path
         compose_and_prepare([f"model_path={tiny_model_path}", *overrides], "frozenlake")
     message = str(err.value.code)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_a_synchronous_agent_function_is_taken_and_told_apart_by_the_function_itself(tiny_model_path):
+    sync, _ = compose_and_prepare([f"model_path={tiny_model_path}",
+                                   f"{G}.agent=examples.gateway.frozenlake_openai_sync.run"], "frozenlake_gateway")
+    assert is_sync_agent(resolve_agent_fn(sync))
+    async_cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}"], "frozenlake_gateway")
+    assert not is_sync_agent(resolve_agent_fn(async_cfg))
 
 
 def test_the_example_config_names_an_agent_that_resolves(tiny_model_path):
@@ -66,7 +86,7 @@ def record(request: int, prompt: list[int], completion: list[int], choice: int =
 def episode(records: list[CallRecord], steps: list[tuple[int, float, int]], returned=None) -> GatewayEpisode:
     e = GatewayEpisode(env_id=3, group_id=1, tag="FrozenLake", instruction="", observation="o0", anchor=100,
                        records=records, steps=steps, returned_reward=returned)
-    e.rows, e.row_metrics = build_rows(records)
+    e.finish()
     return e
 
 
@@ -82,6 +102,21 @@ def test_each_steps_reward_goes_on_the_last_token_of_the_reply_before_it():
     assert row.anchor_ids == [0, 0, 100, 100, 100, 200]  # the observation each call answered
     assert row.rollout_log_probs == [0, 0, -0.5, -0.5, 0, -0.5] and (row.traj_id, row.group_id) == (3, 1)
     assert episode(MERGED, steps=[(1, -0.1, 200), (2, 1.0, 300)]).total_reward == pytest.approx(0.9)
+
+
+def test_turns_count_env_steps_and_calls_their_own_replies():
+    """An agent that asks again before acting (a re-send after an unusable reply): 3 calls, 2 env steps. The
+    episode's turns (rollout/num_turns_mean, the console's turns) are its env steps; its calls are replies."""
+    retried = MERGED + [record(2, [1, 2, 10, 11, 5, 12, 6], [13, 14, 15])]
+    e = episode(retried, steps=[(2, 0.0, 200), (3, 1.0, 300)])
+    assert (e.num_turns, e.num_replies) == (2, 3)
+    m = rollout_metrics([e], [], prefix="rollout")
+    assert m["rollout/num_turns_mean"] == 2 and m["rollout/response_length_mean"] == pytest.approx(6 / 3)
+    assert m["rollout/format_error_rate"] == 0
+    silent = episode([record(0, [1, 2], [10])], steps=[])  # one call, no step (its agent raised): still trained
+    assert (silent.num_turns, silent.num_replies) == (0, 1)
+    line = format_metrics({**m, "rollout/num_calls_mean": 3.0, "rollout/gateway_left_out": 2.0}, 1)
+    assert "turns 2.0  calls 3.0  left_out   2" in line, line  # the console tells turns, calls and episodes left out
 
 
 def test_a_returned_reward_replaces_the_env_rewards_on_the_last_reply():
@@ -205,3 +240,40 @@ def test_a_local_task_steps_its_env_charges_a_missing_action_and_ends():
     assert task.reward == -0.1 + moved.reward
     with pytest.raises(EpisodeOver, match="is over after 2 steps"):
         asyncio.run(task.step("Left"))
+
+
+def test_a_local_sync_task_steps_without_await():
+    """``SyncTask.local``: a synchronous agent's task blocks in ``step`` and returns the result (no event loop)."""
+    from envs import make_env
+
+    from agent_trainer.gateway.task import SyncTask
+
+    task = SyncTask.local(make_env("FrozenLake"), seed=3, instruction="Walk.", tag="FrozenLake", model="m", max_turns=1)
+    moved = task.step("Left")
+    assert moved.info["action_is_valid"] and task.done and task.turns == 1 and task.reward == moved.reward
+
+
+def test_a_sync_agent_runs_in_a_daemon_thread_whose_result_or_error_reaches_its_episode():
+    """``in_thread``: the result and the exception of a synchronous agent come back to the event loop; one past its
+    deadline is cancelled there and its thread, a daemon, ends on its own without raising into the closed loop."""
+    import asyncio
+
+    from agent_trainer.rollout.gateway import in_thread
+
+    seen = {}
+
+    async def play():
+        loop = asyncio.get_running_loop()
+        seen["sum"] = await in_thread(loop, lambda a, b: a + b, 1, 2, name="agent-sum")
+        with pytest.raises(ZeroDivisionError):
+            await in_thread(loop, lambda: 1 / 0, name="agent-error")
+        release = threading.Event()
+        late = in_thread(loop, release.wait, name="agent-late")
+        done, _ = await asyncio.wait({late}, timeout=0.05)
+        late.cancel()
+        seen["late"] = (done, next(t for t in threading.enumerate() if t.name == "agent-late").daemon)
+        return release
+
+    release = asyncio.run(play())
+    release.set()  # the loop is closed by now: the thread's result is dropped quietly
+    assert seen == {"sum": 3, "late": (set(), True)}

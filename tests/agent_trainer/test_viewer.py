@@ -119,3 +119,52 @@ def test_an_evaluation_pass_label_is_written_and_read_back(tokenizer, play_mixed
     path = write_step(tmp_path, 0, "val_pass@2", states, batch, tokenizer, per_tag=1)
     assert path.name == "val_pass@2_step_0.jsonl"
     assert {r.split for r in read_records(path.parent)} == {"val_greedy", "val_pass@2"}
+
+
+def _gateway_step(tokenizer, tmp_path: Path) -> tuple[Path, list[list[int]]]:
+    """A gateway episode of 3 calls and 2 env steps, as GatewayRollout hands it to the trajectories: call 1's reply
+    has no action, the agent asks again (call 2, which leads to step 1), then call 3 leads to step 2."""
+    from agent_trainer.es_manager import EnvTurn
+    from agent_trainer.gateway.sessions import CallRecord
+    from agent_trainer.rollout.gateway import GatewayAgent, GatewayEpisode
+
+    ids = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    replies = [ids("I am not sure.") + [tokenizer.eos_token_id], ids("<answer>Left</answer>"),
+               ids("<answer>Down</answer>")]
+    prompt, records = ids("Walk to the goal."), []
+    for k, reply in enumerate(replies):
+        records.append(CallRecord(request_index=k, choice_index=0, prompt_ids=tuple(prompt), completion_ids=tuple(reply),
+                                  logprobs=tuple(-0.5 for _ in reply), finish_reason="stop", policy_version=0))
+        prompt = prompt + reply + ids(f" Observation {k + 1}. Reply as <answer>...</answer>.")
+    episode = GatewayEpisode(env_id=5, group_id=0, tag="FrozenLake3x3", instruction="", observation="grid 0", anchor=1,
+                             records=records, steps=[(2, 0.0, 2), (3, 1.0, 3)])
+    episode.finish()
+    assert len(episode.rows) == 1  # the calls continue each other: one row
+    batch = GatewayAgent(tokenizer).build_update_batch([episode])
+    history = [EnvTurn(observation="grid 0", llm_response="<answer>Left</answer>", actions=["Left"], reward=0.0,
+                       info={}),
+               EnvTurn(observation="grid 1", llm_response="<answer>Down</answer>", actions=["Down"], reward=1.0,
+                       info={})]
+    state = EpisodeState(env_id=5, group_id=0, tag="FrozenLake3x3", history=history, penalty=0.0,
+                         final_observation="grid 2", metrics={"success": 1.0, "num_turns": 2.0, "gateway_rows": 1.0,
+                                                              "gateway_breaks": 0.0},
+                         turn_replies=episode.step_calls())
+    return write_step(tmp_path, 1, "train", [state], batch, tokenizer, per_tag=1), replies
+
+
+def test_a_gateway_episode_shows_every_call_with_the_env_step_it_led_to(tokenizer, tmp_path):
+    """Turns are keyed by call: the call that led to no step is a turn of its own (no action), each step sits beside
+    the call whose reply it acted on, and the last call's tokens are all there; the per-episode gateway metrics
+    are in the record."""
+    path, replies = _gateway_step(tokenizer, tmp_path)
+    (record,) = read_records(path.parent)
+    assert [(t.turn, t.call, t.step) for t in record.turns] == [(1, 1, 0), (2, 2, 1), (3, 3, 2)]
+    assert [[i for i, m in zip(t.token_ids, t.mask) if m] for t in record.turns] == replies
+    assert record.turns[0].actions == [] and record.turns[0].reward == 0.0 and not record.turns[0].done
+    assert record.turns[0].reply == "I am not sure." and record.turns[0].observation == "grid 0"
+    assert record.turns[1].actions == ["Left"] and record.turns[2].actions == ["Down"] and record.turns[2].done
+    assert record.metrics["gateway_rows"] == 1.0 and record.metrics["gateway_breaks"] == 0.0
+    dom = headless("--dump-dom", (path.parent / "viewer.html").as_uri())
+    shown = re.search(r'<section id="episode">(.*)</section>', dom, re.S).group(1)
+    assert "Turn 1 (call 1, no env step)" in shown and "Turn 2 (call 2, env step 1)" in shown
+    assert "gateway_rows 1" in shown and "gateway_breaks 0" in shown

@@ -8,6 +8,7 @@ rollout stops the run with a line naming it (step 4)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -104,3 +105,37 @@ def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_
             first = episode[0]["prompt_ids"]
             assert batch["input_ids"][rows[0]][:len(first)].tolist() == first
             assert int(batch["response_mask"][rows[0]][:len(first)].sum()) == 0
+
+
+def test_a_synchronous_openai_agent_calls_batch_as_the_async_agents_do(tiny_model_path, tmp_path):
+    """examples/gateway/frozenlake_openai_sync.py (``def run``, ``openai.OpenAI``) and the async example play the
+    same rollout (the same group seeds): the sync agent's episodes run in threads of their own, so its calls reach
+    the engines together, within 2x the async agent's engine calls (one at a time they would be one engine call
+    each). Its episodes' turns are env steps, its calls counted apart, and the trajectories pair them."""
+    from agent_trainer.gateway.task import is_sync_agent
+    from agent_trainer.trajectories import read_records, write_step
+    from examples.gateway import frozenlake_openai
+
+    groups = ["es_manager.train.env_groups=4", "es_manager.train.env_configs.n_groups=[4]"]
+    with started("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL, *groups, "trainer.total_training_steps=1",
+                 "agent_proxy.gateway.agent=examples.gateway.frozenlake_openai_sync.run") as trainer:
+        rollout = trainer.train_rollout
+        assert is_sync_agent(rollout.agent_fn)
+        sync_agent, rollout.agent_fn = rollout.agent_fn, frozenlake_openai.run
+        by_async = rollout.rollout(step=1)
+        rollout.agent_fn = sync_agent
+        by_sync = rollout.rollout(step=1, seeds=by_async.group_seeds)
+    a, s = by_async.metrics, by_sync.metrics
+    logging.getLogger(__name__).info("engine calls per rollout: async %d (%d chat completions), sync %d (%d)",
+                                     a["rollout/gateway_engine_calls"], a["rollout/gateway_calls"],
+                                     s["rollout/gateway_engine_calls"], s["rollout/gateway_calls"])
+    assert s["rollout/gateway_calls"] >= 8 and s["rollout/gateway_agent_errors"] == 0, s
+    assert s["rollout/gateway_engine_calls"] <= 2 * a["rollout/gateway_engine_calls"], (s, a)
+    assert s["rollout/gateway_engine_calls"] < s["rollout/gateway_calls"] / 2, s  # batched, not one by one
+    for m in (a, s):  # one call per env step: turns are the env steps (at most max_turn), calls counted apart
+        assert 1 <= m["rollout/num_turns_mean"] <= 3 and m["rollout/num_calls_mean"] == m["rollout/num_turns_mean"]
+    assert all(state.turn_replies is not None and state.metrics["gateway_rows"] >= 1 for state in by_sync.states)
+    path = write_step(tmp_path, 1, "train", by_sync.states, by_sync.batch, trainer.tokenizer, per_tag=8)
+    for record in (r for r in read_records(path.parent) if r.metrics["gateway_rows"] == 1):  # trained rows
+        assert [(t.call, t.step) for t in record.turns] == [(k, k) for k in range(1, len(record.turns) + 1)]
+        assert all(any(t.mask) for t in record.turns) and "gateway_rows" in record.metrics

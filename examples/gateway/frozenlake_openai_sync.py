@@ -1,0 +1,28 @@
+"""examples/gateway/frozenlake_openai.py's agent written with the synchronous ``openai.OpenAI`` client, as many
+agent frameworks are: a plain ``def run(task, client)``. The trainer runs each episode of a synchronous agent in
+a thread of its own and hands it a :class:`~agent_trainer.gateway.task.SyncTask` whose ``step`` blocks, so the
+episodes' calls reach the engines together as the async agent's do (docs/gateway.md, "Synchronous agents").
+
+Trained by ``python -m agent_trainer.main --config-name frozenlake_gateway
+agent_proxy.gateway.agent=examples.gateway.frozenlake_openai_sync.run``.
+"""
+
+from __future__ import annotations
+
+from openai import OpenAI
+
+from examples.gateway.frozenlake_openai import FORMAT, SYSTEM, parse_answer
+
+
+def run(task, client: OpenAI) -> None:
+    """Play one episode; the environment's rewards are the episode's (returns None)."""
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"{task.instruction.strip()}\nObservation:\n{task.observation.strip()}\n"
+                                            f"{FORMAT}"}]
+    while not task.done:
+        reply = client.chat.completions.create(model=task.model, messages=messages)
+        text = reply.choices[0].message.content or ""
+        step = task.step(parse_answer(text))
+        messages += [{"role": "assistant", "content": text},
+                     {"role": "user", "content": f"Reward: {step.reward:g}\nObservation:\n{step.observation.strip()}\n"
+                                                 f"{FORMAT}"}]
