@@ -12,17 +12,22 @@ valid, the reward is 0.1 per step and the episode ends after ``steps`` steps.
 | ``nan_reward`` | ``step`` returns a NaN reward |
 | ``megabytes`` | ``reset`` and ``step`` print ``chars`` characters and return an observation that long |
 | ``surrogates`` | observations hold a lone surrogate (``\\ud800``) and a NUL byte |
+| ``exit_step`` | ``step`` ends the process at once (``os._exit``): an env actor, or a server serving the env, dies |
+
+``from_seed``: the fault fires only in episodes reset with a seed at least this, so that a run's preflight (seeds
+0 and 1) passes and its training episodes (``es_manager.seed``) meet the fault.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 from envs import BaseEnv, make_info
 
 FAULTS = ("none", "hang_step", "hang_reset", "raise_step", "raise_reset", "wrong_types", "nan_reward",
-          "megabytes", "surrogates")
+          "megabytes", "surrogates", "exit_step")
 
 
 @dataclass
@@ -37,6 +42,8 @@ class FaultyConfig:
     """Length of a ``megabytes`` observation (and of what it prints)."""
     steps: int = 3
     """Steps until the episode ends."""
+    from_seed: int = 0
+    """The fault fires only in episodes reset with a seed at least this (None seeds count as 0)."""
 
     def __post_init__(self):
         if self.fault not in FAULTS:
@@ -50,7 +57,8 @@ class FaultyEnv(BaseEnv):
 
     def reset(self, seed=None, **kwargs):
         self.t = 0
-        fault = self.config.fault
+        self.armed = (seed or 0) >= self.config.from_seed
+        fault = self.config.fault if self.armed else "none"
         if fault == "hang_reset":
             time.sleep(self.config.seconds)
         if fault == "raise_reset":
@@ -58,8 +66,10 @@ class FaultyEnv(BaseEnv):
         return self.render()
 
     def step(self, action):
-        fault = self.config.fault
+        fault = self.config.fault if getattr(self, "armed", True) else "none"
         self.t += 1
+        if fault == "exit_step":
+            os._exit(3)
         done = self.t >= self.config.steps
         if fault == "hang_step":
             time.sleep(self.config.seconds)
