@@ -35,6 +35,9 @@ from urllib.parse import urlparse
 from envs.base import BaseEnv, ServiceError, make_info
 
 INSTALL = "pip install 'agent-trainer[openenv]' (the openenv-core package)"
+MAX_INFO_KEYS = 32
+"""The numbers of an observation's ``info_field`` kept as info (each becomes a metric): the server is untrusted."""
+MAX_INFO_KEY_CHARS = 64
 
 
 @dataclass
@@ -281,8 +284,8 @@ class OpenEnvEnv(BaseEnv):
             success = done and self.config.success_reward is not None and reward >= float(self.config.success_reward)
         valid = bool(obs.get(self.config.valid_field, True))
         extra = obs.get(self.config.info_field)
-        extra = {str(k): v for k, v in extra.items() if isinstance(v, (bool, int, float))} \
-            if isinstance(extra, dict) else {}
+        extra = {str(k)[:MAX_INFO_KEY_CHARS]: v for k, v in list(extra.items())[:MAX_INFO_KEYS]
+                 if isinstance(v, (bool, int, float)) and math.isfinite(v)} if isinstance(extra, dict) else {}
         for key in ("success", "action_is_valid", "action_is_effective"):
             extra.pop(key, None)
         effective = bool(obs.get("action_is_effective", valid))
@@ -321,10 +324,10 @@ class OpenEnvEnv(BaseEnv):
 
 
 def _number(value: Any) -> float:
-    """A reward as a float (None: 0); the rollout screens a non-finite one."""
-    if value is None or isinstance(value, (str, bytes)):
+    """The server's reward as a float (None, the protocol's "no reward": 0); anything but a number raises TypeError
+    (the episode ends with that env error); the rollout screens a non-finite one."""
+    if value is None:
         return 0.0
-    try:
+    if isinstance(value, (bool, int, float)):
         return float(value)
-    except (TypeError, ValueError):
-        return math.nan
+    raise TypeError(f"the server sent a reward of type {type(value).__name__}; the protocol's reward is a number")

@@ -13,9 +13,6 @@ valid, the reward is 0.1 per step and the episode ends after ``steps`` steps.
 | ``megabytes`` | ``reset`` and ``step`` print ``chars`` characters and return an observation that long |
 | ``surrogates`` | observations hold a lone surrogate (``\\ud800``) and a NUL byte |
 | ``exit_step`` | ``step`` ends the process at once (``os._exit``): an env actor, or a server serving the env, dies |
-
-``from_seed``: the fault fires only in episodes reset with a seed at least this, so that a run's preflight (seeds
-0 and 1) passes and its training episodes (``es_manager.seed``) meet the fault.
 """
 
 from __future__ import annotations
@@ -42,8 +39,6 @@ class FaultyConfig:
     """Length of a ``megabytes`` observation (and of what it prints)."""
     steps: int = 3
     """Steps until the episode ends."""
-    from_seed: int = 0
-    """The fault fires only in episodes reset with a seed at least this (None seeds count as 0)."""
 
     def __post_init__(self):
         if self.fault not in FAULTS:
@@ -57,8 +52,7 @@ class FaultyEnv(BaseEnv):
 
     def reset(self, seed=None, **kwargs):
         self.t = 0
-        self.armed = (seed or 0) >= self.config.from_seed
-        fault = self.config.fault if self.armed else "none"
+        fault = self.config.fault
         if fault == "hang_reset":
             time.sleep(self.config.seconds)
         if fault == "raise_reset":
@@ -66,7 +60,7 @@ class FaultyEnv(BaseEnv):
         return self.render()
 
     def step(self, action):
-        fault = self.config.fault if getattr(self, "armed", True) else "none"
+        fault = self.config.fault
         self.t += 1
         if fault == "exit_step":
             os._exit(3)
