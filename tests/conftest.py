@@ -67,9 +67,11 @@ def no_process_group_left_behind():
 
 class ServedTag:
     """An env tag served by ``python -m agent_trainer.serve_env`` in a process of its own on 127.0.0.1 (a real
-    server: tests talk to it over HTTP and WebSocket). ``url`` is its address, ``log`` what it printed."""
+    server: tests talk to it over HTTP and WebSocket), or the OpenEnv server a ``script`` starts (``--port``).
+    ``url`` is its address, ``log`` what it printed."""
 
-    def __init__(self, envs_file, tag: str, key: str, log_path: Path, port: int | None = None):
+    def __init__(self, envs_file, tag: str, key: str | None, log_path: Path, port: int | None = None,
+                 script: str | None = None):
         import socket
 
         if port is None:
@@ -78,6 +80,7 @@ class ServedTag:
                 port = s.getsockname()[1]
         self.envs_file, self.tag, self.key, self.log_path, self.port = str(envs_file), tag, key, log_path, port
         self.url = f"http://127.0.0.1:{port}"
+        self.script = script
         self.proc = None
 
     def start(self, timeout_s: float = 120.0) -> "ServedTag":
@@ -88,18 +91,19 @@ class ServedTag:
 
         import httpx
 
-        env = {**os.environ, "AGENT_TRAINER_ENV_KEY": self.key, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "AGENT_TRAINER_ENV_KEY": self.key or "", "PYTHONPATH": str(REPO)}
+        cmd = ([sys.executable, self.script] if self.script else
+               [sys.executable, "-m", "agent_trainer.serve_env", "--envs-file", self.envs_file, "--tag", self.tag])
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "agent_trainer.serve_env", "--envs-file",
-                                          self.envs_file, "--tag", self.tag, "--port", str(self.port)],
-                                         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen([*cmd, "--port", str(self.port)], cwd=REPO, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"serve_env exited with {self.proc.returncode}: {self.log}")
             try:
-                if httpx.get(self.url + "/health", headers={"Authorization": f"Bearer {self.key}"},
-                             timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", headers=headers, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -119,12 +123,12 @@ class ServedTag:
 
 @pytest.fixture
 def serve_tag(tmp_path):
-    """Start servers of env tags (``serve_tag(envs_file, tag, key)`` -> a started :class:`ServedTag`); every one
-    is killed when the test ends."""
+    """Start servers of env tags (``serve_tag(envs_file, tag, key)`` -> a started :class:`ServedTag`; with
+    ``script=``, that script's server); every one is killed when the test ends."""
     servers = []
 
-    def start(envs_file, tag: str, key: str, port: int | None = None) -> ServedTag:
-        served = ServedTag(envs_file, tag, key, tmp_path / f"serve_{tag}_{len(servers)}.log", port)
+    def start(envs_file, tag: str, key: str | None, port: int | None = None, script: str | None = None) -> ServedTag:
+        served = ServedTag(envs_file, tag, key, tmp_path / f"serve_{tag}_{len(servers)}.log", port, script)
         servers.append(served)
         return served.start()
 

@@ -138,8 +138,8 @@ def leave_out_service_failures(played: list, states: list[EpisodeState], split: 
                          f"failure; the first: {describe(first)}: {' '.join(error.split())[:500]}. Check that the "
                          "env's server is up (docs/environments.md, \"Services\")")
     if lost:
-        logger.warning("left out %d episode(s) of the %s split ended by a service failure (<prefix>/service_failures)",
-                       lost, split)
+        logger.warning("left out %d episode(s) of the %s split ended by a service failure (%s/service_failures)",
+                       lost, split, split.metric_prefix)
     return kept, lost
 
 

@@ -1,6 +1,7 @@
 """Training through the ``openenv`` env tag (real Ray, FSDP2 over gloo, vLLM CPU, and a real OpenEnv server on
-127.0.0.1 started by the test: ``python -m agent_trainer.serve_env`` serving the shipped FrozenLake tag): 2 steps, every
-episode a session on the server; the env-level equivalence with the in-process env is tests/envs/test_openenv_env.py.
+127.0.0.1 started by the test), 2 steps each, every episode a session on the server: the shipped FrozenLake tag served
+by ``python -m agent_trainer.serve_env``, and a server written with openenv-core alone (tests/envs/openenv_word_env.py).
+The env-level equivalence with the in-process env is tests/envs/test_openenv_env.py.
 """
 
 from __future__ import annotations
@@ -45,3 +46,23 @@ def test_frozenlake_served_over_openenv_trains(tiny_model_path, tmp_path, serve_
     assert served.log.count("connection open") - sessions_before >= 8  # a session per episode: 2 steps x 4
     assert KEY not in served.log
     assert not [p for p in (tmp_path / "run").rglob("*") if p.is_file() and KEY in p.read_text(errors="replace")]
+
+
+def test_a_server_written_with_openenv_core_alone_trains(tiny_model_path, tmp_path, serve_tag):
+    served = serve_tag(None, "Word", None, script="tests/envs/openenv_word_env.py")
+    tags = yaml.safe_load((CONFIG_DIR / "envs.yaml").read_text())["custom_envs"]
+    tags["Word"] = {"env_type": "openenv", "max_actions_per_traj": 3, "max_tokens": 24,
+                    "env_instruction": "Say the secret word, a direction, e.g. <answer>Left</answer>.",
+                    "env_config": {"base_url": served.url, "observation_field": "prompt", "action_field": "word",
+                                   "success_reward": 1.0, "action_description": "Left | Down | Right | Up"}}
+    envs_file = tmp_path / "envs.yaml"
+    envs_file.write_text(yaml.safe_dump({"custom_envs": tags}))
+    overrides = [o.replace("FrozenLakeServed", "Word") for o in SMALL]
+    train_here("frozenlake", tiny_model_path, tmp_path / "run", *overrides, f"envs_file={envs_file}",
+               "algorithm.adv_estimator=grpo")
+    records = metrics_records(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert math.isfinite(r["actor/pg_loss"]) and r["rollout/service_failures"] == 0
+        assert r["env/Word/num_actions"] > 0 and r["env/Word/error"] == 0
+    assert served.log.count("connection open") >= 8

@@ -5,6 +5,7 @@ ServiceError and the next reset reconnects; a server down at start-up is refused
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -189,3 +190,37 @@ def test_a_step_timeout_past_the_env_actors_deadline_is_refused(frozen_lake, tin
         compose_and_prepare([f"model_path={tiny_model_path}", f"envs_file={envs_file}",
                              "es_manager.train.env_configs.tags=[FrozenLakeServed]",
                              "es_manager.val.env_configs.tags=[FrozenLakeServed]"])
+
+
+WORD_SERVER = "tests/envs/openenv_word_env.py"
+"""An OpenEnv server written with openenv-core alone (its own types; no success field, no key)."""
+
+
+def word_tags(path, url: str, **env_config) -> dict:
+    path.write_text(yaml.safe_dump({"Word": {
+        "env_type": "openenv", "max_actions_per_traj": 3, "env_instruction": "Say the word.", "max_tokens": 24,
+        "env_config": {"base_url": url, "observation_field": "prompt", "action_field": "word", "success_reward": 1.0,
+                       "action_description": "Left | Down | Right | Up", **env_config}}}))
+    return load_env_tags(path)
+
+
+def test_a_third_party_openenv_server_maps_onto_the_env_contract(serve_tag, tmp_path):
+    served = serve_tag(None, "Word", None, script=WORD_SERVER)
+    env = envs.make_env("Word", word_tags(tmp_path / "text.yaml", served.url))
+    assert env.reset(seed=0) == "Say the secret word (4 letters, a direction)."
+    assert env.action_description() == "Left | Down | Right | Up" and env.legend() == ""
+    again = "Not that one. Say another direction."
+    assert env.step("Up") == (again, 0.0, False, envs.make_info(False, True, True))
+    # the server's schema refuses an empty word (min_length 1): an invalid action, and its session goes on
+    assert env.step("") == (again, 0.0, False, envs.make_info(False, False, False))
+    assert env.step("LEFT") == ("Right!", 1.0, True, envs.make_info(True, True, True))  # success: reward >= 1
+    # action_format json, and an observation shown whole (as JSON) when observation_field is absent from it
+    env = envs.make_env("Word", word_tags(tmp_path / "json.yaml", served.url, action_format="json",
+                                          observation_field="text"))
+    first = env.reset(seed=1)
+    assert json.loads(first) == {"prompt": "Say the secret word (4 letters, a direction).", "heard": ""}
+    assert env.step("Down") == (first, 0.0, False, envs.make_info(False, False, False))  # no JSON: not sent
+    assert env.step('["down"]') == (first, 0.0, False, envs.make_info(False, False, False))
+    obs, reward, done, info = env.step('{"word": "down"}')
+    assert (json.loads(obs)["heard"], reward, done, info["success"]) == ("down", 1.0, True, True)
+    env.close()
