@@ -102,6 +102,17 @@ class ActionRefused(Exception):
     """The server's schema refused the action (its session goes on)."""
 
 
+class ServedEnvError(RuntimeError):
+    """The served env raised (the server's ``EXECUTION_ERROR``): the env's own error, as in-process."""
+
+
+def _lost_connection_errors() -> tuple[type[BaseException], ...]:
+    """What a call raises when the session is gone: no answer in time, the socket closed or refused."""
+    from websockets.exceptions import WebSocketException
+
+    return TimeoutError, OSError, EOFError, WebSocketException
+
+
 def api_key(config: OpenEnvConfig) -> str | None:
     """The key from the environment variable ``api_key_env`` names (None without one); a variable that is not set
     raises ServiceError naming it (never the key)."""
@@ -178,8 +189,8 @@ def _client_class():
                 code, text = data.get("code", "UNKNOWN"), data.get("message", "unknown error")
                 if code == "VALIDATION_ERROR":
                     raise ActionRefused(f"{text}: {data.get('errors', '')}")
-                if code == "EXECUTION_ERROR":  # the env raised: its own error, as in-process
-                    raise RuntimeError(f"the served environment raised: {text}")
+                if code == "EXECUTION_ERROR":
+                    raise ServedEnvError(f"the served environment raised: {text}")
                 raise ServiceError(f"the OpenEnv server answered {code}: {text}")
             return response
 
@@ -223,22 +234,14 @@ class OpenEnvEnv(BaseEnv):
         """``fn()``; a lost connection or a missed deadline closes the session and raises ServiceError."""
         try:
             return fn()
-        except (ActionRefused, ServiceError):
+        except (ActionRefused, ServedEnvError):
             raise
-        except RuntimeError as err:
-            if str(err).startswith("the served environment raised"):
-                raise
+        except ServiceError:
+            self._close_session()
+            raise
+        except _lost_connection_errors() as err:
             self._close_session()
             raise ServiceError(f"{what} at {self.config.base_url} failed: {type(err).__name__}: {err}") from None
-        except (TimeoutError, OSError, ConnectionError, EOFError) as err:
-            self._close_session()
-            raise ServiceError(f"{what} at {self.config.base_url} failed: {type(err).__name__}: {err}") from None
-        except Exception as err:  # websockets' ConnectionClosed and the like: the session is lost
-            if type(err).__module__.startswith("websockets"):
-                self._close_session()
-                raise ServiceError(f"{what} at {self.config.base_url}: the connection was lost "
-                                   f"({type(err).__name__}: {err})") from None
-            raise
 
     # ---------------------------------------------------------------- the env contract
     def reset(self, seed: int | None = None, **kwargs: Any) -> str:
