@@ -25,6 +25,7 @@ lost between episodes). An exception inside the served env is the env's own erro
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -163,6 +164,8 @@ def _client_class():
         from websockets.asyncio.client import connect as ws_connect
     except ImportError as err:
         raise ImportError(f"env_type openenv needs the openenv-core package ({err}); {INSTALL}") from err
+    client_log = logging.getLogger("websockets.client")  # at DEBUG it logs the handshake's headers: the key
+    client_log.setLevel(max(client_log.level, logging.INFO))
 
     class KeyedClient(GenericEnvClient):
         """openenv-core's dict client; connects with ``headers`` and a short close handshake."""

@@ -6,6 +6,7 @@ ServiceError and the next reset reconnects; a server down at start-up is refused
 from __future__ import annotations
 
 import json
+import logging
 import random
 import subprocess
 import sys
@@ -88,8 +89,11 @@ def test_served_frozenlake_keeps_the_env_contract(frozen_lake, tmp_path, key):
     env.close()
 
 
-def test_the_key_is_checked_and_never_printed(frozen_lake, tmp_path, monkeypatch):
+def test_the_key_is_checked_and_never_printed(frozen_lake, tmp_path, monkeypatch, caplog):
     served, tags = frozen_lake
+    caplog.set_level(logging.DEBUG)  # websockets logs a handshake's headers at DEBUG: the client keeps it quiet
+    envs.make_env("FrozenLakeServed", tags).reset(seed=0)
+    assert caplog.records and KEY not in caplog.text
     assert httpx.get(served.url + "/health").status_code == 401
     assert httpx.get(served.url + "/health", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(served.url + "/schema", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
