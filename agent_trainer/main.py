@@ -25,6 +25,7 @@ from agent_trainer import cli_args, core_algos, memory_plan, run_logs, watchdog
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.preflight import preflight_envs
 from agent_trainer.checks.rl import check_lora_targets
+from agent_trainer.checks.services import check_services
 from agent_trainer.config import AgentTrainerConfig, config_schema
 from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
@@ -224,6 +225,7 @@ def prepare(raw_cfg: DictConfig | dict, overrides: Sequence[str] = ()) -> tuple[
     env_tags = load_envs_file(cfg.envs_file)
     env_tags.update(dataset_env_tags(cfg))  # data.train_files / val_files as prompt_dataset tags
     check_inputs(cfg, env_tags)
+    check_services(cfg, env_tags)  # an env tag's server (env_type openenv) answers with its key
     memory_plan.check_config(cfg)  # trainer.gpu_memory_gib: the per-GPU memory plan (docs/cluster.md)
     if cfg.data.train_files:
         from transformers import AutoTokenizer

@@ -10,7 +10,7 @@ imports no environment (nor gymnasium, textworld, ...) until one is made::
     obs, reward, done, info = env.step("Right")
 """
 
-from envs.base import BaseEnv, EmptyConfig, make_info, parse_choice
+from envs.base import BaseEnv, EmptyConfig, ServiceError, make_info, parse_choice
 from envs.registry import (
     EnvTagConfig,
     build_config,
@@ -34,6 +34,7 @@ _BUILTIN = {
     "textworld": "envs.text_world:TextWorldEnv",
     "alfworld": "envs.alfworld_env:ALFWorldEnv",
     "slow_frozen_lake": "envs.slow_env:SlowFrozenLakeEnv",  # test env: simulated slow backend (bench P6)
+    "openenv": "envs.openenv_env:OpenEnvEnv",  # an OpenEnv server over HTTP (docs/environments.md, "Services")
 }
 for _name, _path in _BUILTIN.items():
     register_env(_name, _path)
@@ -51,4 +52,5 @@ __all__ = [
     "parse_choice",
     "parse_env_tags",
     "register_env",
+    "ServiceError",
 ]

@@ -28,6 +28,15 @@ _STRIP_CHARS = " \t\r\n.,;:!?'\"`*()[]{}<>"
 MAX_DISCRETE_ACTION_CHARS = 200
 
 
+class ServiceError(RuntimeError):
+    """The service an environment talks to failed: unreachable, the connection lost, no answer within its timeout.
+
+    An env raises it (instead of any other exception) when the fault is the service's, not the episode's: the
+    env-state manager ends the episode as for any exception, and the rollout counts it
+    (``<prefix>/service_failures``) and leaves it out of training and of its group's statistics
+    (docs/reliability.md)."""
+
+
 @dataclass
 class EmptyConfig:
     """Config for environments that take no options."""

@@ -63,3 +63,75 @@ def no_process_group_left_behind():
         dist.destroy_process_group()
         pytest.fail("this module left torch.distributed's default process group initialized; "
                     "destroy it (or shut the in-process vLLM engine down) before the module ends")
+
+
+class ServedTag:
+    """An env tag served by ``python -m agent_trainer.serve_env`` in a process of its own on 127.0.0.1 (a real
+    server: tests talk to it over HTTP and WebSocket), or the OpenEnv server a ``script`` starts (``--port``).
+    ``url`` is its address, ``log`` what it printed."""
+
+    def __init__(self, envs_file, tag: str, key: str | None, log_path: Path, port: int | None = None,
+                 script: str | None = None):
+        import socket
+
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.envs_file, self.tag, self.key, self.log_path, self.port = str(envs_file), tag, key, log_path, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.script = script
+        self.proc = None
+
+    def start(self, timeout_s: float = 120.0) -> "ServedTag":
+        """Start the server and wait until its health check answers with the key."""
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        env = {**os.environ, "AGENT_TRAINER_ENV_KEY": self.key or "", "PYTHONPATH": str(REPO)}
+        cmd = ([sys.executable, self.script] if self.script else
+               [sys.executable, "-m", "agent_trainer.serve_env", "--envs-file", self.envs_file, "--tag", self.tag])
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([*cmd, "--port", str(self.port)], cwd=REPO, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve_env exited with {self.proc.returncode}: {self.log}")
+            try:
+                if httpx.get(self.url + "/health", headers=headers, timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"serve_env did not answer within {timeout_s} s: {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL the server (as a crash would end it) and wait for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def serve_tag(tmp_path):
+    """Start servers of env tags (``serve_tag(envs_file, tag, key)`` -> a started :class:`ServedTag`; with
+    ``script=``, that script's server); every one is killed when the test ends."""
+    servers = []
+
+    def start(envs_file, tag: str, key: str | None, port: int | None = None, script: str | None = None) -> ServedTag:
+        served = ServedTag(envs_file, tag, key, tmp_path / f"serve_{tag}_{len(servers)}.log", port, script)
+        servers.append(served)
+        return served.start()
+
+    yield start
+    for served in servers:
+        served.kill()

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry")),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
              "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
-             "agent_trainer.check_env")),
+             "agent_trainer.check_env", "agent_trainer.serve_env")),
     ("launch", ("launch",)),
 ]
 """Lowest first: (layer, the modules it holds, by dotted prefix; the longest prefix wins; ``=name`` is that module

@@ -44,8 +44,10 @@ class EnvFailure(RuntimeError):
 def check_env_errors(states: list[EpisodeState], limit: float, split: Split, describe: Callable[[int], str]) -> None:
     """Stop (:class:`EnvFailure`) when more than ``limit`` of the started episodes (``states``) ended in an
     environment error (``EpisodeState.error``: step raised, or returned the wrong shape or types), naming the
-    first one, its seed and its error; below it they stay in the step (``env/<tag>/error``)."""
-    errored = sorted((s for s in states if s.error is not None), key=lambda s: s.env_id)
+    first one, its seed and its error; below it they stay in the step (``env/<tag>/error``). A service failure
+    (``EpisodeState.service_failure``) is the service's fault, not the env's: it is not counted here
+    (:func:`leave_out_service_failures`)."""
+    errored = sorted((s for s in states if s.error is not None and not s.service_failure), key=lambda s: s.env_id)
     if errored and len(errored) > limit * len(states):
         first = errored[0]
         raise EnvFailure(
@@ -98,6 +100,7 @@ def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int
         raise RuntimeError(f"no episode of the {split} split played a turn ({num_episodes} episodes, "
                            f"{faults.reset_failures} failed to reset, the others' first prompt exceeded "
                            "actor_rollout_ref.rollout.max_model_len minus the turn budget); see the errors above")
+    played, service_failures = leave_out_service_failures(played, states, split, describe)
     episodes, dropped = screen_nonfinite(played, cfg.algorithm.nonfinite_reward, describe)
     batch = agent.build_update_batch(episodes)
     check_batch_contract(batch, generations, type(agent).__qualname__, describe)
@@ -110,9 +113,34 @@ def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int
     metrics = rollout_metrics(list(ctxs.values()), states, prefix=prefix, rewards=rewards)
     metrics.update(faults.metrics(prefix))
     metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
+    metrics[f"{prefix}/service_failures"] = float(service_failures)
     metrics[f"{prefix}/reset_prefetched"] = float(reset_prefetched)
     metrics.update(profiling.rollout_profile(cfg, agent, timings, played, prefix))
     return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
+
+
+def leave_out_service_failures(played: list, states: list[EpisodeState], split: Split,
+                               describe: Callable[[int], str]) -> tuple[list, int]:
+    """The played episodes without those a service failure ended (``EpisodeState.service_failure``: the env's
+    server unreachable, the connection lost, no answer in time), and how many those were.
+
+    Such an episode stopped where the service did, not where the policy took it: its reward says nothing of the
+    policy, so it is left out of the batch (all its rows) and of its group's statistics, and counted
+    (``<prefix>/service_failures``); the rest of the group trains. When it leaves nothing, the rollout stops
+    with :class:`EnvFailure` naming the first one."""
+    failed = {int(s.env_id) for s in states if s.service_failure}
+    kept = [e for e in played if int(e.env_id) not in failed]
+    lost = len(played) - len(kept)
+    if played and not kept:
+        first = min(s.env_id for s in states if s.service_failure)
+        error = next(s.error for s in states if s.env_id == first) or ""
+        raise EnvFailure(f"all {len(played)} episodes of the {split} split that played a turn ended in a service "
+                         f"failure; the first: {describe(first)}: {' '.join(error.split())[:500]}. Check that the "
+                         "env's server is up (docs/environments.md, \"Services\")")
+    if lost:
+        logger.warning("left out %d episode(s) of the %s split ended by a service failure (%s/service_failures)",
+                       lost, split, split.metric_prefix)
+    return kept, lost
 
 
 def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]) -> tuple[list, int]:

@@ -12,17 +12,19 @@ valid, the reward is 0.1 per step and the episode ends after ``steps`` steps.
 | ``nan_reward`` | ``step`` returns a NaN reward |
 | ``megabytes`` | ``reset`` and ``step`` print ``chars`` characters and return an observation that long |
 | ``surrogates`` | observations hold a lone surrogate (``\\ud800``) and a NUL byte |
+| ``exit_step`` | ``step`` ends the process at once (``os._exit``): an env actor, or a server serving the env, dies |
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 from envs import BaseEnv, make_info
 
 FAULTS = ("none", "hang_step", "hang_reset", "raise_step", "raise_reset", "wrong_types", "nan_reward",
-          "megabytes", "surrogates")
+          "megabytes", "surrogates", "exit_step")
 
 
 @dataclass
@@ -60,6 +62,8 @@ class FaultyEnv(BaseEnv):
     def step(self, action):
         fault = self.config.fault
         self.t += 1
+        if fault == "exit_step":
+            os._exit(3)
         done = self.t >= self.config.steps
         if fault == "hang_step":
             time.sleep(self.config.seconds)

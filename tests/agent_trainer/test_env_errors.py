@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,7 +25,8 @@ from agent_trainer.metrics_export import tag_gauges
 from agent_trainer.rollout import EnvFailure, SyncMultiTurnRollout, check_env_errors
 from agent_trainer.tracking import format_metrics
 from agent_trainer.trajectories import EpisodeRecord, write_step
-from envs import EnvTagConfig, load_env_tags
+from agent_trainer.rollout.results import leave_out_service_failures
+from envs import BaseEnv, EnvTagConfig, ServiceError, load_env_tags, register_env
 
 RAISES = EnvTagConfig(env_type="envs.examples.faulty:FaultyEnv", max_actions_per_traj=3,
                       env_instruction="Answer with any word, e.g. <answer>Left</answer>.", max_tokens=24,
@@ -52,6 +54,50 @@ def test_more_errored_episodes_than_the_fraction_stop_the_rollout_naming_the_fir
         "es_manager.max_env_error_fraction = 0.4); the first: env_id 2: RuntimeError: injected step failure. "
         "Fix the environment's step (docs/writing_an_environment.md, \"Check it\"), or raise the fraction")
     assert isinstance(err.value, RuntimeError)
+
+
+class ServiceDown(BaseEnv):
+    """An env whose service is gone at its first step (as envs.openenv_env's is when its server dies)."""
+
+    def reset(self, seed=None, **kwargs):
+        return "ready"
+
+    def step(self, action):
+        raise ServiceError("step at http://127.0.0.1:9: the connection was lost")
+
+    def render(self):
+        return "ready"
+
+    def action_description(self):
+        return "anything"
+
+
+def test_service_failures_are_left_out_of_training_and_not_counted_as_env_errors():
+    register_env("service_down_test", ServiceDown)
+    down = EnvTagConfig(env_type="service_down_test", max_actions_per_traj=3, env_instruction="", max_tokens=24)
+    tags = {**load_env_tags(), "Down": down, "Raises": RAISES}
+    specs = [EpisodeSpec(env_id=0, group_id=0, tag="Bandit"), EpisodeSpec(env_id=1, group_id=0, tag="Bandit"),
+             EpisodeSpec(env_id=2, group_id=1, tag="Down"), EpisodeSpec(env_id=3, group_id=1, tag="Down"),
+             EpisodeSpec(env_id=4, group_id=2, tag="Raises")]
+    manager = EnvStateManager(tags, specs)
+    manager.reset({0: 1, 1: 2, 2: 3})
+    manager.step([EnvInput(env_id=i, llm_response="", actions=["Dragon"]) for i in range(5)])
+    states = manager.get_rollout_states()
+    assert [s.service_failure for s in states] == [False, False, True, True, False]
+    assert [s.metrics["service_failure"] for s in states] == [0.0, 0.0, 1.0, 1.0, 0.0]
+    assert all(s.error is not None for s in states[2:])
+    check_env_errors(states, 0.2, Split.TRAIN, _describe)  # 1 env error of 5; the 2 service failures do not count
+    with pytest.raises(EnvFailure, match="1 of 5 episodes .* the first: env_id 4: RuntimeError"):
+        check_env_errors(states, 0.1, Split.TRAIN, _describe)
+    played = [SimpleNamespace(env_id=i) for i in range(5)]
+    kept, lost = leave_out_service_failures(played, states, Split.TRAIN, _describe)
+    assert [e.env_id for e in kept] == [0, 1, 4] and lost == 2
+    with pytest.raises(EnvFailure) as err:
+        leave_out_service_failures(played[2:4], states, Split.TRAIN, _describe)
+    assert str(err.value) == (
+        "all 2 episodes of the train split that played a turn ended in a service failure; the first: env_id 2: "
+        "ServiceError: step at http://127.0.0.1:9: the connection was lost. Check that the env's server is up "
+        "(docs/environments.md, \"Services\")")
 
 
 def _config(model_path: str, tags: str, n_groups: str, *overrides: str):

@@ -30,8 +30,9 @@ class EveryReplyActs(ContextManager):
         return inp if inp.actions else dataclasses.replace(inp, actions=["Left"])
 
 
-def write_fault_envs(path) -> str:
-    """config/envs.yaml plus one FaultyEnv tag per fault of :data:`FAULT_TAGS`; returns the file's path."""
+def write_fault_envs(path, extra_tags: dict | None = None) -> str:
+    """config/envs.yaml plus one FaultyEnv tag per fault of :data:`FAULT_TAGS` (and ``extra_tags``); returns the
+    file's path."""
     import yaml
 
     from agent_trainer.main import CONFIG_DIR
@@ -42,14 +43,15 @@ def write_fault_envs(path) -> str:
         tags[name] = {"env_type": "envs.examples.faulty:FaultyEnv", "max_actions_per_traj": 3, "max_tokens": 24,
                       "env_instruction": "Answer with any word, e.g. <answer>Left</answer>.",
                       "env_config": env_config}
+    tags.update(extra_tags or {})
     path.write_text(yaml.safe_dump({"custom_envs": tags}))
     return str(path)
 
 
-def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: str):
+def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: str, extra_tags: dict | None = None):
     """A small GRPO run (1 actor rank, no critic, 1 engine): one group of 2 episodes per train tag,
     one env actor per group, validation off, every reply an action (:class:`EveryReplyActs`), no env preflight
-    (``es_manager.preflight``); returns (cfg, env_tags)."""
+    (``es_manager.preflight``); ``extra_tags`` join the envs file; returns (cfg, env_tags)."""
     from hydra import compose, initialize_config_dir
 
     from agent_trainer.main import CONFIG_DIR, prepare
@@ -58,7 +60,7 @@ def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: st
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         raw = compose("frozenlake", overrides=[
             f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
-            f"envs_file={write_fault_envs(run_dir / 'fault_envs.yaml')}",
+            f"envs_file={write_fault_envs(run_dir / 'fault_envs.yaml', extra_tags)}",
             "trainer.total_training_steps=1", "trainer.test_freq=0", "trainer.save_freq=0",
             "trainer.progress_bar=false", "algorithm.adv_estimator=grpo", "algorithm.nonfinite_reward=drop",
             f"es_manager.train.env_groups={n}", "es_manager.train.group_size=2",
