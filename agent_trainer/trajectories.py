@@ -21,6 +21,7 @@ from pathlib import Path
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config.splits import Split
 from agent_trainer.es_manager import EpisodeState
+from agent_trainer.trajectory_rewards.judge import JudgeVerdict
 from agent_trainer.viewer import write_viewer
 
 
@@ -66,12 +67,17 @@ class EpisodeRecord:
     final_observation: str
     turns: list[TurnRecord]
     error: str | None = None
+    judge: JudgeVerdict | None = None
+    """With ``judge.enable``: the judge's call (its messages, its reply) and score, or why it left the episode
+    unscored; ``total_reward`` stays the environment's part."""
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeRecord:
         """Parse one JSONL line."""
         data = json.loads(line)
         data["turns"] = [TurnRecord(**t) for t in data["turns"]]
+        if data.get("judge") is not None:
+            data["judge"] = JudgeVerdict(**data["judge"])
         return cls(**data)
 
 
@@ -103,8 +109,10 @@ def row_spans(mask: list[int]) -> list[tuple[range, range]]:
     return spans
 
 
-def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
-    """Join one episode's env history with its training rows (``rows``: ids, mask, advantage lists, in order)."""
+def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str,
+                   judge: JudgeVerdict | None = None) -> EpisodeRecord:
+    """Join one episode's env history with its training rows (``rows``: ids, mask, advantage lists, in order) and
+    the judge's verdict on it, if any."""
     spans = [(row, prompt, reply) for row in rows for prompt, reply in row_spans(row["mask"]) if len(reply)]
     history = state.history
     turns = []
@@ -124,7 +132,8 @@ def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, 
     return EpisodeRecord(step=step, split=split, tag=state.tag, env_id=int(state.env_id),
                          group_id=int(state.group_id), success=bool(state.metrics.get("success", 0.0) > 0),
                          total_reward=state.total_reward,
-                         final_observation=str(state.final_observation), turns=turns, error=state.error)
+                         final_observation=str(state.final_observation), turns=turns, error=state.error,
+                         judge=judge)
 
 
 def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> dict[int, list[dict]]:
@@ -152,12 +161,14 @@ def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> 
 
 
 def write_step(run_dir: str | Path, step: int, split: str, states: list[EpisodeState], batch: TensorBatch, tokenizer,
-               per_tag: int, fallback: TensorBatch | None = None) -> Path:
-    """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer."""
+               per_tag: int, fallback: TensorBatch | None = None,
+               judge: dict[int, JudgeVerdict] | None = None) -> Path:
+    """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer
+    (``judge``: the judge's verdicts by env id, ``RolloutResult.judge``)."""
     folder = Path(run_dir) / "trajectories"
     folder.mkdir(parents=True, exist_ok=True)
-    rows = rows_by_episode(batch, fallback)
-    records = [episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split)
+    rows, judge = rows_by_episode(batch, fallback), judge or {}
+    records = [episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split, judge.get(int(s.env_id)))
                for s in sample_states(states, per_tag)]
     path = folder / (f"step_{step}.jsonl" if split == Split.TRAIN else f"{split}_step_{step}.jsonl")
     path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))
