@@ -197,3 +197,24 @@ def test_too_many_unscored_stop_the_run_naming_the_first_failure():
     with pytest.raises(JudgeFailure, match="4 of 4"):  # all of them: nothing left to train on, whatever the fraction
         add_judge_scores(batch_of([0.0] * 4, [0, 0, 1, 1]), {k: verdict(None) for k in range(10, 14)},
                          JudgeConfig(max_unscored_fraction=1.0), "train")
+
+
+def test_the_example_config_runs_against_the_example_judge(tiny_model_path, monkeypatch):
+    """config/arith_grpo_judge.yaml passes the start-up checks with its key set, and examples/judge/rule_judge.py
+    answers its ranking calls (docs/rewards.md, "Judges")."""
+    from agent_trainer.gateway.server import GatewayServer
+    from agent_trainer.main import compose_and_prepare
+    from examples.judge.rule_judge import make_app
+
+    monkeypatch.delenv("JUDGE_API_KEY", raising=False)
+    with pytest.raises(SystemExit, match="JUDGE_API_KEY"):
+        compose_and_prepare([f"model_path={tiny_model_path}"], "arith_grpo_judge")
+    monkeypatch.setenv("JUDGE_API_KEY", "sk-example")
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}"], "arith_grpo_judge")
+    assert cfg.judge.enable and cfg.judge.mode == "ranking"
+    with GatewayServer(make_app("sk-example")) as server:
+        cfg.judge.base_url = f"http://127.0.0.1:{server.port}/v1"
+        replies = ["<answer>2</answer>", "it is 2", "no idea"]
+        items = [JudgeItem(i, 0, f"user\nWhat is 1 + 1?\nassistant\n{r}") for i, r in enumerate(replies)]
+        verdicts, stats = JudgeClient(cfg.judge).judge(items)
+    assert [verdicts[i].score for i in range(3)] == [1.0, 0.5, 0.0] and stats.calls == 1
