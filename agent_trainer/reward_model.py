@@ -107,6 +107,11 @@ def dump_scores(path: Path, step: int, texts: list[str], scores: torch.Tensor) -
             f.write(json.dumps({"step": step, "text": text, "score": float(value)}) + "\n")
 
 
+def judge_prefix(split: str) -> str:
+    """The judge's metric prefix: ``judge`` for training, ``<split>/judge`` otherwise (``val/judge``)."""
+    return "judge" if split == Split.TRAIN else f"{split}/judge"
+
+
 def judge_items(batch: TensorBatch, tokenizer, source: str) -> list[JudgeItem]:
     """Each episode of ``batch`` as the judge reads it (``judge.input``: the last reply or the conversation)."""
     rows = last_rows(batch)
@@ -120,11 +125,12 @@ def add_judge_scores(batch: TensorBatch, verdicts: dict[int, JudgeVerdict], cfg:
     """``env_reward_weight x`` the environment's rewards, plus ``reward_weight x score`` on each scored episode's
     last generated token; returns the batch without the unscored episodes' rows, and the metrics.
 
-    An unscored episode (``JudgeVerdict.score`` None) leaves the batch whole, so no estimator counts it in its
-    group's mean or spread (``<prefix>/unscored``). More than ``judge.max_unscored_fraction`` of the episodes
-    unscored, or every one of them, raises :class:`JudgeFailure` naming the first failure.
+    Every row of an unscored episode (``JudgeVerdict.score`` None) leaves the batch, so no estimator counts it in
+    its group's mean or spread, and it is not trained on (``<prefix>/unscored``). More than
+    ``judge.max_unscored_fraction`` of the episodes unscored, or every one of them, raises :class:`JudgeFailure`
+    naming the first failure.
     """
-    prefix = "judge" if split == Split.TRAIN else f"{split}/judge"
+    prefix = judge_prefix(split)
     unscored = sorted(uid for uid, v in verdicts.items() if v.score is None)
     if unscored and (len(unscored) > cfg.max_unscored_fraction * len(verdicts) or len(unscored) == len(verdicts)):
         raise JudgeFailure(

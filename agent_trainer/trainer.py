@@ -269,8 +269,8 @@ class AgentTrainer:
     # -- phases --------------------------------------------------------------------------
     def collect(self, step: int) -> RolloutResult:
         """Step ``step``'s experience on the engines' current weights: the rollout, then the judge's and the
-        reward model's scores and ReMax's baselines. Those weights are the ones step ``global_step`` started from, so
-        ``rollout/policy_staleness`` (optimizer steps between them and the ones step ``step`` trains from)
+        reward model's scores and ReMax's baselines. Those weights are the ones step ``global_step`` started
+        from, so ``rollout/policy_staleness`` (optimizer steps between them and the ones step ``step`` trains from)
         is ``step - global_step``: 0, or 1 for the step prefetched under ``trainer.max_off_policy_steps``."""
         staleness, metrics = step - self.global_step, {}
         with timer("rollout", metrics):
@@ -323,7 +323,7 @@ class AgentTrainer:
         verdicts, stats = self.judge.judge(items)
         result.batch, metrics = reward_model.add_judge_scores(result.batch, verdicts, self.cfg.judge, split)
         result.judge = verdicts
-        metrics.update(stats.metrics("judge" if split == Split.TRAIN else f"{split}/judge"))
+        metrics.update(stats.metrics(reward_model.judge_prefix(split)))
         return metrics
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
