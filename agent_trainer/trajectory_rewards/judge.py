@@ -19,6 +19,7 @@ only, and masked out of any text the endpoint sends back. Replies are untrusted 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import json
 import math
@@ -108,11 +109,16 @@ class JudgeStats:
     timeouts: int = 0
     http_errors: int = 0
     unparseable: int = 0
-    """Replies without usable scores (including bodies that are not chat completions)."""
+    """Replies without usable scores (including bodies that are not chat completions).
+
+    ``timeouts``, ``http_errors`` and ``unparseable`` count calls sent, not cache hits."""
 
     def count(self, reply: Reply, parsed: bool) -> None:
-        self.cache_hits += reply.cached
-        self.calls += not reply.cached
+        """Count one call's reply; a cached one counts as a cache hit only."""
+        if reply.cached:
+            self.cache_hits += 1
+            return
+        self.calls += 1
         self.timeouts += reply.kind == "timeout"
         self.http_errors += reply.kind == "http"
         self.unparseable += reply.kind == "malformed" or (reply.error is None and not parsed)
@@ -291,9 +297,14 @@ class JudgeClient:
         calls, stats, verdicts = self.format.calls(items), JudgeStats(), {}
         if not calls:
             return verdicts, stats
-        workers = min(self.config.max_concurrency, len(calls))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
-            replies = list(pool.map(self.send, calls))
+        keys = [request_key(self.config, call.messages) for call in calls]
+        first = {key: i for i, key in reversed(list(enumerate(keys)))}  # identical requests in one pass: sent once
+        unique = sorted(first.values())
+        with ThreadPoolExecutor(max_workers=min(self.config.max_concurrency, len(unique)),
+                                thread_name_prefix="judge") as pool:
+            sent = dict(zip(unique, pool.map(self.send, [calls[i] for i in unique])))
+        replies = [sent[i] if i in sent else dataclasses.replace(sent[first[key]], cached=True, seconds=0.0)
+                   for i, key in enumerate(keys)]
         for call, reply in zip(calls, replies):
             scores, error = None, reply.error
             if error is None:

@@ -122,6 +122,11 @@ def test_client_scores_caches_and_bounds_concurrency(monkeypatch):
         assert {e: v.score for e, v in ranked.items()} == {item.episode: text_score(item.text) for item in ITEMS}
         assert [ranked[e].position for e in (10, 11, 12)] == [1, 2, 3]
         assert "sk-secret-1" not in repr(client)
+        twins = [JudgeItem(1, 0, "same"), JudgeItem(2, 0, "same"), JudgeItem(3, 1, "other")]
+        verdicts, stats = JudgeClient(client_config(server, cache_size=0)).judge(twins)  # no cache: still sent once
+        assert stats.calls == 2 and stats.cache_hits == 1 and verdicts[1].score == verdicts[2].score
+        assert [r.trajectories for r in server.requests[8:]] in ([[("", "same")], [("", "other")]],
+                                                                 [[("", "other")], [("", "same")]])
 
 
 def test_failures_leave_episodes_unscored_and_are_counted(monkeypatch):
