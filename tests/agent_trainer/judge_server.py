@@ -4,7 +4,8 @@
 reads the trajectories of the last user message (one ``<trajectory>`` block, or ``<trajectory id="i">`` blocks)
 and scores each by :func:`text_score`, a fixed function of its text; ``behave`` (text of the user message ->
 "score" | "garbage" | "stall" | "error") makes it answer prose without scores, sleep past the client's timeout,
-or fail with HTTP 500. Every request is recorded (:attr:`JudgeServer.requests`) with what was answered.
+or fail with HTTP 500. Every request is recorded (:attr:`JudgeServer.requests`) with what was answered, and the
+most requests answered at once (``max_in_flight``, stalled ones left out: they outlive the client's timeout).
 A request without ``Authorization: Bearer <key>`` gets 401.
 """
 
@@ -71,14 +72,15 @@ class JudgeServer:
                 record = Recorded(call_id=f"judge-{len(self.requests)}", messages=body["messages"],
                                   trajectories=BLOCK.findall(user), behaviour=self.behave(user))
                 self.requests.append(record)
-                self.in_flight += 1
+                counted = record.behaviour != "stall"  # a stalled call outlives the client's timeout here
+                self.in_flight += counted
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
                 await asyncio.sleep(0.2)  # long enough for concurrent calls to overlap
                 return await self.answer(record, body)
             finally:
                 with self.lock:
-                    self.in_flight -= 1
+                    self.in_flight -= counted
 
         return app
 
