@@ -23,8 +23,11 @@ def check_judge(cfg: AgentTrainerConfig) -> None:
     if not judge.enable:
         changed = [f.name for f in dataclasses.fields(JudgeConfig)
                    if getattr(judge, f.name) != getattr(JudgeConfig(), f.name)]
-        check(not changed, f"judge.{changed[0] if changed else ''} is set but judge.enable = False, so no episode is "
-                           "judged; set judge.enable=true or drop it")
+        if changed:
+            name = changed[0]
+            value = "(not shown)" if name == "api_key_env" else repr(getattr(judge, name))[:80]
+            check(False, f"judge.{name} = {value} is set but judge.enable = False, so no episode is judged; set "
+                         "judge.enable=true or drop it")
         return
     url = urlparse(judge.base_url)
     check(url.scheme in ("http", "https") and bool(url.netloc),

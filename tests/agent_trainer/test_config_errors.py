@@ -240,7 +240,10 @@ CASES = [
     ("rm_not_one_label", ["reward_model.enable=true", "reward_model.model.path=${model_path}"],
      "reward_model.model.path", "num_labels = 2", "frozenlake"),
     # the judge (agent_trainer/checks/judge.py; JUDGE is an endpoint that passes every other check)
-    ("judge_key_without_enable", ["judge.model=gpt-4.1-mini"], "judge.model", "judge.enable = False", "frozenlake"),
+    ("judge_key_without_enable", ["judge.model=gpt-4.1-mini"], "judge.model = 'gpt-4.1-mini'", "judge.enable = False",
+     "frozenlake"),
+    ("judge_key_env_without_enable", ["judge.api_key_env=sk-not-a-name"], "judge.api_key_env = (not shown)",
+     "judge.enable = False", "frozenlake"),
     ("judge_without_url", ["judge.enable=true", "judge.model=m"], "judge.base_url", "''", "frozenlake"),
     ("judge_url_scheme", [*JUDGE, "judge.base_url=ftp://127.0.0.1/v1"], "judge.base_url", "'ftp://127.0.0.1/v1'",
      "frozenlake"),
