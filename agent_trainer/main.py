@@ -287,6 +287,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     from agent_trainer import lifecycle
     from agent_trainer.rollout.results import EnvFailure
     from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.trajectory_rewards.judge import JudgeFailure
     PlacementError, build_workers = worker_api("PlacementError"), worker_api("build_workers")
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
@@ -307,7 +308,7 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
         except lifecycle.Interrupted as err:
             logger.warning("%s: shutting every worker down; exit code %d", err, err.exit_code)
             exit_with: int | str = err.exit_code
-        except (PlacementError, lifecycle.WorkerLost, EnvFailure) as err:  # one line: what stopped the run
+        except (PlacementError, lifecycle.WorkerLost, EnvFailure, JudgeFailure) as err:  # one line: what stopped it
             exit_with = f"agent-trainer: {' '.join(str(err).split())}"
         finally:
             try:

@@ -1,9 +1,13 @@
-"""Reward-model scoring on the driver: which text each episode is scored on, and where the score goes.
+"""Reward-model and judge scoring on the driver: which text each episode is scored on, and where the score goes.
 
 The trainer (``AgentTrainer.score_with_reward_model``) calls :func:`episode_texts` on the rollout
 batch, tokenizes the texts with the reward model's tokenizer (:func:`encode_texts`), has the
 ``RewardModelWorker`` group score them (``workers/reward_model.py``), and adds ``reward_weight x
 score`` on each episode's last generated token (:func:`add_scores`). Plain torch, no Ray.
+
+A judge (``AgentTrainer.score_with_judge``) reads the same texts (:func:`judge_items`); :func:`add_judge_scores`
+weights the environment's rewards, adds the judge's weighted scores and takes the unscored episodes out of the
+batch, so they count in no group's statistics and are not trained on.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from pathlib import Path
 import torch
 
 from agent_trainer.batch import TensorBatch
+from agent_trainer.config.rewards import JudgeConfig
 from agent_trainer.config.splits import Split
+from agent_trainer.trajectory_rewards.judge import JudgeFailure, JudgeItem, JudgeVerdict
 
 
 def last_rows(batch: TensorBatch) -> list[int]:
@@ -99,3 +105,48 @@ def dump_scores(path: Path, step: int, texts: list[str], scores: torch.Tensor) -
     with open(path, "a", encoding="utf-8") as f:
         for text, value in zip(texts, scores.tolist()):
             f.write(json.dumps({"step": step, "text": text, "score": float(value)}) + "\n")
+
+
+def judge_prefix(split: str) -> str:
+    """The judge's metric prefix: ``judge`` for training, ``<split>/judge`` otherwise (``val/judge``)."""
+    return "judge" if split == Split.TRAIN else f"{split}/judge"
+
+
+def judge_items(batch: TensorBatch, tokenizer, source: str) -> list[JudgeItem]:
+    """Each episode of ``batch`` as the judge reads it (``judge.input``: the last reply or the conversation)."""
+    rows = last_rows(batch)
+    texts = episode_texts(batch, rows, tokenizer, source)
+    return [JudgeItem(episode=int(batch["traj_uid"][row]), group=int(batch["uid"][row]), text=text)
+            for row, text in zip(rows, texts)]
+
+
+def add_judge_scores(batch: TensorBatch, verdicts: dict[int, JudgeVerdict], cfg: JudgeConfig, split: str,
+                     ) -> tuple[TensorBatch, dict[str, float]]:
+    """``env_reward_weight x`` the environment's rewards, plus ``reward_weight x score`` on each scored episode's
+    last generated token; returns the batch without the unscored episodes' rows, and the metrics.
+
+    Every row of an unscored episode (``JudgeVerdict.score`` None) leaves the batch, so no estimator counts it in
+    its group's mean or spread, and it is not trained on (``<prefix>/unscored``). More than
+    ``judge.max_unscored_fraction`` of the episodes unscored, or every one of them, raises :class:`JudgeFailure`
+    naming the first failure.
+    """
+    prefix = judge_prefix(split)
+    unscored = sorted(uid for uid, v in verdicts.items() if v.score is None)
+    if unscored and (len(unscored) > cfg.max_unscored_fraction * len(verdicts) or len(unscored) == len(verdicts)):
+        raise JudgeFailure(
+            f"the judge left {len(unscored)} of {len(verdicts)} episodes of the {split} split unscored (more than "
+            f"judge.max_unscored_fraction = {cfg.max_unscored_fraction:g}, or all); the first: "
+            f"{verdicts[unscored[0]].error}. Check judge.base_url, judge.model and the endpoint, or raise the fraction")
+    if cfg.env_reward_weight != 1.0:
+        batch["token_level_rewards"] = batch["token_level_rewards"] * cfg.env_reward_weight
+    uids = batch["traj_uid"].tolist()
+    rows = [row for row in last_rows(batch) if uids[row] in verdicts and verdicts[uids[row]].score is not None]
+    scores = torch.tensor([verdicts[uids[row]].score for row in rows], dtype=torch.float64)
+    add_scores(batch, rows, scores, cfg.reward_weight)
+    if unscored:
+        gone = set(unscored)
+        batch = batch.index([row for row, uid in enumerate(uids) if uid not in gone])
+    metrics = score_metrics(batch, rows, scores, prefix=prefix)
+    metrics[f"{prefix}/unscored"] = float(len(unscored))
+    metrics[f"{prefix}/scored"] = float(len(rows))
+    return batch, metrics

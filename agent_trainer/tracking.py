@@ -154,7 +154,7 @@ class Tracking:
         if freq > 0 and (step % freq == 0 or step == trainer.total_training_steps):
             with timer("trajectories", metrics):
                 write_step(self.run_dir, step, Split.TRAIN, result.states, batch, self.tokenizer,
-                           trainer.log_trajectories_per_tag, fallback=result.batch)
+                           trainer.log_trajectories_per_tag, fallback=result.batch, judge=result.judge)
 
     def close(self) -> None:
         """Flush and close the sinks; draw the learning curves of ``metrics.jsonl`` into ``plots/``."""

@@ -36,6 +36,7 @@ from agent_trainer.rollout import (RolloutResult, SyncMultiTurnRollout, make_con
                                    trainer_splits)
 from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.tracking import Tracking, timer
+from agent_trainer.trajectory_rewards.judge import JudgeClient
 from agent_trainer.worker_registry import worker_api
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class AgentTrainer:
         self.tracking = Tracking(self.run_dir, cfg.trainer.logger, resume_step=resume_step, cfg=cfg,
                                  tokenizer=tokenizer)
         self.kl_ctrl = make_kl_ctrl(cfg)
+        self.judge = JudgeClient(cfg.judge) if cfg.judge.enable else None
+        """judge.enable: the client of the LLM judge scoring every episode (docs/rewards.md, "Judges")."""
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
         self.prefetch: RolloutPrefetch[RolloutResult] = RolloutPrefetch()
@@ -265,14 +268,17 @@ class AgentTrainer:
 
     # -- phases --------------------------------------------------------------------------
     def collect(self, step: int) -> RolloutResult:
-        """Step ``step``'s experience on the engines' current weights: the rollout, then the reward model's
-        scores and ReMax's baselines. Those weights are the ones step ``global_step`` started from, so
-        ``rollout/policy_staleness`` (optimizer steps between them and the ones step ``step`` trains from)
+        """Step ``step``'s experience on the engines' current weights: the rollout, then the judge's and the
+        reward model's scores and ReMax's baselines. Those weights are the ones step ``global_step`` started
+        from, so ``rollout/policy_staleness`` (optimizer steps between them and the ones step ``step`` trains from)
         is ``step - global_step``: 0, or 1 for the step prefetched under ``trainer.max_off_policy_steps``."""
         staleness, metrics = step - self.global_step, {}
         with timer("rollout", metrics):
             result = self.train_rollout.rollout(step)
         result.metrics.update(metrics)
+        if self.judge is not None:
+            with timer("judge", result.metrics):
+                result.metrics.update(self.score_with_judge(result))
         if self.rm_wg is not None:
             with timer("reward_model", result.metrics):
                 result.metrics.update(self.score_with_reward_model(result.batch, step=step))
@@ -308,6 +314,17 @@ class AgentTrainer:
                                      self.global_step if step is None else step, texts, scores)
         return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == Split.TRAIN else
                                           f"{split}/reward_model")
+
+    def score_with_judge(self, result: RolloutResult, split: Split = Split.TRAIN) -> dict[str, float]:
+        """The judge's ``reward_weight x score`` on every scored episode's last generated token (the environment's
+        rewards times ``env_reward_weight``); unscored episodes leave ``result.batch`` (``agent_trainer.reward_model
+        .add_judge_scores``). The verdicts go to ``result.judge``, and from there into the trajectories."""
+        items = reward_model.judge_items(result.batch, self.tokenizer, self.cfg.judge.input)
+        verdicts, stats = self.judge.judge(items)
+        result.batch, metrics = reward_model.add_judge_scores(result.batch, verdicts, self.cfg.judge, split)
+        result.judge = verdicts
+        metrics.update(stats.metrics(reward_model.judge_prefix(split)))
+        return metrics
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
         """StarPO-S rollout filtering, then RAGEN reward normalisation (``agent_trainer.rollout_shaping``)."""
@@ -430,8 +447,10 @@ class AgentTrainer:
         return sync_weights(self.actor_wg, self.engines, sync_plan(self.cfg))
 
     def validate(self) -> dict[str, float]:
-        """Greedy rollouts on the held-out validation seeds, scored by the reward model when it is on."""
+        """Greedy rollouts on the held-out validation seeds, scored by the judge and the reward model when on."""
         result = self.val_rollout.rollout(self.global_step)
+        if self.judge is not None:
+            result.metrics.update(self.score_with_judge(result, split=Split.VAL))
         if self.rm_wg is not None:
             result.metrics.update(self.score_with_reward_model(result.batch, split=Split.VAL))
         return result.metrics

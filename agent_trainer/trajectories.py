@@ -25,6 +25,7 @@ from pathlib import Path
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config.splits import Split
 from agent_trainer.es_manager import EpisodeState
+from agent_trainer.trajectory_rewards.judge import JudgeVerdict
 from agent_trainer.viewer import write_viewer
 
 
@@ -77,12 +78,17 @@ class EpisodeRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     """The episode's own metrics (``EpisodeState.metrics``: success, num_turns, ...; a gateway episode's
     ``gateway_rows`` and ``gateway_breaks``)."""
+    judge: JudgeVerdict | None = None
+    """With ``judge.enable``: the judge's call (its messages, its reply) and score, or why it left the episode
+    unscored; ``total_reward`` stays the environment's part."""
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeRecord:
         """Parse one JSONL line."""
         data = json.loads(line)
         data["turns"] = [TurnRecord(**t) for t in data["turns"]]  # older files: no call, step or metrics
+        if data.get("judge") is not None:
+            data["judge"] = JudgeVerdict(**data["judge"])
         return cls(**data)
 
 
@@ -124,9 +130,11 @@ def reply_spans(rows: list[dict]) -> list[tuple[int, dict, range, range]]:
     return sorted(((n, *span) for n, span in zip(numbers, spans)), key=lambda s: s[0])
 
 
-def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str) -> EpisodeRecord:
+def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, split: str,
+                   judge: JudgeVerdict | None = None) -> EpisodeRecord:
     """Join one episode's env history with its training rows (``rows``: ids, mask, advantage, turn lists, in
-    order): a turn per reply, beside the env step it led to (module docstring)."""
+    order): a turn per reply, beside the env step it led to (module docstring), and the judge's verdict on it, if
+    any."""
     history = state.history
     led_to = state.turn_replies if state.turn_replies is not None and len(state.turn_replies) == len(history) \
         else list(range(1, len(history) + 1))
@@ -153,7 +161,7 @@ def episode_record(state: EpisodeState, rows: list[dict], tokenizer, step: int, 
                          group_id=int(state.group_id), success=bool(state.metrics.get("success", 0.0) > 0),
                          total_reward=state.total_reward,
                          final_observation=str(state.final_observation), turns=turns, error=state.error,
-                         metrics=metrics)
+                         metrics=metrics, judge=judge)
 
 
 def _turn(state: EpisodeState, led_to: list[int], k: int | None, call: int) -> TurnRecord:
@@ -206,12 +214,14 @@ def rows_by_episode(batch: TensorBatch, fallback: TensorBatch | None = None) -> 
 
 
 def write_step(run_dir: str | Path, step: int, split: str, states: list[EpisodeState], batch: TensorBatch, tokenizer,
-               per_tag: int, fallback: TensorBatch | None = None) -> Path:
-    """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer."""
+               per_tag: int, fallback: TensorBatch | None = None,
+               judge: dict[int, JudgeVerdict] | None = None) -> Path:
+    """Write a sample of the step's episodes to ``trajectories/step_<N>.jsonl`` and regenerate the viewer
+    (``judge``: the judge's verdicts by env id, ``RolloutResult.judge``)."""
     folder = Path(run_dir) / "trajectories"
     folder.mkdir(parents=True, exist_ok=True)
-    rows = rows_by_episode(batch, fallback)
-    records = [episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split)
+    rows, judge = rows_by_episode(batch, fallback), judge or {}
+    records = [episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split, judge.get(int(s.env_id)))
                for s in sample_states(states, per_tag)]
     path = folder / (f"step_{step}.jsonl" if split == Split.TRAIN else f"{split}_step_{step}.jsonl")
     path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))

@@ -17,6 +17,7 @@ from pathlib import Path
 from agent_trainer import core_algos
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.checks.engines import check_engine, check_engine_mode, engine_only_keys
+from agent_trainer.checks.judge import check_judge
 from agent_trainer.checks.multiturn import validate_multiturn
 from agent_trainer.checks.plugins import check_plugins
 from agent_trainer.checks.rules import (
@@ -74,6 +75,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _check_rollout_correction(cfg)
     _check_datasets(cfg)
     _check_reward_model(cfg)
+    check_judge(cfg)
     _check_lora(cfg)
     validate_multiturn(cfg)
 

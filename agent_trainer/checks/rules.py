@@ -146,6 +146,16 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("reward_model.num_cpus_per_rank", at_least(0), "0.25"),
     ("reward_model.reward_weight", Rule(lambda v: v != 0, "must not be 0 (the scores would be ignored; use "
                                                           "reward_model.enable=false)"), "1.0"),
+    ("judge.reward_weight", Rule(lambda v: v != 0, "must not be 0 (the scores would be ignored; use "
+                                                   "judge.enable=false)"), "1.0"),
+    ("judge.env_reward_weight", at_least(0, " (0 = the judge's score alone)"), "1.0"),
+    ("judge.temperature", at_least(0), "0.0"),
+    ("judge.max_tokens", at_least(1), "1024"),
+    ("judge.timeout_s", above(0), "60"),
+    ("judge.max_retries", at_least(0), "2"),
+    ("judge.max_concurrency", at_least(1), "8"),
+    ("judge.cache_size", at_least(0, " (0 = no cache)"), "10000"),
+    ("judge.max_unscored_fraction", between(0, 1, False, False), "0.5"),
     ("es_manager.env_step_timeout_s", above(0), "60"),
     ("es_manager.env_reset_timeout_s", above(0), "60"),
     ("es_manager.max_failed_reset_fraction", between(0, 1, False, False), "0.5"),
@@ -185,6 +195,7 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         ("trainer.device", cfg.trainer.device, ("auto", "cpu", "cuda")),
         ("trainer.resume_mode", cfg.trainer.resume_mode, RESUME_MODES),
         ("reward_model.input", cfg.reward_model.input, RM_INPUTS),
+        ("judge.input", cfg.judge.input, RM_INPUTS),
         ("reward_model.model.dtype", cfg.reward_model.model.dtype, DTYPES),
     ]
 

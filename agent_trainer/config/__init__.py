@@ -3,7 +3,7 @@
 Modules (each imports only the standard library, omegaconf, yaml and the modules above it in this list):
 choices (closed value sets), errors (one-line messages), workers (model, optimizer, FSDP, actor, reference,
 rollout, critic sections), envs (``es_manager``), multiturn (seed 004's sections, the context condenser),
-rewards (``data``, ``reward``, ``reward_model``, ``reward_computation``), schema (the whole run,
+rewards (``data``, ``reward``, ``reward_model``, ``judge``, ``reward_computation``), schema (the whole run,
 :class:`AgentTrainerConfig`), sft (:class:`SFTConfig`), compat (align-anything / RAGEN keys), loading (merge
 onto the schema), docs (the generated pages). The checks of values run above, in ``agent_trainer.checks``.
 """

@@ -100,6 +100,67 @@ class RewardModelConfig:
     """Append every scored text and its score to <trainer.default_local_dir>/reward_model_scores.jsonl."""
 
 
+JUDGE_RUBRIC = (
+    "Judge how well the agent did the task it was given.\n"
+    "- A trajectory that reaches the task's goal scores well above one that does not.\n"
+    "- Of two trajectories that reach the goal, the more direct one (fewer wasted steps) scores higher.\n"
+    "- Progress towards the goal without reaching it earns partial credit.\n"
+    "- A small difference in quality gives a small difference in score, a large one a large difference.")
+"""``judge.rubric``'s default (the criteria of ART's RULER in our words)."""
+
+
+@dataclass
+class JudgeConfig:
+    """``judge``: an LLM judge behind any OpenAI-compatible chat-completions endpoint scoring every episode
+    (docs/rewards.md, "Judges"). The score (times reward_weight) is added on the episode's last generated token;
+    an episode the judge could not score is left out of its group's statistics and of the update, and counted."""
+
+    enable: bool = False
+    """Score every training and validation episode with the judge."""
+    mode: str = "pointwise"
+    """pointwise: one call per episode, the rubric and the episode, a parsed score | ranking: one call per group
+    with all of its episodes, scored relative to each other (RULER) | a registered judge format, or
+    "package.module:ClassName"."""
+    base_url: str = ""
+    """The endpoint's OpenAI base URL, http:// or https://, e.g. https://api.openai.com/v1 or
+    http://127.0.0.1:8000/v1 (a local vLLM server). Required when enable."""
+    model: str = ""
+    """The judge model's name at that endpoint, e.g. gpt-4.1-mini. Required when enable."""
+    api_key_env: str = ""
+    """The NAME of the environment variable holding the API key (e.g. OPENAI_API_KEY), which must be set when the
+    run starts; the key itself is never written to the config, the logs, the trajectories or a checkpoint.
+    "" = send no key (a local server without one)."""
+    input: str = "conversation"
+    """What the judge reads of each episode: conversation (the whole token sequence decoded, prompt and every
+    turn, up to the last generated token) | response (the last reply alone)."""
+    rubric: str = JUDGE_RUBRIC
+    """The criteria, first in the judge's system prompt; the reply format follows it."""
+    min_score: float = 0.0
+    """Lowest score the judge may give; a score outside [min_score, max_score] is an unparseable reply."""
+    max_score: float = 1.0
+    """Highest score the judge may give."""
+    reward_weight: float = 1.0
+    """Multiplies the judge's score before it is added to the (weighted) environment rewards."""
+    env_reward_weight: float = 1.0
+    """Multiplies the environment's rewards of every episode (0 = the judge's score alone)."""
+    temperature: float = 0.0
+    """The judge's sampling temperature."""
+    max_tokens: int = 1024
+    """Most tokens of one judge reply."""
+    timeout_s: float = 60.0
+    """Seconds one call may take before it is abandoned (then retried)."""
+    max_retries: int = 2
+    """Retries of a call that timed out, could not connect or got HTTP 408, 409, 429 or 5xx (with back-off)."""
+    max_concurrency: int = 8
+    """Calls in flight at once."""
+    cache_size: int = 10000
+    """Replies kept in memory by their exact request: the same request is answered from here without a call
+    (0 = no cache)."""
+    max_unscored_fraction: float = 0.5
+    """More than this fraction of a split's episodes left unscored in one rollout stops the run, naming the first
+    failure (a judge that is down or answers nothing usable); below it they are counted and left out."""
+
+
 DOMAINS = ("general", "math", "coding")
 """reward_computation.domain: how answers are checked."""
 

@@ -25,7 +25,8 @@ from agent_trainer.config.multiturn import (
      MultiturnTrajectoryConfig,
     TrajectoryProfilingConfig,
 )
-from agent_trainer.config.rewards import DataConfig, RewardComputationConfig, RewardConfig, RewardModelConfig
+from agent_trainer.config.rewards import (DataConfig, JudgeConfig, RewardComputationConfig, RewardConfig,
+                                          RewardModelConfig)
 from agent_trainer.config.workers import ActorRolloutRefConfig, CriticConfig
 
 
@@ -316,6 +317,8 @@ class AgentTrainerConfig:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """An LLM judge's scores as rewards (off unless enable). docs/rewards.md, "Judges"."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     multiturn_trajectory: MultiturnTrajectoryConfig = field(default_factory=MultiturnTrajectoryConfig)
     """Multi-turn GRPO (seed 004): the context condenser of ctx_manager.mode=condensed. docs/multiturn_grpo.md."""

@@ -21,6 +21,7 @@ from agent_trainer.config.splits import Split
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.es_manager import EpisodeState
 from agent_trainer.rollout_shaping import trained_rewards
+from agent_trainer.trajectory_rewards.judge import JudgeVerdict
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class RolloutResult:
     states: list[EpisodeState]
     group_seeds: list[int] = field(default_factory=list)
     """The seed each group (``uid``) was reset with; the remax_baseline split replays them."""
+    judge: dict[int, JudgeVerdict] = field(default_factory=dict)
+    """With ``judge.enable``: each judged episode's verdict by env id (its trajectory record shows it)."""
 
 
 class EnvFailure(RuntimeError):

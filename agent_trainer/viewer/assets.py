@@ -28,6 +28,7 @@ section { flex: 1; padding: 8px 16px; max-height: calc(100vh - 80px); overflow-y
 .legend { font-size: 12px; color: #555; }
 .reward { font-weight: bold; }
 .metrics { font-size: 13px; color: #444; margin-bottom: 6px; }
+.judge-text { white-space: pre-wrap; font-size: 12px; background: #fafafa; padding: 4px 8px; }
 """
 
 SCRIPT = r"""
@@ -82,11 +83,24 @@ SCRIPT = r"""
     });
     return box;
   }
+  function judgeCard(j) {
+    const card = el("div", "turn judge");
+    card.appendChild(el("h3", "", "Judge (" + j.mode + ") \u00b7 " + (j.score === null ? "unscored: " + j.error
+      : "score " + j.score) + " \u00b7 trajectory " + j.position + (j.cached ? " \u00b7 from the cache" : "")
+      + (j.call_id ? " \u00b7 call " + j.call_id : "") + " \u00b7 " + j.seconds.toFixed(2) + " s"));
+    const call = el("details");
+    call.appendChild(el("summary", "", "the request (" + j.messages.length + " messages) and the reply"));
+    j.messages.forEach(m => call.appendChild(el("pre", "judge-text", m.role + ":\n" + m.content)));
+    call.appendChild(el("pre", "judge-text", "reply:\n" + j.reply));
+    card.appendChild(call);
+    return card;
+  }
   function episode(r) {
     const box = document.getElementById("episode"); box.replaceChildren();
     box.appendChild(el("div", "summary", r.split + " step " + r.step + " \u00b7 " + r.tag + " \u00b7 env " + r.env_id
       + " (group " + r.group_id + ") \u00b7 " + (r.success ? "success" : "failure")
-      + " \u00b7 total reward " + r.total_reward.toFixed(3) + (r.error ? " \u00b7 error: " + r.error : "")));
+      + " \u00b7 total reward " + r.total_reward.toFixed(3) + (r.error ? " \u00b7 error: " + r.error : "")
+      + (r.judge ? " \u00b7 judge: " + (r.judge.score === null ? "unscored" : "score " + r.judge.score) : "")));
     const metrics = Object.entries(r.metrics || {});
     if (metrics.length) box.appendChild(el("div", "metrics", metrics.map(([k, v]) => k + " " + v).join(" \u00b7 ")));
     box.appendChild(el("div", "legend", "generated tokens are underlined, green = positive advantage, "
@@ -107,6 +121,7 @@ SCRIPT = r"""
       if (t.tokens.length) card.appendChild(tokens(t));
       box.appendChild(card);
     });
+    if (r.judge) box.appendChild(judgeCard(r.judge));
     const last = el("div", "turn");
     last.appendChild(el("h3", "", "Final observation"));
     last.appendChild(el("pre", "grid", r.final_observation));

@@ -24,6 +24,7 @@ from agent_trainer.main import compose_and_prepare
 REPO = Path(__file__).resolve().parents[2]
 GROUP = ["es_manager.train.group_size=1", "ppo_mini_batch_size=8"]  # 8 groups x 1 episode = 8 rows
 
+JUDGE = ["judge.enable=true", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=m"]
 # id, overrides ({tmp} = a temp dir), key the line must name, value it must name, config name
 CASES = [
     # unknown keys, with and without "+"
@@ -238,6 +239,28 @@ CASES = [
      "reward_model.model.path", "nope", "frozenlake"),
     ("rm_not_one_label", ["reward_model.enable=true", "reward_model.model.path=${model_path}"],
      "reward_model.model.path", "num_labels = 2", "frozenlake"),
+    # the judge (agent_trainer/checks/judge.py; JUDGE is an endpoint that passes every other check)
+    ("judge_key_without_enable", ["judge.model=gpt-4.1-mini"], "judge.model = 'gpt-4.1-mini'", "judge.enable = False",
+     "frozenlake"),
+    ("judge_key_env_without_enable", ["judge.api_key_env=sk-not-a-name"], "judge.api_key_env = (not shown)",
+     "judge.enable = False", "frozenlake"),
+    ("judge_without_url", ["judge.enable=true", "judge.model=m"], "judge.base_url", "''", "frozenlake"),
+    ("judge_url_scheme", [*JUDGE, "judge.base_url=ftp://127.0.0.1/v1"], "judge.base_url", "'ftp://127.0.0.1/v1'",
+     "frozenlake"),
+    ("judge_without_model", [*JUDGE, "judge.model=''"], "judge.model", "''", "frozenlake"),
+    ("judge_key_env_unset", [*JUDGE, "judge.api_key_env=AGENT_TRAINER_NO_SUCH_KEY"], "judge.api_key_env",
+     "'AGENT_TRAINER_NO_SUCH_KEY' names an environment variable that is not set", "frozenlake"),
+    ("judge_key_env_not_a_name", [*JUDGE, "judge.api_key_env=sk-not-a-name"], "judge.api_key_env", "NAME",
+     "frozenlake"),
+    ("judge_mode_unknown", [*JUDGE, "judge.mode=rank"], "judge.mode", "'rank'", "frozenlake"),
+    ("judge_input_choice", [*JUDGE, "judge.input=prompt"], "judge.input", "'prompt'", "frozenlake"),
+    ("judge_scores_range", [*JUDGE, "judge.min_score=1", "judge.max_score=1"], "judge.min_score", "1.0",
+     "frozenlake"),
+    ("judge_weight_zero", [*JUDGE, "judge.reward_weight=0"], "judge.reward_weight", "= 0", "frozenlake"),
+    ("judge_timeout_zero", [*JUDGE, "judge.timeout_s=0"], "judge.timeout_s", "= 0", "frozenlake"),
+    ("judge_fraction", [*JUDGE, "judge.max_unscored_fraction=1.5"], "judge.max_unscored_fraction", "1.5",
+     "frozenlake"),
+    ("judge_with_remax", JUDGE, "judge.enable", "'remax'", "frozenlake_remax"),
     # align-anything / RAGEN keys refused here (agent_trainer/config/compat.py, docs/compatibility.md)
     ("aa_epochs", ["train_cfgs.epochs=3"], "train_cfgs.epochs", "trainer.total_training_steps", "frozenlake"),
     ("aa_env_name", ["+env_cfgs.env_name=frozen_lake"], "env_cfgs.env_name", "es_manager.train.env_configs.tags",
@@ -268,6 +291,7 @@ def test_malformed_config_is_refused_in_one_line(overrides, key, value, name, tm
     assert isinstance(line, str) and line.startswith("agent-trainer: ")  # a string code exits with status 1
     assert "\n" not in line and "Traceback" not in line, line
     assert key in line and value.replace("{tmp}", str(tmp)) in line, line
+    assert "sk-not-a-name" not in line  # a value that may be a key is never echoed
     assert not ray.is_initialized()
 
 

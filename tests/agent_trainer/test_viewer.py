@@ -168,3 +168,29 @@ def test_a_gateway_episode_shows_every_call_with_the_env_step_it_led_to(tokenize
     shown = re.search(r'<section id="episode">(.*)</section>', dom, re.S).group(1)
     assert "Turn 1 (call 1, no env step)" in shown and "Turn 2 (call 2, env step 1)" in shown
     assert "gateway_rows 1" in shown and "gateway_breaks 0" in shown
+
+
+def test_the_judge_call_and_score_are_written_read_back_and_shown(tokenizer, play_mixed, mixed_manager, tmp_path):
+    """With judge.enable a record carries the judge's verdict (typed when read back), and the viewer shows the score
+    in the heading and the request and reply under the turns; an unscored episode shows why."""
+    from agent_trainer.trajectory_rewards.judge import JudgeVerdict
+
+    ctx_mgr = ContextManager(tokenizer, max_model_len=4096)
+    played = play_mixed(ctx_mgr)
+    batch = ctx_mgr.build_update_batch([played.episodes[k] for k in sorted(played.episodes)])
+    messages = [{"role": "system", "content": "Judge it."}, {"role": "user", "content": "<trajectory>...</trajectory>"}]
+    judge = {2: JudgeVerdict(mode="pointwise", score=0.25, call_id="call-7", seconds=0.5, messages=messages,
+                             reply='{"score": 0.25}'),
+             3: JudgeVerdict(mode="pointwise", score=None, error="timeout: no reply within judge.timeout_s = 2 s",
+                             messages=messages)}
+    path = write_step(tmp_path, 1, "train", mixed_manager.get_rollout_states(), batch, tokenizer, per_tag=2,
+                      judge=judge)
+    records = {r.env_id: r for r in read_records(path.parent)}
+    assert records[2].judge == judge[2] and records[3].judge == judge[3] and records[0].judge is None
+    dom = headless("--dump-dom", (path.parent / "viewer.html").as_uri() + "#tag=Bandit&index=0")
+    shown = re.search(r'<section id="episode">(.*)</section>', dom, re.S).group(1)
+    assert "Bandit · env 2" in shown and "judge: score 0.25" in shown
+    assert "Judge (pointwise) · score 0.25 · trajectory 1 · call call-7" in shown
+    assert "system:\nJudge it." in shown and 'reply:\n{"score": 0.25}' in shown.replace("&quot;", '"')
+    dom = headless("--dump-dom", (path.parent / "viewer.html").as_uri() + "#tag=Bandit&index=1")
+    assert "unscored: timeout: no reply" in re.search(r'<section id="episode">(.*)</section>', dom, re.S).group(1)
