@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agent_trainer import cli_args, core_algos, memory_plan, run_logs, watchdog
+from agent_trainer.checks.distill import check_teacher_vocabulary
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.preflight import preflight_envs
 from agent_trainer.checks.rl import check_lora_targets
@@ -71,6 +72,9 @@ def check_inputs(cfg: AgentTrainerConfig, env_tags: dict) -> None:
             raise ValueError(f"reward_model.model.path = {cfg.reward_model.model.path!r} has num_labels = {rm_labels}; "
                              "a reward model gives one score per text (AutoModelForSequenceClassification with "
                              "num_labels=1), e.g. models/tiny-qwen2-rm")
+    if cfg.algorithm.distill.enable:
+        teacher = resolve_model("algorithm.distill.teacher_path", cfg.algorithm.distill.teacher_path)
+        check_teacher_vocabulary(cfg, model, teacher)
     text_config = model.get_text_config() if hasattr(model, "get_text_config") else model
     max_positions = getattr(text_config, "max_position_embeddings", None)
     max_model_len = cfg.actor_rollout_ref.rollout.max_model_len

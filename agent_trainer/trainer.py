@@ -78,7 +78,7 @@ class AgentTrainer:
         self.kl_ctrl = make_kl_ctrl(cfg)
         self.judge = JudgeClient(cfg.judge) if cfg.judge.enable else None
         """judge.enable: the client of the LLM judge scoring every episode (docs/rewards.md, "Judges")."""
-        self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
+        self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
         self.prefetch: RolloutPrefetch[RolloutResult] = RolloutPrefetch()
         """trainer.max_off_policy_steps 1: the next step's experience, generated while this step trains."""
@@ -118,6 +118,8 @@ class AgentTrainer:
         self.rm_wg = w.reward_model
         """reward_model.enable: the RewardModelWorker group scoring every training episode (docs/rewards.md)."""
         self.rm_tokenizer = load_tokenizer(self.cfg.reward_model.model.path) if self.rm_wg is not None else None
+        self.teacher_wg = w.teacher
+        """algorithm.distill.enable: the teacher group scoring every trained token (docs/distillation.md)."""
 
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
@@ -129,7 +131,7 @@ class AgentTrainer:
         for group in self.worker_groups():
             group.shutdown()
             lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
-        self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = None
+        self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
 
     def restart(self) -> None:
         """Tear every worker down and start again from the latest checkpoint (from model_path when none)."""
@@ -172,7 +174,7 @@ class AgentTrainer:
 
     def worker_groups(self) -> list:
         """Every started group, each once (a colocated reference is the actor's group in a second role)."""
-        groups = [self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg]
+        groups = [self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg, self.teacher_wg]
         return [g for i, g in enumerate(groups) if g is not None and all(g is not seen for seen in groups[:i])]
 
     def named_workers(self) -> dict[str, list]:
@@ -244,6 +246,9 @@ class AgentTrainer:
             if self.ref_wg is not None:
                 with timer("ref", metrics):
                     batch.update(self.ref_wg.dp_compute("compute_ref_log_prob", batch))
+            if self.teacher_wg is not None:
+                with timer("teacher", metrics):  # the same frozen forward as the reference's, the teacher's weights
+                    batch["teacher_log_prob"] = self.teacher_wg.dp_compute("compute_ref_log_prob", batch)["ref_log_prob"]
             if self.critic_wg is not None:
                 with timer("values", metrics):
                     batch.update(self.critic_wg.dp_compute("compute_values", batch))
@@ -393,23 +398,33 @@ class AgentTrainer:
         return metrics
 
     def compute_advantage(self, batch: TensorBatch) -> dict[str, float]:
-        """KL-in-reward (optional), then the configured estimator, on the driver in plain torch."""
+        """KL-in-reward (optional), the distillation signal (optional: added to the rewards, or the advantage
+        itself), then the configured estimator, on the driver in plain torch."""
         alg = self.cfg.algorithm
         metrics: dict[str, float] = {}
+        # Without the old-log-prob pass (bypass_mode, or on-policy at temperature 1 for KL-in-reward) the engine's
+        # log-probs of the same policy stand in.
+        policy_log_probs = batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
         if self.kl_ctrl is not None:
-            # Without the old-log-prob pass (on-policy, temperature 1) the engine's log-probs of the same policy stand in.
-            policy_log_probs = batch["old_log_probs"] if "old_log_probs" in batch else batch["rollout_log_probs"]
             rewards, kl_metrics = core_algos.apply_kl_penalty(
                 batch["token_level_rewards"], policy_log_probs, batch["ref_log_prob"],
                 batch["response_mask"], self.kl_ctrl, alg.kl_penalty,
             )
             batch["token_level_rewards"] = rewards
             metrics.update(kl_metrics)
-        advantages, returns = core_algos.compute_advantage(
-            batch.tensors, core_algos.estimator(alg), gamma=alg.gamma, lam=alg.lam,
-            high_level_gamma=alg.high_level_gamma, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-            **core_algos.estimator_options(alg),
-        )
+        distilled = None
+        if self.teacher_wg is not None:
+            distilled, distill_metrics = core_algos.apply_distillation(batch.tensors, policy_log_probs,
+                                                                       alg.distill.mode, alg.distill.coef)
+            metrics.update(distill_metrics)
+        if distilled is not None:  # algorithm.distill.mode advantage: the teacher's signal is the advantage
+            advantages, returns = distilled, distilled.clone()
+        else:
+            advantages, returns = core_algos.compute_advantage(
+                batch.tensors, core_algos.estimator(alg), gamma=alg.gamma, lam=alg.lam,
+                high_level_gamma=alg.high_level_gamma, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+                **core_algos.estimator_options(alg),
+            )
         self.check_finite(batch, advantages, returns)
         batch["advantages"], batch["returns"] = advantages, returns
         mask = batch["response_mask"].float()
@@ -541,13 +556,14 @@ def needs_old_log_probs(cfg: AgentTrainerConfig, staleness: int = 0) -> bool:
     first optimizer step (``ActorWorker.update_actor``). It still runs when something needs the
     trainer's own log-probs before the update: the rollout correction (TRL, too, keeps the
     forward with its vLLM IS correction), or KL-in-reward at a temperature other than 1 (the
-    engine's log-probs, which stand in for the old ones there, are temperature-1).
+    engine's log-probs, which stand in for the old ones there, are temperature-1), or distillation
+    (``algorithm.distill``: the student's side of the reverse KL is the trainer's forward, as the teacher's is).
     """
     actor, alg = cfg.actor_rollout_ref.actor, cfg.algorithm
     if actor.recompute_old_log_prob == "always":
         return True
     on_policy = staleness == 0 and actor.ppo_epochs == 1
-    needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or (
+    needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or alg.distill.enable or (
         alg.use_kl_in_reward and cfg.actor_rollout_ref.rollout.temperature != 1.0)
     return not on_policy or needs_trainer_log_probs
 

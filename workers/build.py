@@ -11,7 +11,7 @@ import ray
 from agent_trainer import core_algos
 from agent_trainer.checks.engines import engine_class
 from agent_trainer.checks.rl import check_engine_keys, check_offload
-from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, RefConfig
+from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, ModelConfig, RefConfig
 from agent_trainer.es_manager import EnvStateManager
 from agent_trainer.rollout import split_config, trainer_splits
 from workers.actor import ActorWorker, ReferenceWorker
@@ -36,6 +36,8 @@ class Workers:
     """The ``ray.remote`` env-state manager class (the rollout starts and names its own env actors)."""
     reward_model: WorkerGroup | None = None
     """The reward-model group (``reward_model.enable``), else None."""
+    teacher: WorkerGroup | None = None
+    """The distillation teacher (``algorithm.distill.enable``): a frozen reference-style group of its own, else None."""
     device: str = "cpu"
     """``trainer.device`` resolved against the cluster: cpu | cuda."""
     sleep_mode: bool = False
@@ -126,11 +128,10 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
         )
     ref = actor if colocate_ref else None  # the actor's ranks answer compute_ref_log_prob
     if cfg.ref_enabled and not colocate_ref:
-        ref = WorkerGroup(
-            ReferenceWorker, name="ref", world_size=arr.ref.fsdp.world_size, num_cpus_per_rank=arr.ref.fsdp.num_cpus_per_rank,
-            num_gpus_per_rank=gpus, distributed=True, **timeouts,
-            init_kwargs={"model": arr.model, "ref": arr.ref, "device": device, "seed": cfg.trainer.seed},
-        )
+        ref = reference_group("ref", arr.model, arr.ref, device, gpus, cfg.trainer.seed, timeouts)
+    distill = cfg.algorithm.distill
+    teacher = (reference_group("teacher", distill.teacher_model(arr.model), distill.teacher_forward(), device, gpus,
+                               cfg.trainer.seed, timeouts) if distill.enable else None)
     reward_model = None
     if cfg.reward_model.enable:
         from workers.reward_model import RewardModelWorker
@@ -144,13 +145,23 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     engines = build_engines(cfg, device, host=actor if hybrid else None)
     # Load every model at once: the groups' collectives are independent of each other.
     groups = [g for g in (actor, critic if critic is not actor else None, ref if ref is not actor else None,
-                          reward_model) if g is not None]
+                          reward_model, teacher) if g is not None]
     for group, refs in [(g, g.execute_all_async("init_model")) for g in groups]:
         group.get(refs)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
-                   env_worker_cls=env_actor_class(cfg), reward_model=reward_model, device=device,
+                   env_worker_cls=env_actor_class(cfg), reward_model=reward_model, teacher=teacher, device=device,
                    sleep_mode=device == "cuda" and sleep_mode_on(cfg, device),
                    actor_offload=device == "cuda" and actor_offloads(cfg))
+
+
+def reference_group(name: str, model: ModelConfig, ref: RefConfig, device: str, gpus: float, seed: int,
+                    timeouts: dict) -> WorkerGroup:
+    """A frozen causal LM in a group of its own (``ReferenceWorker``: ``compute_ref_log_prob``, no optimizer):
+    the reference (``actor_rollout_ref.ref.colocate=false``) or the distillation teacher (``algorithm.distill``),
+    ``ref.fsdp.world_size`` ranks of ``gpus`` GPUs each, ``model.path``'s weights in ``ref.dtype``."""
+    return WorkerGroup(ReferenceWorker, name=name, world_size=ref.fsdp.world_size,
+                       num_cpus_per_rank=ref.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True,
+                       **timeouts, init_kwargs={"model": model, "ref": ref, "device": device, "seed": seed})
 
 
 ENV_ACTOR_MAX_RESTARTS = 3
@@ -278,6 +289,9 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
         demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
     if cfg.ref_enabled and not arr.ref.colocate:
         demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))
+    if cfg.algorithm.distill.enable:
+        fsdp = cfg.algorithm.distill.fsdp
+        demands.append(Demand("teacher", fsdp.world_size, fsdp.num_cpus_per_rank, gpus))
     if cfg.reward_model.enable:
         demands.append(Demand("reward_model", cfg.reward_model.world_size, cfg.reward_model.num_cpus_per_rank, gpus))
     if not arr.hybrid_engine:

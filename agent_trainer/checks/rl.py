@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agent_trainer import core_algos
 from agent_trainer.agents.registry import resolve_agent_cls
+from agent_trainer.checks.distill import check_distill
 from agent_trainer.checks.engines import check_engine, check_engine_mode, engine_only_keys
 from agent_trainer.checks.judge import check_judge
 from agent_trainer.checks.multiturn import validate_multiturn
@@ -76,6 +77,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _check_datasets(cfg)
     _check_reward_model(cfg)
     check_judge(cfg)
+    check_distill(cfg)
     _check_lora(cfg)
     validate_multiturn(cfg)
 
@@ -122,6 +124,8 @@ def check_offload(cfg: AgentTrainerConfig, device: str) -> None:
     roles = [("actor_rollout_ref.actor", arr.actor.fsdp), ("actor_rollout_ref.ref", ref_fsdp)]
     if core_algos.critic_enabled(cfg) and not cfg.critic.colocate:
         roles.append(("critic", cfg.critic.fsdp))
+    if cfg.algorithm.distill.enable:
+        roles.append(("algorithm.distill", cfg.algorithm.distill.fsdp))
     for section, fsdp in roles:
         for key in ("param_offload", "optimizer_offload"):
             check(not getattr(fsdp, key),

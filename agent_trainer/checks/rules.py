@@ -156,13 +156,15 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("judge.max_concurrency", at_least(1), "8"),
     ("judge.cache_size", at_least(0, " (0 = no cache)"), "10000"),
     ("judge.max_unscored_fraction", between(0, 1, False, False), "0.5"),
+    ("algorithm.distill.coef", above(0), "1.0"),
+    ("algorithm.distill.log_prob_micro_batch_size_per_gpu", at_least(1), "4"),
     ("es_manager.env_step_timeout_s", above(0), "60"),
     ("es_manager.env_reset_timeout_s", above(0), "60"),
     ("es_manager.max_failed_reset_fraction", between(0, 1, False, False), "0.5"),
     ("es_manager.max_env_error_fraction", between(0, 1, False, False), "0.5"),
     ("es_manager.max_observation_chars", at_least(100), "20000"),
     *sections(_OPTIM, "actor_rollout_ref.actor", "critic"),
-    *sections(_FSDP, "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"),
+    *sections(_FSDP, "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "algorithm.distill"),
 ]
 """Single-key numeric ranges; a non-finite number (nan, inf) never passes."""
 
@@ -185,9 +187,12 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),
         ("actor_rollout_ref.ref.dtype", cfg.actor_rollout_ref.ref.dtype, (None, *DTYPES)),
+        ("algorithm.distill.dtype", cfg.algorithm.distill.dtype, (None, *DTYPES)),
+        ("algorithm.distill.mode", cfg.algorithm.distill.mode, core_algos.DISTILL_MODES),
         *((f"{section}.fsdp.mixed_precision", role.fsdp.mixed_precision, MIXED_PRECISIONS) for section, role in (
             ("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor),
-            ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref), ("critic", cfg.critic))),
+            ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref), ("critic", cfg.critic),
+            ("algorithm.distill", cfg.algorithm.distill))),
         ("critic.loss_agg_mode", cfg.critic.loss_agg_mode, core_algos.LOSS_AGG_MODES),
         ("agent_proxy.reward_normalization.grouping", norm.grouping, core_algos.REWARD_NORM_GROUPINGS),
         ("agent_proxy.reward_normalization.method", norm.method, core_algos.REWARD_NORM_METHODS),

@@ -14,6 +14,7 @@ from agent_trainer.config.schema import (
     AgentTrainerConfig,
     AlgorithmConfig,
     CtxManagerConfig,
+    DistillConfig,
     EvalConfig,
     GatewayConfig,
     GiGPOConfig,
@@ -39,7 +40,7 @@ from agent_trainer.config.workers import (
 
 __all__ = [
     "POLICY_LOSS_DEFAULTS", "ActorConfig", "ActorRolloutRefConfig", "AgentProxyConfig", "AgentTrainerConfig",
-    "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "EvalConfig", "FSDPConfig", "GatewayConfig", "GiGPOConfig", "KLCtrlConfig",
+    "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "DistillConfig", "EvalConfig", "FSDPConfig", "GatewayConfig", "GiGPOConfig", "KLCtrlConfig",
     "ModelConfig", "OptimConfig", "RefConfig", "RewardNormalizationConfig", "RolloutConfig", "RolloutCorrectionConfig",
     "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n", "merge_config",
     "merge_onto_schema", "sft_schema",

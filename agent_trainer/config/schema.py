@@ -27,7 +27,7 @@ from agent_trainer.config.multiturn import (
 )
 from agent_trainer.config.rewards import (DataConfig, JudgeConfig, RewardComputationConfig, RewardConfig,
                                           RewardModelConfig)
-from agent_trainer.config.workers import ActorRolloutRefConfig, CriticConfig
+from agent_trainer.config.workers import ActorRolloutRefConfig, CriticConfig, FSDPConfig, ModelConfig, RefConfig
 
 
 @dataclass
@@ -75,6 +75,42 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class DistillConfig:
+    """On-policy distillation (``algorithm.distill``; prime-rl's opd, slime's --use-opd, TRL's DistillationTrainer):
+    a frozen teacher scores every token the student sampled, and the per-token reverse KL on the sampled token,
+    log pi_student - log pi_teacher, is the learning signal. docs/distillation.md."""
+
+    enable: bool = False
+    """Start the teacher and distill from it (off by default)."""
+    teacher_path: str = ""
+    """The teacher: a Hugging Face causal-LM folder or hub id with the student's tokenizer, or a full-weight checkpoint
+    of this project (<run dir>/global_step_N/actor, saved with trainer.save_hf_model)."""
+    mode: str = "advantage"
+    """advantage: coef * (log pi_teacher - log pi_student) is each generated token's advantage (pure distillation;
+    the task reward is logged, not trained on) | reward: the same per-token term is added to the token rewards
+    before algorithm.adv_estimator runs (distillation mixed with the task reward)."""
+    coef: float = 1.0
+    """Weight of the per-token term (> 0)."""
+    dtype: str | None = None
+    """The teacher's parameter dtype: float32 | bfloat16 | float16 | null (= actor_rollout_ref.model.dtype)."""
+    log_prob_micro_batch_size_per_gpu: int = "${micro_batch_size_per_gpu}"  # type: ignore[assignment]
+    """Rows per teacher forward on one rank."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """The teacher's own group of ranks (sharding, CPUs; fsdp.param_offload keeps its shards in host memory, GPU
+    only). The teacher always runs in a group of its own, never in the actor's processes."""
+
+    def teacher_model(self, student: ModelConfig) -> ModelConfig:
+        """The teacher's model section: the student's, at teacher_path, in the teacher's dtype, without LoRA."""
+        return dataclasses.replace(student, path=self.teacher_path, dtype=self.dtype or student.dtype,
+                                   lora_rank=0, lora_adapter_path=None, enable_gradient_checkpointing=False)
+
+    def teacher_forward(self) -> RefConfig:
+        """The reference-worker settings the teacher group runs with (``workers.actor.ReferenceWorker``)."""
+        return RefConfig(log_prob_micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu, colocate=False,
+                         fsdp=self.fsdp, dtype=self.dtype)
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantage estimation and KL-in-reward."""
 
@@ -103,6 +139,8 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    """On-policy distillation from a teacher model (off unless enable). docs/distillation.md."""
     nonfinite_reward: str = "error"
     """What a NaN or infinite episode reward does (checked right after each rollout, before shaping):
     error (stop, naming the env tag, env_id and group seed) | drop (leave the episode, all its rows, out of

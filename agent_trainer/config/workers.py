@@ -141,8 +141,8 @@ class ActorConfig:
     """auto: skip the old-log-prob forward (the log_prob phase) when the weights being updated generated the batch
     and ppo_epochs is 1: the first mini-batch uses the detached current log-probs, as TRL does, and the actor scores
     the later mini-batches' rows itself before its first optimizer step; the phase still runs when
-    algorithm.rollout_correction.rollout_is needs the trainer's log-probs, or for KL-in-reward at a rollout
-    temperature other than 1 | always: recompute every step. docs/algorithms.md."""
+    algorithm.rollout_correction.rollout_is needs the trainer's log-probs, with algorithm.distill (the student's
+    side of the reverse KL), or for KL-in-reward at a rollout temperature other than 1 | always: recompute every step. docs/algorithms.md."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by token budget (ppo_max_token_len_per_gpu) instead of ppo_micro_batch_size_per_gpu rows,
     for the update and the log-prob pass; verl's key. Gradients are the same either way (docs/algorithms.md)."""

@@ -27,6 +27,7 @@ from .advantages import (
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
 )
+from .distill import DISTILL_MODES, apply_distillation, distill_signal
 from .gigpo import GIGPO_MODES, compute_gigpo_outcome_advantage
 from .kl import (
     KL_CTRL_TYPES,
@@ -75,7 +76,7 @@ from agent_trainer.plugins import import_package_modules
 import_package_modules(__name__, __path__)  # a new estimator is one module here: its @register_estimator runs now
 
 __all__ = [
-    "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",
+    "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "DISTILL_MODES", "apply_distillation", "distill_signal", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES", "NONFINITE_REWARD_POLICIES", "POLICY_LOSS_MODES", "REWARD_NORM_GROUPINGS", "REWARD_NORM_METHODS",
     "ROLLOUT_FILTER_STRATEGIES", "ROLLOUT_IS_LEVELS", "compute_rollout_is_weights",
     "AdaptiveKLController", "FixedKLController", "agg_loss", "as_group_index", "apply_kl_penalty",
