@@ -413,6 +413,8 @@ def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpu
         notes.append(f"{engines} of the {world} actor GPUs host an engine; the others peak lower")
     if cfg.reward_model.enable:
         notes.append("reward_model GPUs are not planned")
+    if cfg.algorithm.distill.enable:
+        notes.append("the distillation teacher's GPUs (algorithm.distill.fsdp.world_size) are not planned")
     return Plan(path, "hybrid_engine (engines on the actor's GPUs)" if hybrid else "separate engines", gpu_memory,
                 gpus_per_node, nodes, kinds, notes, actor_shard.method)
 

@@ -61,6 +61,14 @@ def test_a_colocated_reference_or_critic_asks_for_nothing_of_its_own(tiny_model_
     assert demands == ["actor"] + ([] if colocate else ["critic", "ref"]) + ["rollout", "env_train", "env_val"]
 
 
+def test_the_distillation_teacher_asks_for_its_own_ranks(tiny_model_path):
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "algorithm.adv_estimator=grpo",
+                                  "algorithm.distill.enable=true", f"algorithm.distill.teacher_path={tiny_model_path}",
+                                  "algorithm.distill.fsdp.world_size=2", "algorithm.distill.fsdp.num_cpus_per_rank=0.5"])
+    demands = [(d.what, d.count, d.cpus, d.gpus) for d in resource_demands(cfg, "cuda")]
+    assert ("teacher", 2, 0.5, 1.0) in demands
+
+
 @pytest.mark.parametrize("overrides, env_splits", [
     ([], ["env_train", "env_val"]),
     (["trainer.test_freq=0"], ["env_train"]),  # never validates: no val env actors are started or asked for
