@@ -510,6 +510,9 @@ class AgentTrainer:
             saved_at=time.time(),
         ).save(tmp)
         final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
+        if len(self.prefetch):  # trainer.max_off_policy_steps: a resumed run generates them again
+            logger.info("%s holds none of the %d buffered rollouts (steps %s); a run resumed from it generates "
+                        "them again", final, len(self.prefetch), [p.step for p in self.prefetch.pending])
         trainer_cfg = self.cfg.trainer
         checkpoint.prune(self.run_dir, "actor", trainer_cfg.max_actor_ckpt_to_keep)
         checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
