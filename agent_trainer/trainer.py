@@ -27,7 +27,7 @@ from tqdm import tqdm
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
 from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
-from agent_trainer.overlap import RolloutPrefetch
+from agent_trainer.overlap import PolicyVersions, RolloutBuffer, Taken
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
@@ -80,8 +80,10 @@ class AgentTrainer:
         """judge.enable: the client of the LLM judge scoring every episode (docs/rewards.md, "Judges")."""
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
-        self.prefetch: RolloutPrefetch[RolloutResult] = RolloutPrefetch()
-        """trainer.max_off_policy_steps 1: the next step's experience, generated while this step trains."""
+        self.prefetch: RolloutBuffer[RolloutResult] = RolloutBuffer(depth=max(1, cfg.trainer.max_off_policy_steps))
+        """trainer.max_off_policy_steps k >= 1: the next k steps' experience, generated while this step trains."""
+        self.versions = PolicyVersions()
+        """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
         self.memory = ColocatedMemory([], None, sleep=False, offload=False)
         """Engine sleep/wake and actor offload around the rollout (actor_rollout_ref.hybrid_engine on GPUs);
         inactive until the workers start, and on CPU."""
@@ -141,6 +143,7 @@ class AgentTrainer:
         self.tracking.rewind(resume_step)  # steps after it are trained again
         if self.resume_from is None:  # step 0 again: the state a fresh run starts with
             self.global_step = 0
+            self.versions.reset(0)
             checkpoint.seed_everything(self.cfg.trainer.seed)
             self.kl_ctrl = make_kl_ctrl(self.cfg)
         self.init_workers()
@@ -203,9 +206,12 @@ class AgentTrainer:
             is_last = step == cfg.total_training_steps
             if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
                 with timer("validate", metrics):
+                    self.engines_to_step_weights()
                     metrics.update(self.validate())
             saved = cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last)
             if saved:
+                if cfg.max_off_policy_steps:  # a resumed run generates them again (docs/checkpointing.md)
+                    metrics["rollout/buffered_not_checkpointed"] = float(len(self.prefetch))
                 with timer("save", metrics), self.memory.training():
                     self.save_checkpoint(metrics)
             self.tracking.log(metrics, step=step)
@@ -227,13 +233,12 @@ class AgentTrainer:
     def train_step(self) -> dict[str, float]:
         """One rollout and one update; returns the step's metrics.
 
-        With ``trainer.max_off_policy_steps`` 1 the step's experience was generated while the previous
-        step trained, and the next step's is generated while this one trains (``agent_trainer.overlap``).
+        With ``trainer.max_off_policy_steps`` k >= 1 the step's experience was generated while earlier steps
+        trained, and the next k steps' are generated while this one trains (``agent_trainer.overlap``).
         """
         metrics: dict[str, float] = {}
         with timer("step", metrics):
-            result = self.prefetch.take(self.global_step) or self.collect(self.global_step)
-            metrics.update(result.metrics)
+            result = self.take_experience(metrics)
             if self.memory.active:
                 with timer("engine_sleep", metrics):  # the GPU goes back to the trainer (agent_trainer.colocation)
                     self.memory.to_training()
@@ -259,25 +264,62 @@ class AgentTrainer:
                 with timer("update_critic", metrics):
                     metrics.update(self.run_update(self.critic_wg, "update_critic", batch,
                                                    self.cfg.critic.ppo_mini_batch_size))
-            with timer("update_actor", metrics):
+            with timer("update_actor", metrics), self.versions.updating():
                 metrics.update(self.run_update(self.actor_wg, "update_actor", batch,
                                                self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
-            if self.prefetch.pending is not None:
-                with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
-                    self.prefetch.wait()
-            with timer("sync", metrics):  # with colocated engines: wake weights, sync, offload actor, wake KV cache
-                self.memory.to_rollout(self.sync_weights)
+            if self.cfg.trainer.max_off_policy_steps < 2:  # k >= 2: the producer syncs between its rollouts
+                if self.prefetch.pending:
+                    with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
+                        self.prefetch.wait()
+                with timer("sync", metrics):  # colocated engines: wake weights, sync, offload actor, wake KV cache
+                    self.memory.to_rollout(self.sync_weights)
         metrics.update(batch_metrics(batch, metrics["timing_s/step"]))
         self.tracking.record_step(self.global_step, result, batch, metrics)  # rates, trajectories
         return metrics
 
     # -- phases --------------------------------------------------------------------------
+    def take_experience(self, metrics: dict[str, float]) -> RolloutResult:
+        """The step's experience: the oldest buffered batch (``trainer.max_off_policy_steps`` >= 1), or a rollout
+        now. Each row carries the policy version that generated it (``policy_version``); batches more than
+        ``max_off_policy_steps`` versions older than the weights this step trains from are dropped and counted."""
+        k = self.cfg.trainer.max_off_policy_steps
+        metrics["rollout/buffered"] = float(len(self.prefetch))
+        taken: Taken | None = self.prefetch.take(self.global_step, oldest_version=self.versions.actor - k)
+        dropped = taken.dropped if taken is not None else []
+        if taken is None or taken.result is None:  # nothing buffered: the producer is idle, the engines free
+            self.versions.sync_if_newer(self.ship_weights)
+            taken = Taken(self.collect(self.global_step), self.versions.engines, dropped)
+        result = taken.result
+        result.batch["policy_version"] = torch.full((len(result.batch),), taken.version, dtype=torch.long)
+        metrics.update(result.metrics)
+        metrics["rollout/stale_dropped"] = float(sum(len(episode_ids(r.batch)) for r in dropped))
+        metrics.update(staleness_metrics(self.versions.actor - result.batch["policy_version"], k))
+        return result
+
+    def engines_to_step_weights(self) -> None:
+        """Before validating under ``trainer.max_off_policy_steps`` >= 2: the buffered rollouts end (the engines
+        are then free) and the engines take this step's weights, as in the other modes."""
+        if self.cfg.trainer.max_off_policy_steps >= 2:
+            self.prefetch.wait()
+            self.versions.sync_if_newer(self.ship_weights)
+
+    def produce(self, pending) -> RolloutResult:
+        """The producer's job under ``trainer.max_off_policy_steps`` >= 2 (one-step-off: its prefetch): bring the
+        engines to the actor's newest version when they hold an older one, then :meth:`collect` ``pending.step``'s
+        experience."""
+        metrics: dict[str, float] = {}
+        if self.cfg.trainer.max_off_policy_steps >= 2:
+            with timer("producer_sync", metrics):
+                self.versions.sync_if_newer(self.ship_weights)
+        pending.mark_started(resets=self.train_rollout.num_resets, version=self.versions.engines)
+        result = self.collect(pending.step)
+        result.metrics.update(metrics)
+        return result
+
     def collect(self, step: int) -> RolloutResult:
         """Step ``step``'s experience on the engines' current weights: the rollout, then the judge's and the
-        reward model's scores and ReMax's baselines. Those weights are the ones step ``global_step`` started
-        from, so ``rollout/policy_staleness`` (optimizer steps between them and the ones step ``step`` trains from)
-        is ``step - global_step``: 0, or 1 for the step prefetched under ``trainer.max_off_policy_steps``."""
-        staleness, metrics = step - self.global_step, {}
+        reward model's scores and ReMax's baselines."""
+        metrics: dict[str, float] = {}
         with timer("rollout", metrics):
             result = self.train_rollout.rollout(step)
         result.metrics.update(metrics)
@@ -290,14 +332,13 @@ class AgentTrainer:
         if self.remax_rollout is not None:
             with timer("remax_baseline", result.metrics):
                 self.add_remax_baselines(result, step)
-        result.metrics["rollout/policy_staleness"] = float(staleness)
         return result
 
     def start_prefetch(self) -> None:
-        """``trainer.max_off_policy_steps`` 1: start the next step's :meth:`collect` in the background."""
-        step = self.global_step + 1
-        if self.cfg.trainer.max_off_policy_steps and step <= self.cfg.trainer.total_training_steps:
-            self.prefetch.start(step, self.collect, resets=self.train_rollout.num_resets)
+        """``trainer.max_off_policy_steps`` k >= 1: queue the rollouts of the next k steps not yet queued."""
+        last = min(self.global_step + self.cfg.trainer.max_off_policy_steps, self.cfg.trainer.total_training_steps)
+        for step in range(self.global_step + 1 + len(self.prefetch), last + 1):
+            self.prefetch.start(step, self.produce)
 
     def score_with_reward_model(self, batch: TensorBatch, split: Split = Split.TRAIN,
                                 step: int | None = None) -> dict[str, float]:
@@ -365,7 +406,9 @@ class AgentTrainer:
         batch.update(self.actor_wg.dp_compute("compute_log_prob", batch))
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()  # as update_actor reports it
         metrics = {"perf/old_log_prob_skipped": 0.0,
-                   "actor/rollout_vs_actor_logprob_diff": float(core_algos.masked_mean(diff, batch["response_mask"]))}
+                   "actor/rollout_vs_actor_logprob_diff": float(core_algos.masked_mean(diff, batch["response_mask"])),
+                   "rollout/mismatch_kl": float(core_algos.mismatch_kl(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                                       batch["response_mask"]))}
         rc = self.cfg.algorithm.rollout_correction
         if rc.rollout_is is None:
             return metrics
@@ -450,6 +493,10 @@ class AgentTrainer:
         return self.memory.resync(self.sync_weights)
 
     def sync_weights(self) -> float:
+        """:meth:`ship_weights`; the engines then hold the actor's policy version."""
+        return self.versions.sync(self.ship_weights)
+
+    def ship_weights(self) -> float:
         """Ship the actor's weights to every engine, bucket by bucket; returns engine 0's reload seconds.
 
         ``workers.weight_sync.sync_weights`` (shared with SFT): every actor rank takes part in the per-unit
@@ -497,6 +544,9 @@ class AgentTrainer:
             saved_at=time.time(),
         ).save(tmp)
         final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
+        if len(self.prefetch):  # trainer.max_off_policy_steps: a resumed run generates them again
+            logger.info("%s holds none of the %d buffered rollouts (steps %s); a run resumed from it generates "
+                        "them again", final, len(self.prefetch), [p.step for p in self.prefetch.pending])
         trainer_cfg = self.cfg.trainer
         checkpoint.prune(self.run_dir, "actor", trainer_cfg.max_actor_ckpt_to_keep)
         checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
@@ -506,8 +556,9 @@ class AgentTrainer:
         """Each split's reset counter as of the steps trained so far: a prefetched rollout's draw is not counted,
         so a run resumed from here plays that step from the same initial states."""
         resets = {split: rollout.num_resets for split, rollout in self.rollouts.items()}
-        if self.prefetch.pending is not None:
-            resets[Split.TRAIN] = self.prefetch.pending.resets
+        buffered = self.prefetch.first_resets()
+        if buffered is not None:
+            resets[Split.TRAIN] = buffered
         return resets
 
     def load_checkpoint(self, path: Path) -> None:
@@ -517,6 +568,7 @@ class AgentTrainer:
                  for ref in groups[part].execute_all_async("load_checkpoint", str(Path(path) / part), role=part)])
         state = checkpoint.TrainerState.load(Path(path))
         self.global_step = state.global_step
+        self.versions.reset(state.global_step)
         for split, rollout in self.rollouts.items():
             rollout.num_resets = state.env_resets.get(split, 0)
         if self.kl_ctrl is not None and state.kl_coef is not None:
@@ -610,6 +662,21 @@ def batch_metrics(batch: TensorBatch, step_seconds: float) -> dict[str, float]:
         "perf/tokens_per_s": tokens / max(step_seconds, 1e-9),
         "rollout/rollout_logprob_mean": float(core_algos.masked_mean(batch["rollout_log_probs"], mask)),
     }
+    return metrics
+
+
+def episode_ids(batch: TensorBatch) -> torch.Tensor:
+    """The distinct episodes (``traj_uid``) of a batch."""
+    return batch["traj_uid"].unique()
+
+
+def staleness_metrics(staleness: torch.Tensor, max_off_policy_steps: int) -> dict[str, float]:
+    """``rollout/policy_staleness`` (the max over rows: optimizer steps between the policy that generated a row
+    and the weights the step trains from), its mean, and the share of rows at each staleness 0..k."""
+    rows = staleness.float()
+    metrics = {"rollout/policy_staleness": float(rows.max()), "rollout/policy_staleness_mean": float(rows.mean())}
+    for lag in range(max_off_policy_steps + 1):
+        metrics[f"rollout/policy_staleness_frac/{lag}"] = float((staleness == lag).float().mean())
     return metrics
 
 

@@ -311,6 +311,8 @@ class ActorWorker(ReferenceWorker):
         if "on_policy_rows" in micro and "rollout_log_probs" in micro:
             diff = (micro["rollout_log_probs"].to(self.device) - old_log_prob).abs()
             metrics["actor/rollout_vs_actor_logprob_diff"] = scalar(core_algos.masked_mean(diff, mask))
+            metrics["rollout/mismatch_kl"] = scalar(core_algos.mismatch_kl(old_log_prob, micro["rollout_log_probs"]
+                                                                           .to(self.device), mask))
         if cfg.entropy_coeff:
             entropy = core_algos.agg_loss(logits.entropy(), mask, agg_mode, scale)
             loss = loss - cfg.entropy_coeff * entropy

@@ -74,6 +74,7 @@ def validate_config(cfg: AgentTrainerConfig) -> None:
     _check_token_budgets(cfg)
     _check_colocated(cfg)
     _check_rollout_correction(cfg)
+    _check_async(cfg)
     _check_datasets(cfg)
     _check_reward_model(cfg)
     check_judge(cfg)
@@ -461,6 +462,24 @@ def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
     check(recompute == "auto",
           f"actor_rollout_ref.actor.recompute_old_log_prob = {recompute!r} asks for the old-log-prob forward, which "
           "algorithm.rollout_correction.bypass_mode = true replaces by the engine's log-probs; drop one of them")
+
+
+def _check_async(cfg: AgentTrainerConfig) -> None:
+    """trainer.max_off_policy_steps >= 2 (``agent_trainer.overlap``): critic-free estimators, engines and actor awake."""
+    k = cfg.trainer.max_off_policy_steps
+    if k < 2:
+        return
+    alg = cfg.algorithm
+    check(not core_algos.critic_enabled(cfg),
+          f"trainer.max_off_policy_steps = {k} trains on batches up to {k} policies old, and algorithm.adv_estimator "
+          f"= {alg.adv_estimator!r} fits a critic whose GAE targets have no correction for that; use a critic-free "
+          "estimator (e.g. algorithm.adv_estimator=grpo) or trainer.max_off_policy_steps=1")
+    fsdp = cfg.actor_rollout_ref.actor.fsdp
+    for key in ("param_offload", "optimizer_offload"):
+        check(not getattr(fsdp, key),
+              f"actor_rollout_ref.actor.fsdp.{key} = True moves the actor off its GPU around each weight sync, "
+              f"which trainer.max_off_policy_steps = {k} runs in the background while the actor trains; set "
+              f"actor_rollout_ref.actor.fsdp.{key}=false or trainer.max_off_policy_steps=1")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:

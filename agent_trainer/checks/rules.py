@@ -121,8 +121,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("agent_proxy.num_cpus_per_env_actor", at_least(0), "0.1"),
     ("ctx_manager.keep_last_n_turns", optional(at_least(0, " (0 = no history)")), "2"),
     ("trainer.total_training_steps", at_least(1), "10"),
-    ("trainer.max_off_policy_steps", Rule(lambda v: v in (0, 1), "must be 0 (rollout, then update) or 1 (one-step "
-                                          "off-policy overlap); a larger staleness bound is not built"), "1"),
+    ("trainer.max_off_policy_steps", at_least(0, " (0: on-policy, 1: one-step off-policy, k >= 2: asynchronous)"), "2"),
     ("trainer.seed", at_least(0), "0"),
     ("trainer.ray_num_cpus", optional(above(0)), "null"),
     ("trainer.max_actor_ckpt_to_keep", optional(at_least(1)), "null"),

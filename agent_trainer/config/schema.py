@@ -299,7 +299,11 @@ class TrainerConfig:
     trains, so every batch is at most one optimizer step old (rollout/policy_staleness); old log-probs are
     then always recomputed, and algorithm.rollout_correction.rollout_is (token) corrects for the staleness.
     Measured on 2 CPU cores: 1.52x per step on a 50-500 ms env (with rollout.mode=async), 1.15x on the main
-    job (docs/benchmarks.md, P6). docs/architecture.md, docs/algorithms.md."""
+    job (docs/benchmarks.md, P6) | k >= 2: asynchronous: a producer thread keeps the next k steps' rollouts
+    (whole groups) generating back to back, syncing the engines to the newest actor version between two of
+    them; the trainer takes the oldest; no batch is more than k versions old (one that is would be dropped,
+    rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's max_head_offpolicyness, TRL's max_staleness.
+    Critic-free estimators only. docs/architecture.md, docs/algorithms.md."""
     max_restarts: int = 0
     """How often a run whose actor, critic or reference rank died is restarted in place: every worker is
     torn down and started again, and training continues from the latest checkpoint in default_local_dir

@@ -258,7 +258,7 @@ class RolloutConfig:
     """vLLM sleep mode (GPU only; refused on a CPU run, where vLLM has none): after each rollout the engines
     sleep (weights to CPU RAM, KV cache freed); for the weight sync they wake their weights, then, after it,
     their KV cache. None = on exactly when actor_rollout_ref.hybrid_engine is on and the run is on GPUs.
-    Not with trainer.max_off_policy_steps=1 (the next rollout runs while the step trains)."""
+    Not with trainer.max_off_policy_steps >= 1 (the next rollouts run while the step trains)."""
     num_cpus_per_worker: float = 0.5
     """Ray CPU accounting per engine."""
     num_threads: int = 0

@@ -75,3 +75,18 @@ def compute_rollout_is_weights(
             weights = weights.unsqueeze(-1).expand_as(old_log_prob)
     return weights.to(old_log_prob.dtype), metrics
 
+
+
+def mismatch_kl(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """KL(pi_rollout || pi_old) per generated token, averaged over ``response_mask``: how far the policy the
+    trainer updates from has moved away from the one that sampled (engine/trainer numerics, and the staleness of
+    an off-policy batch). The k3 estimator over tokens sampled from pi_rollout (Schulman's low-variance, >= 0):
+
+        d_t = old_t - rollout_t,   kl_t = exp(d_t) - 1 - d_t       (d_t clamped to [-20, 20])
+
+    Args: [B, T] each (aligned with ``input_ids``). Returns a 0-d tensor (0 when the mask is empty).
+    """
+    check_same_shape(old_log_prob=old_log_prob, rollout_log_prob=rollout_log_prob, response_mask=response_mask)
+    with torch.no_grad():
+        d = (old_log_prob.detach().float() - rollout_log_prob.detach().float()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        return masked_mean(torch.exp(d) - 1 - d, response_mask.float())

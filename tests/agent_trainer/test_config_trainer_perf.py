@@ -55,7 +55,8 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
     (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=100"],
      "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu = 100"),
     (["critic.forward_max_token_len_per_gpu=0"], "critic.forward_max_token_len_per_gpu = 0"),
-    (["trainer.max_off_policy_steps=2"], "trainer.max_off_policy_steps = 2 must be 0 (rollout, then update) or 1"),
+    (["trainer.max_off_policy_steps=-1"], "trainer.max_off_policy_steps = -1 must be >= 0 (0: on-policy, 1: one-step "
+     "off-policy, k >= 2: asynchronous); e.g. trainer.max_off_policy_steps=2"),
     (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.temperature=0.7"],
      "bypass_mode = true puts the engine's temperature-1 log-probs in PPO's ratio against the trainer's at "
      "actor_rollout_ref.rollout.temperature = 0.7; set actor_rollout_ref.rollout.temperature=1.0"),
@@ -71,3 +72,15 @@ def test_bad_values_name_the_key_and_the_fix(overrides, message):
     with pytest.raises(ValueError, match=None) as err:
         _load(*overrides)
     assert message in str(err.value)
+
+
+def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():
+    """trainer.max_off_policy_steps >= 2 (agent_trainer.overlap): GRPO loads; a GAE critic is refused in one line."""
+    assert _load("trainer.max_off_policy_steps=4").trainer.max_off_policy_steps == 4
+    assert _load("trainer.max_off_policy_steps=1", name="frozenlake").algorithm.adv_estimator == "gae"
+    with pytest.raises(ValueError) as err:
+        _load("trainer.max_off_policy_steps=2", name="frozenlake")
+    assert str(err.value) == (
+        "trainer.max_off_policy_steps = 2 trains on batches up to 2 policies old, and algorithm.adv_estimator = 'gae' "
+        "fits a critic whose GAE targets have no correction for that; use a critic-free estimator (e.g. "
+        "algorithm.adv_estimator=grpo) or trainer.max_off_policy_steps=1")

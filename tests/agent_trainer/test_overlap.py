@@ -1,56 +1,153 @@
-"""RolloutPrefetch: the one background rollout of trainer.max_off_policy_steps 1 (agent_trainer.overlap)."""
+"""RolloutBuffer and PolicyVersions: the background rollouts of trainer.max_off_policy_steps >= 1 (agent_trainer.overlap)."""
 
 import threading
 
 import pytest
+import torch
 
-from agent_trainer.overlap import RolloutPrefetch
+from agent_trainer.overlap import PolicyVersions, RolloutBuffer
+from agent_trainer.trainer import staleness_metrics
+
+
+def producer(versions: PolicyVersions, resets: list[int], log: list, ship=lambda: 0.0):
+    """A produce job as the trainer's: sync when newer, mark the start, draw one reset."""
+    def produce(pending):
+        versions.sync_if_newer(ship)
+        pending.mark_started(resets=resets[0], version=versions.engines)
+        resets[0] += 1
+        log.append((pending.step, versions.engines, threading.current_thread().name))
+        return f"experience {pending.step}"
+    return produce
 
 
 def test_a_prefetched_step_is_generated_in_the_background_and_taken_once():
     release, started = threading.Event(), threading.Event()
     threads = []
 
-    def collect(step):
+    def produce(pending):
         threads.append(threading.current_thread().name)
+        pending.mark_started(resets=7, version=0)
         started.set()
         release.wait(5)
-        return f"experience {step}"
+        return f"experience {pending.step}"
 
-    prefetch = RolloutPrefetch()
-    prefetch.start(3, collect, resets=7)
-    assert started.wait(5) and prefetch.pending.resets == 7  # running while the caller goes on
+    buffer = RolloutBuffer()
+    buffer.start(3, produce)
+    assert started.wait(5) and buffer.first_resets() == 7  # running while the caller goes on
     release.set()
-    prefetch.wait()
-    assert prefetch.pending.future.done()
-    assert prefetch.take(3) == "experience 3"
-    assert prefetch.take(3) is None and prefetch.pending is None  # taken once; the caller then collects itself
-    assert threads[0].startswith("rollout-prefetch") and threads[0] != threading.current_thread().name
+    buffer.wait()
+    assert buffer.pending[0].future.done()
+    taken = buffer.take(3, oldest_version=0)
+    assert taken.result == "experience 3" and taken.version == 0 and taken.dropped == []
+    assert buffer.take(3, oldest_version=0) is None and len(buffer) == 0  # taken once; the caller collects itself
+    assert threads[0].startswith("rollout-producer") and threads[0] != threading.current_thread().name
 
 
 def test_the_background_error_is_raised_when_its_step_is_taken():
-    def collect(step):
-        raise RuntimeError(f"env of step {step} crashed")
+    def produce(pending):
+        raise RuntimeError(f"env of step {pending.step} crashed")
 
-    prefetch = RolloutPrefetch()
-    prefetch.start(2, collect, resets=0)
-    prefetch.wait()  # waiting does not raise: the step that needs the batch does
+    buffer = RolloutBuffer()
+    buffer.start(2, produce)
+    buffer.wait()  # waiting does not raise: the step that needs the batch does
+    assert buffer.first_resets() is None  # a rollout that failed before starting never blocks a checkpoint
     with pytest.raises(RuntimeError, match="env of step 2 crashed"):
-        prefetch.take(2)
+        buffer.take(2, oldest_version=0)
 
 
 def test_a_prefetch_for_another_step_is_dropped_not_trained_on():
     """After an in-place restart the run continues from a checkpoint: an older prefetch must not be used."""
-    prefetch = RolloutPrefetch()
-    prefetch.start(5, lambda step: step, resets=0)
-    assert prefetch.take(3) is None and prefetch.pending is None
-    prefetch.start(4, lambda step: 1 / 0, resets=0)
-    prefetch.drop()  # a failed rollout is discarded with a warning, never raised
-    assert prefetch.pending is None
+    versions, log = PolicyVersions(), []
+    buffer = RolloutBuffer(depth=2)
+    buffer.start(5, producer(versions, [0], log))
+    assert buffer.take(3, oldest_version=0) is None and len(buffer) == 0
+    buffer.start(4, lambda pending: 1 / 0)
+    assert buffer.drop() == 1  # a failed rollout is discarded with a warning, never raised
+    assert len(buffer) == 0
 
 
-def test_only_one_rollout_is_held_at_a_time():
-    prefetch = RolloutPrefetch()
-    prefetch.start(2, lambda step: step, resets=0)
-    with pytest.raises(RuntimeError, match="step 2's rollout is still held"):
-        prefetch.start(3, lambda step: step, resets=0)
+def test_at_most_depth_rollouts_are_held():
+    buffer = RolloutBuffer(depth=2)
+    buffer.start(2, lambda pending: pending.step)
+    buffer.start(3, lambda pending: pending.step)
+    with pytest.raises(RuntimeError, match=r"2 rollouts \(steps \[2, 3\]\) are already held, the most of 2"):
+        buffer.start(4, lambda pending: pending.step)
+
+
+def test_the_producer_runs_queued_rollouts_in_order_and_syncs_only_to_newer_versions():
+    """k = 2 as the trainer drives it: the queue is topped up to k after each take, the actor's update moves the
+    version, and each rollout starts on the newest version the actor held then: never more than k behind."""
+    k, total = 2, 6
+    versions, resets, log, shipped = PolicyVersions(), [0], [], []
+    produce = producer(versions, resets, log, ship=lambda: shipped.append(versions.actor) or 0.0)
+    buffer: RolloutBuffer[str] = RolloutBuffer(depth=k)
+    for step in range(1, total + 1):
+        taken = buffer.take(step, oldest_version=versions.actor - k)
+        if taken is None:
+            versions.sync_if_newer(lambda: 0.0)
+            taken_version, result = versions.engines, f"experience {step}"
+            resets[0] += 1
+        else:
+            taken_version, result = taken.version, taken.result
+        assert result == f"experience {step}"
+        assert 0 <= versions.actor - taken_version <= k  # the bound
+        for queued in range(step + 1 + len(buffer), min(step + k, total) + 1):
+            buffer.start(queued, produce)
+        with versions.updating():
+            pass
+    assert [entry[0] for entry in log] == list(range(2, total + 1))  # one thread, in step order
+    assert len({entry[2] for entry in log}) == 1
+    assert shipped == sorted(set(shipped))  # a version is shipped once, never an older one after a newer
+    assert resets[0] == total
+
+
+def test_a_batch_more_than_k_versions_old_is_dropped_and_the_next_one_taken():
+    buffer = RolloutBuffer(depth=3)
+    for step, version in ((4, 0), (5, 1), (6, 3)):
+        buffer.start(step, lambda pending, v=version: pending.mark_started(0, v) or f"batch of version {v}")
+    taken = buffer.take(4, oldest_version=1)  # the trainer at version 3 with k = 2
+    assert taken.result == "batch of version 1" and taken.version == 1
+    assert taken.dropped == ["batch of version 0"]
+    assert [p.step for p in buffer.pending] == [5]  # the queue moved up one step
+    assert buffer.take(5, oldest_version=4).dropped == ["batch of version 3"]  # all stale: the step collects itself
+
+
+def test_a_checkpoint_reads_the_reset_counter_of_the_oldest_buffered_rollout():
+    versions, resets, log = PolicyVersions(), [5], []
+    buffer = RolloutBuffer(depth=3)
+    for step in (2, 3, 4):
+        buffer.start(step, producer(versions, resets, log))
+    buffer.wait()
+    assert resets[0] == 8 and buffer.first_resets() == 5  # the buffered steps' draws are not counted
+    assert buffer.drop() == 3
+
+
+def test_a_weight_sync_never_overlaps_the_actor_update():
+    versions, inside, seen = PolicyVersions(), threading.Event(), []
+    release = threading.Event()
+
+    def update():
+        with versions.updating():
+            inside.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=update)
+    worker.start()
+    assert inside.wait(5)
+    syncing = threading.Thread(target=lambda: versions.sync_if_newer(lambda: seen.append(versions.actor) or 0.0))
+    syncing.start()
+    syncing.join(0.2)
+    assert syncing.is_alive() and seen == []  # waits for the update
+    release.set()
+    worker.join(5)
+    syncing.join(5)
+    assert seen == [1] and versions.engines == versions.actor == 1
+    versions.reset(7)
+    assert (versions.actor, versions.engines) == (7, 7) and not versions.sync_if_newer(lambda: 1 / 0)
+
+
+def test_staleness_metrics_give_max_mean_and_the_share_of_rows_at_each_lag():
+    metrics = staleness_metrics(torch.tensor([0, 1, 1, 2]), 2)
+    assert metrics == {"rollout/policy_staleness": 2.0, "rollout/policy_staleness_mean": 1.0,
+                       "rollout/policy_staleness_frac/0": 0.25, "rollout/policy_staleness_frac/1": 0.5,
+                       "rollout/policy_staleness_frac/2": 0.25}

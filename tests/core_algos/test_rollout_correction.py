@@ -115,3 +115,15 @@ def test_gspo_takes_the_weights_too():
     scaled, *_ = core_algos.compute_policy_loss_gspo(old, log_prob, adv, mask, cliprange=3e-4,
                                                       rollout_is_weights=torch.full((2, 5), 0.5))
     assert torch.isclose(scaled, 0.5 * plain, atol=1e-7)
+
+
+def test_mismatch_kl_is_the_k3_estimate_over_the_generated_tokens():
+    """rollout/mismatch_kl: a plain loop over the masked tokens against the vectorised estimate."""
+    torch.manual_seed(0)
+    old, rollout = torch.randn(3, 5) - 1, torch.randn(3, 5) - 1
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]])
+    values = [math.exp(float(old[i, t] - rollout[i, t])) - 1 - float(old[i, t] - rollout[i, t])
+              for i in range(3) for t in range(5) if mask[i, t]]
+    assert float(core_algos.mismatch_kl(old, rollout, mask)) == pytest.approx(sum(values) / len(values), rel=1e-5)
+    assert float(core_algos.mismatch_kl(old, old, mask)) == 0.0  # the same policy: no mismatch
+    assert float(core_algos.mismatch_kl(old, rollout, torch.zeros_like(mask))) == 0.0

@@ -230,6 +230,7 @@ def test_on_policy_update_without_old_log_probs_is_the_recomputed_update(tiny_mo
     for key, value in rec_params.items():
         assert torch.equal(value, skip_params[key]), key
     assert "actor/rollout_vs_actor_logprob_diff" in skip_metrics  # reported by the actor when the driver cannot
+    assert skip_metrics["rollout/mismatch_kl"] >= 0.0 and "rollout/mismatch_kl" not in rec_metrics  # so is the KL
 
 
 def test_a_colocated_reference_is_the_separate_reference_and_never_moves(tiny_model_path):

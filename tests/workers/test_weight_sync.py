@@ -170,6 +170,7 @@ def test_the_trainers_share_one_sync(monkeypatch):
     """RL and SFT call the one ``workers.weight_sync.sync_weights`` (no copy of the sync in either trainer)."""
     import workers.weight_sync as weight_sync
     from agent_trainer.config import AgentTrainerConfig
+    from agent_trainer.overlap import PolicyVersions
     from agent_trainer.sft import SFTTrainer
     from agent_trainer.trainer import AgentTrainer
 
@@ -180,10 +181,12 @@ def test_the_trainers_share_one_sync(monkeypatch):
     cfg.actor_rollout_ref.rollout.weight_sync = "collective"
     cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes = 8
     rl = AgentTrainer.__new__(AgentTrainer)
-    rl.cfg, rl.actor_wg, rl.engines = cfg, "actor", ["engine"]
+    rl.cfg, rl.actor_wg, rl.engines, rl.versions = cfg, "actor", ["engine"], PolicyVersions(actor=3)
+    rl.versions.engines = 2
     sft = SFTTrainer.__new__(SFTTrainer)
     sft.__dict__.update(rl=cfg, actor_wg="actor", engines=["engine"])
     assert rl.sync_weights() == 1.5 and sft.sync_weights() == 1.5
+    assert rl.versions.engines == 3  # the RL sync bumps the engines' policy version to the actor's
     expected = ("actor", ["engine"], SyncPlan("collective", 8.0, False, cfg.trainer.collective_timeout_s))
     assert calls == [expected, expected]
 
