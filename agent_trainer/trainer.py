@@ -252,8 +252,8 @@ class AgentTrainer:
                 with timer("ref", metrics):
                     batch.update(self.ref_wg.dp_compute("compute_ref_log_prob", batch))
             if self.teacher_wg is not None:
-                with timer("teacher", metrics):  # the same frozen forward as the reference's, the teacher's weights
-                    batch["teacher_log_prob"] = self.teacher_wg.dp_compute("compute_ref_log_prob", batch)["ref_log_prob"]
+                with timer("teacher", metrics):
+                    batch.update(self.teacher_wg.dp_compute("compute_teacher_log_prob", batch))
             if self.critic_wg is not None:
                 with timer("values", metrics):
                     batch.update(self.critic_wg.dp_compute("compute_values", batch))

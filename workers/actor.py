@@ -101,6 +101,11 @@ class ReferenceWorker(FSDPWorker):
                                "actor_rollout_ref.ref.colocate=false or no KL term)")
         return TensorBatch({"ref_log_prob": self._log_probs(batch, self.ref_model, self.ref_batching)})
 
+    def compute_teacher_log_prob(self, batch: TensorBatch) -> TensorBatch:
+        """``teacher_log_prob`` [B, T]: a distillation teacher group's (``algorithm.distill``) frozen model's
+        log-probs of the generated tokens, the same forward as :meth:`compute_ref_log_prob`."""
+        return TensorBatch({"teacher_log_prob": self.compute_ref_log_prob(batch)["ref_log_prob"]})
+
 
 def ref_batching(ref: RefConfig) -> MicroBatching:
     """The reference forward's micro-batches (rows, or a token budget with log_prob_use_dynamic_bsz)."""
@@ -112,9 +117,12 @@ class ActorWorker(ReferenceWorker):
     """The trained policy: ``compute_log_prob``, ``update_actor``, ``full_state_dict``."""
 
     def __init__(self, *, rank: int, world_size: int, model: ModelConfig, actor: ActorConfig, device: str = "auto",
-                 seed: int = 0, ref: RefConfig | None = None, critic: CriticConfig | None = None):
+                 seed: int = 0, ref: RefConfig | None = None, critic: CriticConfig | None = None,
+                 teacher: tuple[ModelConfig, RefConfig] | None = None):
         """``ref``: host the reference policy too (``actor_rollout_ref.ref.colocate``), else None. ``critic``: host
-        the critic too (``critic.colocate``), on this rank's threads and process group, else None."""
+        the critic too (``critic.colocate``), on this rank's threads and process group, else None. ``teacher``: host
+        the distillation teacher too (``algorithm.distill.colocate``: its model section and forward settings), else
+        None."""
         FSDPWorker.__init__(self, rank=rank, world_size=world_size, fsdp=actor.fsdp, device=device, seed=seed)
         self.model_config = model
         self.config = actor
@@ -135,6 +143,8 @@ class ActorWorker(ReferenceWorker):
             rank=rank, world_size=world_size, critic=dataclasses.replace(critic, fsdp=actor.fsdp), device=device,
             seed=seed)
         """The colocated critic (composition: the critic's own worker class, in this process), else None."""
+        self.teacher = teacher
+        self.teacher_model: torch.nn.Module | None = None
 
     def init_model(self) -> None:
         """Load, shard, and build the optimizer (every rank, concurrently); the frozen reference too when hosted
@@ -146,8 +156,20 @@ class ActorWorker(ReferenceWorker):
         if self.hosts_ref and not self.lora:
             self.ref_model = frozen(sharded_causal_lm(self, self.model_config, self.ref_config.dtype,
                                                       cpu_offload=self.ref_config.fsdp.param_offload))
+        if self.teacher is not None:  # sharded over the actor's ranks, in the teacher's dtype
+            model, forward = self.teacher
+            self.teacher_model = frozen(sharded_causal_lm(self, model, forward.dtype,
+                                                          cpu_offload=forward.fsdp.param_offload))
         if self.critic is not None:
             self.critic.init_model()
+
+    def compute_teacher_log_prob(self, batch: TensorBatch) -> TensorBatch:
+        """``teacher_log_prob`` [B, T]: the hosted distillation teacher's log-probs of the generated tokens."""
+        if self.teacher_model is None:
+            raise RuntimeError("this actor group hosts no distillation teacher (algorithm.distill.colocate=false "
+                               "gives the teacher a group of its own)")
+        return TensorBatch({"teacher_log_prob": self._log_probs(batch, self.teacher_model,
+                                                                ref_batching(self.teacher[1]))})
 
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``ref_log_prob`` [B, T]: the frozen reference's (:meth:`ReferenceWorker.compute_ref_log_prob`), or with

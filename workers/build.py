@@ -117,8 +117,11 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     # Colocated: each actor bundle also holds one engine's CPUs and its share of the GPU.
     actor_gpus = gpus * (1 - HYBRID_ENGINE_GPU_SHARE) if hybrid else gpus
     guest = ({"CPU": arr.rollout.num_cpus_per_worker, "GPU": gpus - actor_gpus} if hybrid else None)
+    distill = cfg.algorithm.distill
+    teacher = (distill.teacher_model(arr.model), distill.teacher_forward()) if distill.enable else None
     actor = build_actor_group(cfg, device, arr.actor, cfg.trainer.seed, num_gpus_per_rank=actor_gpus, bundle_extra=guest,
-                              ref=arr.ref if colocate_ref else None, critic=cfg.critic if colocate_critic else None)
+                              ref=arr.ref if colocate_ref else None, critic=cfg.critic if colocate_critic else None,
+                              teacher=teacher if distill.colocate else None)
     critic = actor if colocate_critic else None  # the actor's ranks answer compute_values and update_critic
     if core_algos.critic_enabled(cfg) and not colocate_critic:
         critic = WorkerGroup(
@@ -129,9 +132,9 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     ref = actor if colocate_ref else None  # the actor's ranks answer compute_ref_log_prob
     if cfg.ref_enabled and not colocate_ref:
         ref = reference_group("ref", arr.model, arr.ref, device, gpus, cfg.trainer.seed, timeouts)
-    distill = cfg.algorithm.distill
-    teacher = (reference_group("teacher", distill.teacher_model(arr.model), distill.teacher_forward(), device, gpus,
-                               cfg.trainer.seed, timeouts) if distill.enable else None)
+    if teacher is not None:  # the actor's ranks answer compute_teacher_log_prob when colocated
+        teacher = actor if distill.colocate else reference_group("teacher", *teacher, device, gpus, cfg.trainer.seed,
+                                                                 timeouts)
     reward_model = None
     if cfg.reward_model.enable:
         from workers.reward_model import RewardModelWorker
@@ -145,7 +148,7 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     engines = build_engines(cfg, device, host=actor if hybrid else None)
     # Load every model at once: the groups' collectives are independent of each other.
     groups = [g for g in (actor, critic if critic is not actor else None, ref if ref is not actor else None,
-                          reward_model, teacher) if g is not None]
+                          reward_model, teacher if teacher is not actor else None) if g is not None]
     for group, refs in [(g, g.execute_all_async("init_model")) for g in groups]:
         group.get(refs)
     return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
@@ -178,17 +181,19 @@ def env_actor_class(cfg: AgentTrainerConfig):
 
 def build_actor_group(cfg: AgentTrainerConfig, device: str, actor: ActorConfig, seed: int, *,
                       num_gpus_per_rank: float | None = None, bundle_extra: dict | None = None,
-                      ref: RefConfig | None = None, critic: CriticConfig | None = None) -> WorkerGroup:
+                      ref: RefConfig | None = None, critic: CriticConfig | None = None,
+                      teacher: tuple[ModelConfig, RefConfig] | None = None) -> WorkerGroup:
     """The FSDP actor group of RL and SFT: ``actor.fsdp.world_size`` ranks on ``device`` (one GPU each unless
     ``num_gpus_per_rank``), the model of ``cfg``, the trainer's placement and collective timeouts. ``bundle_extra``:
-    what each rank's bundle also holds for a colocated engine; ``ref`` / ``critic``: hosted by the same ranks."""
+    what each rank's bundle also holds for a colocated engine; ``ref`` / ``critic`` / ``teacher`` (the distillation
+    teacher's model section and forward settings): hosted by the same ranks."""
     return WorkerGroup(
         ActorWorker, name="actor", world_size=actor.fsdp.world_size, num_cpus_per_rank=actor.fsdp.num_cpus_per_rank,
         num_gpus_per_rank=(1.0 if device == "cuda" else 0.0) if num_gpus_per_rank is None else num_gpus_per_rank,
         bundle_extra=bundle_extra, distributed=True, placement_timeout_s=cfg.trainer.placement_timeout_s,
         collective_timeout_s=cfg.trainer.collective_timeout_s,
         init_kwargs={"model": cfg.actor_rollout_ref.model, "actor": actor, "device": device, "seed": seed,
-                     "ref": ref, "critic": critic},
+                     "ref": ref, "critic": critic, "teacher": teacher},
     )
 
 
@@ -289,7 +294,7 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
         demands.append(Demand("critic", cfg.critic.fsdp.world_size, cfg.critic.fsdp.num_cpus_per_rank, gpus))
     if cfg.ref_enabled and not arr.ref.colocate:
         demands.append(Demand("ref", arr.ref.fsdp.world_size, arr.ref.fsdp.num_cpus_per_rank, gpus))
-    if cfg.algorithm.distill.enable:
+    if cfg.algorithm.distill.enable and not cfg.algorithm.distill.colocate:
         fsdp = cfg.algorithm.distill.fsdp
         demands.append(Demand("teacher", fsdp.world_size, fsdp.num_cpus_per_rank, gpus))
     if cfg.reward_model.enable:

@@ -31,6 +31,14 @@ def check_distill(cfg: AgentTrainerConfig) -> None:
     check(not d.fsdp.optimizer_offload,
           f"{KEY}.fsdp.optimizer_offload = True has nothing to move: the teacher has no optimizer; drop it "
           f"({KEY}.fsdp.param_offload keeps its weights in host memory)")
+    if d.colocate:
+        default = DistillConfig().fsdp
+        for name in ("world_size", "num_cpus_per_rank", "num_threads", "mixed_precision"):
+            value = getattr(d.fsdp, name)
+            check(value == getattr(default, name),
+                  f"{KEY}.fsdp.{name} = {value!r} is not used with {KEY}.colocate = True (the teacher is sharded over "
+                  f"the actor's ranks, with actor_rollout_ref.actor.fsdp); drop it, or set {KEY}.colocate=false for "
+                  "a teacher group of its own")
     estimator = core_algos.estimator(alg)
     if d.mode == "advantage":
         unused = [(core_algos.critic_enabled(cfg), f"algorithm.adv_estimator = {estimator!r} (its critic)"),

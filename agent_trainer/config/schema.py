@@ -95,9 +95,13 @@ class DistillConfig:
     """The teacher's parameter dtype: float32 | bfloat16 | float16 | null (= actor_rollout_ref.model.dtype)."""
     log_prob_micro_batch_size_per_gpu: int = "${micro_batch_size_per_gpu}"  # type: ignore[assignment]
     """Rows per teacher forward on one rank."""
+    colocate: bool = False
+    """Host the teacher in the actor's processes (as actor_rollout_ref.ref.colocate does the reference): each actor
+    rank holds its shard of the teacher and scores its share of the batch, with no process of its own. False: a
+    group of fsdp.world_size ranks of its own (its own CPUs or GPUs; a teacher larger than the student)."""
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    """The teacher's own group of ranks (sharding, CPUs; fsdp.param_offload keeps its shards in host memory, GPU
-    only). The teacher always runs in a group of its own, never in the actor's processes."""
+    """The teacher group's sharding and CPUs (colocate=false); fsdp.param_offload keeps its shards in host memory
+    (GPU only), colocated too. Colocated, the teacher is sharded over the actor's ranks: the other keys are refused."""
 
     def teacher_model(self, student: ModelConfig) -> ModelConfig:
         """The teacher's model section: the student's, at teacher_path, in the teacher's dtype, without LoRA."""

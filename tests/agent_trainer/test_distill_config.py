@@ -59,6 +59,8 @@ def test_a_teacher_with_the_students_tokenizer_passes_and_the_teacher_group_runs
     (["TEACHER", f"{D}.fsdp.param_offload=true", "trainer.device=cpu"], [f"{D}.fsdp.param_offload = True",
                                                                          "trainer.device = 'cpu'"]),
     (["TEACHER", f"{D}.dtype=float64"], [f"{D}.dtype = 'float64'"]),
+    (["TEACHER", f"{D}.colocate=true", f"{D}.fsdp.world_size=2"],
+     [f"{D}.fsdp.world_size = 2 is not used with {D}.colocate = True", f"{D}.colocate=false"]),
 ])
 def test_a_distill_value_that_cannot_work_is_refused_in_one_line(tiny_model_path, overrides, words):
     if overrides[0] == "TEACHER":

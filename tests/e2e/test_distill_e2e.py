@@ -5,7 +5,8 @@ loaded in a group of its own. Two steps each:
 - mode advantage, full-weight student, multi-turn FrozenLake and single-turn Bandit: every trained row's advantage
   is log p_teacher - log p_student of its generated tokens, both computed here independently with transformers on
   the same ids (the student of step 1 is the model on disk), 0 on every other token;
-- mode reward, LoRA student: the token rewards the estimator saw are the task's plus coef times the same difference.
+- mode reward, LoRA student, the teacher hosted by the actor's ranks (colocate): the token rewards the estimator
+  saw are the task's plus coef times the same difference.
 """
 
 from __future__ import annotations
@@ -101,12 +102,13 @@ def test_advantage_mode_trains_on_the_teacher_minus_the_student_per_token(tiny_m
     assert multi_turn, "no FrozenLake episode played two turns; the multi-turn rows were not checked"
 
 
-def test_reward_mode_adds_the_weighted_difference_to_a_lora_students_rewards(tiny_model_path, teacher_path, tmp_path):
+def test_reward_mode_adds_the_weighted_difference_to_a_lora_students_rewards_with_a_colocated_teacher(tiny_model_path, teacher_path, tmp_path):
     trainer, history = train_here("frozenlake", tiny_model_path, tmp_path / "run", *TINY,
                                   "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.optim.lr=2e-2",
                                   "algorithm.distill.enable=true", f"algorithm.distill.teacher_path={teacher_path}",
                                   "algorithm.distill.mode=reward", "algorithm.distill.coef=0.5",
-                                  trainer_cls=BatchRecordingTrainer)
+                                  "algorithm.distill.colocate=true", trainer_cls=BatchRecordingTrainer)
+    assert trainer.teacher_wg is None  # shut down after the run; while it ran it was the actor's group
     assert len(history) == 2 and all(m["distill/signal_abs_mean"] > 1e-3 for m in history)
     batch = trainer.first_batch
     rows, mask = real_rows(batch), batch["response_mask"].bool()

@@ -61,12 +61,16 @@ def test_a_colocated_reference_or_critic_asks_for_nothing_of_its_own(tiny_model_
     assert demands == ["actor"] + ([] if colocate else ["critic", "ref"]) + ["rollout", "env_train", "env_val"]
 
 
-def test_the_distillation_teacher_asks_for_its_own_ranks(tiny_model_path):
+def test_the_distillation_teacher_asks_for_its_own_ranks_unless_colocated(tiny_model_path):
     cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "algorithm.adv_estimator=grpo",
                                   "algorithm.distill.enable=true", f"algorithm.distill.teacher_path={tiny_model_path}",
                                   "algorithm.distill.fsdp.world_size=2", "algorithm.distill.fsdp.num_cpus_per_rank=0.5"])
     demands = [(d.what, d.count, d.cpus, d.gpus) for d in resource_demands(cfg, "cuda")]
     assert ("teacher", 2, 0.5, 1.0) in demands
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "algorithm.adv_estimator=grpo",
+                                  "algorithm.distill.enable=true", f"algorithm.distill.teacher_path={tiny_model_path}",
+                                  "algorithm.distill.colocate=true"])
+    assert "teacher" not in [d.what for d in resource_demands(cfg, "cuda")]  # hosted by the actor's ranks
 
 
 @pytest.mark.parametrize("overrides, env_splits", [
