@@ -43,6 +43,7 @@ class BatchRecordingTrainer(AgentTrainer):
             self.first_batch = {k: batch[k].clone() for k in ("input_ids", "attention_mask", "response_mask",
                                                               "advantages", "token_level_rewards")}
             self.first_batch["task_rewards"] = task_rewards
+            self.teacher_in_actor = self.teacher_wg is self.actor_wg  # algorithm.distill.colocate
         return metrics
 
 
@@ -83,7 +84,7 @@ def test_advantage_mode_trains_on_the_teacher_minus_the_student_per_token(tiny_m
     trainer, history = train_here("frozenlake", tiny_model_path, tmp_path / "run", *TINY,
                                   "algorithm.distill.enable=true", f"algorithm.distill.teacher_path={teacher_path}",
                                   trainer_cls=BatchRecordingTrainer)
-    assert len(history) == 2
+    assert len(history) == 2 and not trainer.teacher_in_actor  # a group of its own
     for m in history:
         assert m["timing_s/teacher"] > 0 and math.isfinite(m["actor/pg_loss"])
         assert m["distill/signal_abs_mean"] > 1e-3  # another model: the teacher disagrees on the student's tokens
@@ -108,7 +109,7 @@ def test_reward_mode_adds_the_weighted_difference_to_a_lora_students_rewards_wit
                                   "algorithm.distill.enable=true", f"algorithm.distill.teacher_path={teacher_path}",
                                   "algorithm.distill.mode=reward", "algorithm.distill.coef=0.5",
                                   "algorithm.distill.colocate=true", trainer_cls=BatchRecordingTrainer)
-    assert trainer.teacher_wg is None  # shut down after the run; while it ran it was the actor's group
+    assert trainer.teacher_in_actor  # the actor's ranks answered compute_teacher_log_prob
     assert len(history) == 2 and all(m["distill/signal_abs_mean"] > 1e-3 for m in history)
     batch = trainer.first_batch
     rows, mask = real_rows(batch), batch["response_mask"].bool()
