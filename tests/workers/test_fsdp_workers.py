@@ -255,6 +255,38 @@ def test_a_colocated_reference_is_the_separate_reference_and_never_moves(tiny_mo
         _actor(tiny_model_path).compute_ref_log_prob(batch)
 
 
+def test_a_colocated_distillation_teacher_is_the_separate_teacher_group(tiny_model_path, tmp_path):
+    """algorithm.distill: the teacher hosted by an actor rank (colocate) gives the log-probs of a teacher group of its
+    own (a ReferenceWorker on the teacher's path), and they are the teacher's, not the student's."""
+    from transformers import AutoModelForCausalLM
+
+    teacher_path = tmp_path / "teacher"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(teacher_path)
+    batch = _ragged_batch([16, 9, 12, 5, 16, 7])
+    forward = RefConfig(log_prob_micro_batch_size_per_gpu=4, colocate=False)
+    teacher_model = ModelConfig(path=str(teacher_path))
+    separate = ReferenceWorker(rank=0, world_size=1, model=teacher_model, ref=forward, device="cpu")
+    separate.init_model()
+    expected = separate.compute_teacher_log_prob(batch)["teacher_log_prob"]
+    cfg = ActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=1e-2),
+                      fsdp=FSDPConfig(world_size=1))
+    actor = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), actor=cfg, device="cpu",
+                        teacher=(teacher_model, forward))
+    actor.init_model()
+    assert not any(p.requires_grad for p in actor.teacher_model.parameters())
+    assert torch.equal(actor.compute_teacher_log_prob(batch)["teacher_log_prob"], expected)
+    mask = batch["response_mask"].bool()
+    student = actor.compute_log_prob(batch)["old_log_probs"]
+    assert (student - expected)[mask].abs().mean() > 1e-3 and expected[~mask].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="no distillation teacher"):
+        _actor(tiny_model_path).compute_teacher_log_prob(batch)
+
+
 def test_update_without_old_log_probs_refuses_a_second_epoch(tiny_model_path):
     worker = _actor(tiny_model_path, ppo_epochs=2)  # the second pass over the first mini-batch is off-policy
     with pytest.raises(RuntimeError, match="needs one PPO epoch"):
