@@ -5,10 +5,8 @@ Each refusal is one line naming the key, the value and the fix."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from agent_trainer import core_algos
-from agent_trainer.checks.rules import check
+from agent_trainer.checks.rules import changed_keys, check, get_key
 from agent_trainer.config.schema import AgentTrainerConfig, DistillConfig
 
 KEY = "algorithm.distill"
@@ -18,12 +16,10 @@ def check_distill(cfg: AgentTrainerConfig) -> None:
     """algorithm.distill.*: refused in one line when it cannot work (ranges and choices are in ``checks.rules``)."""
     d, alg = cfg.algorithm.distill, cfg.algorithm
     if not d.enable:
-        default = DistillConfig()
-        changed = [f.name for f in dataclasses.fields(DistillConfig) if f.name != "log_prob_micro_batch_size_per_gpu"
-                   and getattr(d, f.name) != getattr(default, f.name)]
-        check(not changed, f"{KEY}.{changed[0] if changed else ''} = "
-                           f"{getattr(d, changed[0]) if changed else ''!r} is set but {KEY}.enable = False, so no "
-                           f"teacher is loaded; set {KEY}.enable=true or drop it")
+        changed = [key for key in changed_keys(d, DistillConfig(), KEY)
+                   if key != f"{KEY}.log_prob_micro_batch_size_per_gpu"]
+        check(not changed, f"{changed[0] if changed else KEY} = {get_key(cfg, changed[0]) if changed else ''!r} is "
+                           f"set but {KEY}.enable = False, so no teacher is loaded; set {KEY}.enable=true or drop it")
         return
     check(bool(d.teacher_path.strip()),
           f"{KEY}.enable = True needs {KEY}.teacher_path (a Hugging Face causal-LM folder or hub id with the "

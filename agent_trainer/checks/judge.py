@@ -4,13 +4,12 @@ naming the key, the value and the fix; the API key itself is never part of a mes
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from urllib.parse import urlparse
 
 from agent_trainer import core_algos
-from agent_trainer.checks.rules import check
+from agent_trainer.checks.rules import changed_keys, check, get_key
 from agent_trainer.config.rewards import JudgeConfig
 from agent_trainer.config.schema import AgentTrainerConfig
 
@@ -21,12 +20,11 @@ def check_judge(cfg: AgentTrainerConfig) -> None:
     """judge.*: refused in one line when it cannot work (the format name is checked in ``checks.plugins``)."""
     judge = cfg.judge
     if not judge.enable:
-        changed = [f.name for f in dataclasses.fields(JudgeConfig)
-                   if getattr(judge, f.name) != getattr(JudgeConfig(), f.name)]
+        changed = changed_keys(judge, JudgeConfig(), "judge")
         if changed:
-            name = changed[0]
-            value = "(not shown)" if name == "api_key_env" else repr(getattr(judge, name))[:80]
-            check(False, f"judge.{name} = {value} is set but judge.enable = False, so no episode is judged; set "
+            key = changed[0]
+            value = "(not shown)" if key == "judge.api_key_env" else repr(get_key(cfg, key))[:80]
+            check(False, f"{key} = {value} is set but judge.enable = False, so no episode is judged; set "
                          "judge.enable=true or drop it")
         return
     url = urlparse(judge.base_url)

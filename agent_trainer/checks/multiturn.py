@@ -3,11 +3,11 @@ computation and profiling keys can take effect (the sections: agent_trainer.conf
 
 from __future__ import annotations
 
-import dataclasses
 from functools import reduce
 from typing import Any
 
 from agent_trainer import core_algos
+from agent_trainer.checks.rules import changed_keys
 from agent_trainer.config.compat import SEED_ALIASES
 from agent_trainer.config.multiturn import DEFAULT_EPSILON, MultiturnTrajectoryConfig
 from agent_trainer.config.rewards import TRAIN_TAG
@@ -81,19 +81,9 @@ def _check_aliases(cfg: AgentTrainerConfig) -> None:
            f"{train.env_groups * train.group_size}; set it to that (or null)")
 
 
-def _changed(value: Any, default: Any, prefix: str) -> list[str]:
-    """The dotted keys under ``prefix`` where ``value`` differs from ``default`` (two dataclass instances)."""
-    out = []
-    for f in dataclasses.fields(default):
-        a, b = getattr(value, f.name), getattr(default, f.name)
-        out += _changed(a, b, f"{prefix}.{f.name}") if dataclasses.is_dataclass(b) else \
-            ([f"{prefix}.{f.name}"] if a != b else [])
-    return out
-
-
 def _check_condenser(cfg: AgentTrainerConfig) -> None:
     cc, rollout = cfg.multiturn_trajectory.context_condenser, cfg.actor_rollout_ref.rollout
-    changed = _changed(cc, MultiturnTrajectoryConfig().context_condenser, _CONDENSER)
+    changed = changed_keys(cc, MultiturnTrajectoryConfig().context_condenser, _CONDENSER)
     _check(cfg.ctx_manager.mode == "condensed" or not changed,
            f"{changed[0] if changed else _CONDENSER} is set but ctx_manager.mode = {cfg.ctx_manager.mode!r} never "
            "condenses; set ctx_manager.mode=condensed (and algorithm.adv_estimator=grpo_multiturn) or drop it")
@@ -110,7 +100,7 @@ def _check_condenser(cfg: AgentTrainerConfig) -> None:
 def _check_reward_computation(cfg: AgentTrainerConfig) -> None:
     rc = cfg.reward_computation
     if not rc.enable:
-        changed = _changed(rc, type(rc)(), "reward_computation")
+        changed = changed_keys(rc, type(rc)(), "reward_computation")
         _check(not changed, f"{changed[0] if changed else ''} is set but reward_computation.enable = False, so no "
                             "trajectory is scored; set reward_computation.enable=true or drop it")
         return

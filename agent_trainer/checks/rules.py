@@ -6,6 +6,8 @@ read these tables; rules that relate several keys live with them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 from functools import reduce
@@ -224,6 +226,17 @@ def check_optim(key: str, optim: Any) -> None:
 
 def get_key(cfg: Any, key: str) -> Any:
     return reduce(getattr, key.split("."), cfg)
+
+
+def changed_keys(value: Any, default: Any, prefix: str) -> list[str]:
+    """The dotted keys under ``prefix`` where ``value`` differs from ``default`` (two dataclass instances; nested
+    sections are followed): what a section's ``enable = False`` would ignore."""
+    out = []
+    for f in dataclasses.fields(default):
+        a, b = getattr(value, f.name), getattr(default, f.name)
+        out += changed_keys(a, b, f"{prefix}.{f.name}") if dataclasses.is_dataclass(b) else \
+            ([f"{prefix}.{f.name}"] if a != b else [])
+    return out
 
 
 def is_number(value: Any) -> bool:
