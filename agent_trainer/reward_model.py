@@ -107,9 +107,10 @@ def dump_scores(path: Path, step: int, texts: list[str], scores: torch.Tensor) -
             f.write(json.dumps({"step": step, "text": text, "score": float(value)}) + "\n")
 
 
-def judge_prefix(split: str) -> str:
-    """The judge's metric prefix: ``judge`` for training, ``<split>/judge`` otherwise (``val/judge``)."""
-    return "judge" if split == Split.TRAIN else f"{split}/judge"
+def scorer_prefix(scorer: str, split: str) -> str:
+    """A scorer's metric prefix (``reward_model``, ``judge``): the scorer for training, ``<split>/<scorer>``
+    otherwise (``val/judge``)."""
+    return scorer if split == Split.TRAIN else f"{split}/{scorer}"
 
 
 def judge_items(batch: TensorBatch, tokenizer, source: str) -> list[JudgeItem]:
@@ -130,7 +131,7 @@ def add_judge_scores(batch: TensorBatch, verdicts: dict[int, JudgeVerdict], cfg:
     ``judge.max_unscored_fraction`` of the episodes unscored, or every one of them, raises :class:`JudgeFailure`
     naming the first failure.
     """
-    prefix = judge_prefix(split)
+    prefix = scorer_prefix("judge", split)
     unscored = sorted(uid for uid, v in verdicts.items() if v.score is None)
     if unscored and (len(unscored) > cfg.max_unscored_fraction * len(verdicts) or len(unscored) == len(verdicts)):
         raise JudgeFailure(

@@ -358,8 +358,7 @@ class AgentTrainer:
         if rm_cfg.dump_scores:
             reward_model.dump_scores(self.run_dir / reward_model.dump_name(split),
                                      self.global_step if step is None else step, texts, scores)
-        return reward_model.score_metrics(batch, rows, scores, prefix="reward_model" if split == Split.TRAIN else
-                                          f"{split}/reward_model")
+        return reward_model.score_metrics(batch, rows, scores, prefix=reward_model.scorer_prefix("reward_model", split))
 
     def score_with_judge(self, result: RolloutResult, split: Split = Split.TRAIN) -> dict[str, float]:
         """The judge's ``reward_weight x score`` on every scored episode's last generated token (the environment's
@@ -369,7 +368,7 @@ class AgentTrainer:
         verdicts, stats = self.judge.judge(items)
         result.batch, metrics = reward_model.add_judge_scores(result.batch, verdicts, self.cfg.judge, split)
         result.judge = verdicts
-        metrics.update(stats.metrics(reward_model.judge_prefix(split)))
+        metrics.update(stats.metrics(reward_model.scorer_prefix("judge", split)))
         return metrics
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
@@ -407,8 +406,8 @@ class AgentTrainer:
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()  # as update_actor reports it
         metrics = {"perf/old_log_prob_skipped": 0.0,
                    "actor/rollout_vs_actor_logprob_diff": float(core_algos.masked_mean(diff, batch["response_mask"])),
-                   "rollout/mismatch_kl": float(core_algos.mismatch_kl(batch["old_log_probs"], batch["rollout_log_probs"],
-                                                                       batch["response_mask"]))}
+                   "rollout/mismatch_kl": float(core_algos.mismatch_kl(
+                       batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]))}
         rc = self.cfg.algorithm.rollout_correction
         if rc.rollout_is is None:
             return metrics
