@@ -29,7 +29,7 @@ def tiny_model_path(tmp_path_factory) -> str:
     """
     env_path = os.environ.get("AGENT_TRAINER_TEST_MODEL")
     if env_path and Path(env_path, "config.json").exists():
-        return env_path
+        return str(Path(env_path).resolve())  # absolute: a test may change its working folder
     from launch.build_tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny-model") / "tiny-qwen2"
