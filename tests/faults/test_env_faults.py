@@ -165,15 +165,28 @@ def test_an_engine_killed_during_weight_sync_is_restarted_and_resynced(run):
     assert _engine_vs_actor_logprob_diff(trainer) < 1e-3
 
 
-def test_a_killed_env_actor_and_a_killed_engine_mid_rollout_end_only_what_they_touch(run):
-    """One rollout, two deaths: the env actor hung in reset is killed 1.5 s into it (a call in flight), the
-    engine right after the first turn; the rollout retries both and finishes."""
+def test_a_killed_env_actor_and_a_killed_engine_mid_rollout_end_only_what_they_touch(run, monkeypatch):
+    """One rollout, two deaths: the env actor hung in reset is killed once its reset is submitted (a call in
+    flight, well inside the reset timeout), the engine right after the first turn; the rollout retries both and
+    finishes."""
     trainer, _, _ = run
     rollout = trainer.train_rollout
-    hung = rollout.env_actors[_actor_index(rollout, "FaultyHangReset")]
+    hung_index = _actor_index(rollout, "FaultyHangReset")
+    hung = rollout.env_actors[hung_index]
+    reset_submitted = threading.Event()
+    submit = rollout.env_pool.submit
+
+    def observed_submit(method, args_by_index, timeout_s):
+        pending = submit(method, args_by_index, timeout_s)
+        if method == "reset" and hung_index in args_by_index:
+            reset_submitted.set()
+        return pending
+
+    monkeypatch.setattr(rollout.env_pool, "submit", observed_submit)  # observes the call; Ray runs it unchanged
 
     def kill_env_actor_then_engine():
-        time.sleep(1.5)
+        reset_submitted.wait(120)  # a loaded machine may take seconds to get there: the kill waits for the call
+        time.sleep(0.5)
         ray.kill(hung, no_restart=False)
         deadline = time.monotonic() + 120
         while not rollout.last_generations and time.monotonic() < deadline:
