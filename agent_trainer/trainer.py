@@ -84,6 +84,12 @@ class AgentTrainer:
         """trainer.max_off_policy_steps k >= 1: the next k steps' experience, generated while this step trains."""
         self.versions = PolicyVersions()
         """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
+        self.continuous = cfg.trainer.max_off_policy_steps >= 1 and cfg.trainer.async_mode == "continuous"
+        """trainer.async_mode=continuous: the engines also take new weights while a rollout runs (:meth:`sync_in_flight`)."""
+        self.producer_syncs = cfg.trainer.max_off_policy_steps >= 2 or self.continuous
+        """The producer thread brings the engines to the newest weights (not the step, after waiting for it)."""
+        self.in_flight_syncs = 0
+        """Weight syncs made while a rollout ran (:meth:`sync_in_flight`), since the run started."""
         self.memory = ColocatedMemory([], None, sleep=False, offload=False)
         """Engine sleep/wake and actor offload around the rollout (actor_rollout_ref.hybrid_engine on GPUs);
         inactive until the workers start, and on CPU."""
@@ -106,6 +112,9 @@ class AgentTrainer:
         """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0, :func:`trainer_splits`)."""
         self.remax_rollout = rollouts.get(Split.REMAX_BASELINE)
         """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
+        if self.continuous:  # the train split's tokens carry their policy version; its engine calls may sync
+            self.train_rollout.engine_version = lambda: self.versions.engines
+            self.train_rollout.in_flight_sync = self.sync_in_flight
         if self.resume_from is not None:
             self.load_checkpoint(self.resume_from)
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
@@ -267,7 +276,7 @@ class AgentTrainer:
             with timer("update_actor", metrics), self.versions.updating():
                 metrics.update(self.run_update(self.actor_wg, "update_actor", batch,
                                                self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
-            if self.cfg.trainer.max_off_policy_steps < 2:  # k >= 2: the producer syncs between its rollouts
+            if not self.producer_syncs:  # k >= 2 or continuous: the producer syncs
                 if self.prefetch.pending:
                     with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
                         self.prefetch.wait()
@@ -284,22 +293,40 @@ class AgentTrainer:
         ``max_off_policy_steps`` versions older than the weights this step trains from are dropped and counted."""
         k = self.cfg.trainer.max_off_policy_steps
         metrics["rollout/buffered"] = float(len(self.prefetch))
-        taken: Taken | None = self.prefetch.take(self.global_step, oldest_version=self.versions.actor - k)
-        dropped = taken.dropped if taken is not None else []
+        metrics["rollout/in_flight_episodes"] = float(self.prefetch.running() * len(self.train_rollout.episodes))
+        oldest = self.versions.actor - k
+        def fresh(r: RolloutResult) -> bool:  # per token: drop keeps a batch with a fresh group, replace needs all
+            groups = group_oldest_versions(r.batch)[r.batch["uid"].unique()] >= oldest
+            return bool(groups.all() if self.cfg.trainer.stale_groups == "replace" else groups.any())
+
+        taken: Taken | None = self.prefetch.take(self.global_step, oldest_version=oldest,
+                                                        fresh=fresh if self.continuous else None)
+        dropped = [r.batch for r in (taken.dropped if taken is not None else [])]
         if taken is None or taken.result is None:  # nothing buffered: the producer is idle, the engines free
             self.versions.sync_if_newer(self.ship_weights)
-            taken = Taken(self.collect(self.global_step), self.versions.engines, dropped)
+            taken = Taken(self.collect(self.global_step), self.versions.engines, [])
         result = taken.result
-        result.batch["policy_version"] = torch.full((len(result.batch),), taken.version, dtype=torch.long)
+        batch = result.batch
+        if "token_versions" in batch:  # a row is as old as its oldest token
+            batch["policy_version"] = row_oldest_versions(batch, default=taken.version)
+            stale = group_oldest_versions(batch)[batch["uid"]] < oldest
+            if bool(stale.any()):  # trainer.stale_groups=drop (replace took another batch)
+                logger.warning("step %d: %d row(s) of groups with a token more than %d versions old left out",
+                               self.global_step, int(stale.sum()), k)
+                dropped.append(batch.index(stale))
+                result.batch = batch = batch.index(~stale)
+            metrics.update(version_metrics(batch))
+        else:
+            batch["policy_version"] = torch.full((len(batch),), taken.version, dtype=torch.long)
         metrics.update(result.metrics)
-        metrics["rollout/stale_dropped"] = float(sum(len(episode_ids(r.batch)) for r in dropped))
-        metrics.update(staleness_metrics(self.versions.actor - result.batch["policy_version"], k))
+        metrics["rollout/stale_dropped"] = float(sum(len(episode_ids(b)) for b in dropped))
+        metrics.update(staleness_metrics(self.versions.actor - batch["policy_version"], k))
         return result
 
     def engines_to_step_weights(self) -> None:
         """Before validating under ``trainer.max_off_policy_steps`` >= 2: the buffered rollouts end (the engines
         are then free) and the engines take this step's weights, as in the other modes."""
-        if self.cfg.trainer.max_off_policy_steps >= 2:
+        if self.producer_syncs:
             self.prefetch.wait()
             self.versions.sync_if_newer(self.ship_weights)
 
@@ -308,13 +335,23 @@ class AgentTrainer:
         engines to the actor's newest version when they hold an older one, then :meth:`collect` ``pending.step``'s
         experience."""
         metrics: dict[str, float] = {}
-        if self.cfg.trainer.max_off_policy_steps >= 2:
+        if self.producer_syncs:
             with timer("producer_sync", metrics):
                 self.versions.sync_if_newer(self.ship_weights)
         pending.mark_started(resets=self.train_rollout.num_resets, version=self.versions.engines)
+        syncs = self.in_flight_syncs
         result = self.collect(pending.step)
+        if self.continuous:
+            result.metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - syncs)
         result.metrics.update(metrics)
         return result
+
+    def sync_in_flight(self) -> None:
+        """The train rollout's ``in_flight_sync`` (``trainer.async_mode=continuous``), between two of its engine
+        calls: the engines take the actor's newest weights (every transport; vLLM drops its prefix cache at the
+        end of the load), unless the actor is updating right now, and the episodes in flight go on under them."""
+        if self.versions.sync_unless_updating(self.ship_weights):
+            self.in_flight_syncs += 1
 
     def collect(self, step: int) -> RolloutResult:
         """Step ``step``'s experience on the engines' current weights: the rollout, then the judge's and the
@@ -409,11 +446,18 @@ class AgentTrainer:
                    "rollout/mismatch_kl": float(core_algos.mismatch_kl(
                        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]))}
         rc = self.cfg.algorithm.rollout_correction
-        if rc.rollout_is is None:
-            return metrics
-        batch["rollout_is_weights"], is_metrics = core_algos.compute_rollout_is_weights(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
-            rc.rollout_is_threshold)
+        weights, is_metrics = None, {}
+        if rc.rollout_is is not None:
+            weights, is_metrics = core_algos.compute_rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
+                rc.rollout_is_threshold)
+        if rc.rollout_rs is not None:  # IcePop: tokens out of the ratio band get no gradient
+            keep, rs_metrics = core_algos.compute_rollout_rs_mask(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+                rc.rollout_rs_threshold_lower, rc.rollout_rs_threshold)
+            weights, is_metrics = (keep if weights is None else weights * keep), {**is_metrics, **rs_metrics}
+        if weights is not None:
+            batch["rollout_is_weights"] = weights
         return {**metrics, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
 
     def collapse_diagnostic(self, batch: TensorBatch) -> dict[str, float]:
@@ -614,7 +658,8 @@ def needs_old_log_probs(cfg: AgentTrainerConfig, staleness: int = 0) -> bool:
     if actor.recompute_old_log_prob == "always":
         return True
     on_policy = staleness == 0 and actor.ppo_epochs == 1
-    needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or alg.distill.enable or (
+    correction = alg.rollout_correction.rollout_is is not None or alg.rollout_correction.rollout_rs is not None
+    needs_trainer_log_probs = correction or alg.distill.enable or (
         alg.use_kl_in_reward and cfg.actor_rollout_ref.rollout.temperature != 1.0)
     return not on_policy or needs_trainer_log_probs
 
@@ -677,6 +722,34 @@ def staleness_metrics(staleness: torch.Tensor, max_off_policy_steps: int) -> dic
     for lag in range(max_off_policy_steps + 1):
         metrics[f"rollout/policy_staleness_frac/{lag}"] = float((staleness == lag).float().mean())
     return metrics
+
+
+def row_oldest_versions(batch: TensorBatch, default: int) -> torch.Tensor:
+    """[B]: the oldest policy version among each row's generated tokens (``token_versions``); ``default`` for a
+    row without one."""
+    versions = batch["token_versions"].masked_fill(batch["response_mask"] == 0, torch.iinfo(torch.long).max)
+    oldest = versions.min(dim=1).values
+    return torch.where(oldest == torch.iinfo(torch.long).max, torch.full_like(oldest, default), oldest)
+
+
+def group_oldest_versions(batch: TensorBatch) -> torch.Tensor:
+    """Indexed by group id (``uid``): the oldest policy version among the group's generated tokens."""
+    rows = row_oldest_versions(batch, default=torch.iinfo(torch.long).max)
+    groups = torch.full((int(batch["uid"].max()) + 1,), torch.iinfo(torch.long).max, dtype=torch.long)
+    return groups.scatter_reduce(0, batch["uid"], rows, reduce="amin")
+
+
+def version_metrics(batch: TensorBatch) -> dict[str, float]:
+    """``rollout/versions_in_batch`` (distinct policy versions among the trained tokens) and
+    ``rollout/mixed_version_episodes`` (episodes whose tokens came from more than one version)."""
+    mask = batch["response_mask"].bool()
+    versions = batch["token_versions"]
+    per_episode: dict[int, set[int]] = {}
+    for row, uid in enumerate(batch["traj_uid"].tolist()):
+        per_episode.setdefault(int(uid), set()).update(versions[row][mask[row]].tolist())
+    mixed = {uid for uid, seen in per_episode.items() if len(seen) > 1}
+    return {"rollout/versions_in_batch": float(versions[mask].unique().numel()),
+            "rollout/mixed_version_episodes": float(len(mixed))}
 
 
 def load_tokenizer(path: str):
