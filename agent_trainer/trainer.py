@@ -293,7 +293,8 @@ class AgentTrainer:
         ``max_off_policy_steps`` versions older than the weights this step trains from are dropped and counted."""
         k = self.cfg.trainer.max_off_policy_steps
         metrics["rollout/buffered"] = float(len(self.prefetch))
-        metrics["rollout/in_flight_episodes"] = float(self.prefetch.running() * len(self.train_rollout.episodes))
+        if k >= 1:
+            metrics["rollout/in_flight_episodes"] = float(self.prefetch.running() * len(self.train_rollout.episodes))
         oldest = self.versions.actor - k
         def fresh(r: RolloutResult) -> bool:  # per token: drop keeps a batch with a fresh group, replace needs all
             groups = group_oldest_versions(r.batch)[r.batch["uid"].unique()] >= oldest
