@@ -40,6 +40,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import torch
+
+from agent_trainer.batch import TensorBatch
+
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -197,3 +201,54 @@ class PolicyVersions:
             return self.sync_if_newer(ship)
         finally:
             self._lock.release()
+
+
+# -- per-token versions (``trainer.async_mode=continuous``) -------------------------------------------------------
+_NEWEST = torch.iinfo(torch.long).max
+
+
+def row_oldest_versions(batch: TensorBatch, default: int) -> torch.Tensor:
+    """[B]: the oldest policy version among each row's generated tokens (``token_versions``); ``default`` for a
+    row without one."""
+    versions = batch["token_versions"].masked_fill(batch["response_mask"] == 0, _NEWEST)
+    oldest = versions.min(dim=1).values
+    return torch.where(oldest == _NEWEST, torch.full_like(oldest, default), oldest)
+
+
+def group_oldest_versions(batch: TensorBatch) -> torch.Tensor:
+    """[B]: the oldest policy version among the generated tokens of each row's group (``uid``)."""
+    groups, of_row = batch["uid"].unique(return_inverse=True)
+    oldest = torch.full((len(groups),), _NEWEST, dtype=torch.long)
+    oldest = oldest.scatter_reduce(0, of_row, row_oldest_versions(batch, default=_NEWEST), reduce="amin")
+    return oldest[of_row]
+
+
+def has_fresh_groups(batch: TensorBatch, oldest: int, policy: str) -> bool:
+    """Whether a batch is worth taking under the per-token bound (``trainer.stale_groups``): with ``drop`` one group
+    whose every token is ``oldest`` or newer is enough (the others leave it), with ``replace`` every group must be."""
+    fresh = group_oldest_versions(batch) >= oldest
+    return bool(fresh.all() if policy == "replace" else fresh.any())
+
+
+def split_stale_groups(batch: TensorBatch, oldest: int, default: int) -> tuple[TensorBatch, TensorBatch | None]:
+    """Set each row's ``policy_version`` (its oldest token's; ``default`` for a row without generated tokens) and
+    take out the groups with a token older than ``oldest``, whole: (the batch kept, the rows dropped or None)."""
+    batch["policy_version"] = row_oldest_versions(batch, default)
+    stale = group_oldest_versions(batch) < oldest
+    if not bool(stale.any()):
+        return batch, None
+    logger.warning("%d row(s) of groups with a token older than policy version %d are left out (rollout/stale_dropped)",
+                   int(stale.sum()), oldest)
+    return batch.index(~stale), batch.index(stale)
+
+
+def version_metrics(batch: TensorBatch) -> dict[str, float]:
+    """``rollout/versions_in_batch`` (distinct policy versions among the trained tokens) and
+    ``rollout/mixed_version_episodes`` (episodes whose tokens came from more than one version)."""
+    mask = batch["response_mask"].bool()
+    versions = batch["token_versions"]
+    per_episode: dict[int, set[int]] = {}
+    for row, uid in enumerate(batch["traj_uid"].tolist()):
+        per_episode.setdefault(int(uid), set()).update(versions[row][mask[row]].tolist())
+    return {"rollout/versions_in_batch": float(versions[mask].unique().numel()),
+            "rollout/mixed_version_episodes": float(sum(len(seen) > 1 for seen in per_episode.values()))}

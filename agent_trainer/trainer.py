@@ -27,7 +27,8 @@ from tqdm import tqdm
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
 from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
-from agent_trainer.overlap import PolicyVersions, RolloutBuffer, Taken
+from agent_trainer.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
+                                   version_metrics)
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
@@ -295,30 +296,22 @@ class AgentTrainer:
         metrics["rollout/buffered"] = float(len(self.prefetch))
         if k >= 1:
             metrics["rollout/in_flight_episodes"] = float(self.prefetch.running() * len(self.train_rollout.episodes))
-        oldest = self.versions.actor - k
-        def fresh(r: RolloutResult) -> bool:  # per token: drop keeps a batch with a fresh group, replace needs all
-            groups = group_oldest_versions(r.batch)[r.batch["uid"].unique()] >= oldest
-            return bool(groups.all() if self.cfg.trainer.stale_groups == "replace" else groups.any())
-
-        taken: Taken | None = self.prefetch.take(self.global_step, oldest_version=oldest,
-                                                        fresh=fresh if self.continuous else None)
+        oldest, policy = self.versions.actor - k, self.cfg.trainer.stale_groups
+        taken: Taken | None = self.prefetch.take(
+            self.global_step, oldest_version=oldest,
+            fresh=(lambda r: has_fresh_groups(r.batch, oldest, policy)) if self.continuous else None)
         dropped = [r.batch for r in (taken.dropped if taken is not None else [])]
         if taken is None or taken.result is None:  # nothing buffered: the producer is idle, the engines free
             self.versions.sync_if_newer(self.ship_weights)
             taken = Taken(self.collect(self.global_step), self.versions.engines, [])
         result = taken.result
-        batch = result.batch
-        if "token_versions" in batch:  # a row is as old as its oldest token
-            batch["policy_version"] = row_oldest_versions(batch, default=taken.version)
-            stale = group_oldest_versions(batch)[batch["uid"]] < oldest
-            if bool(stale.any()):  # trainer.stale_groups=drop (replace took another batch)
-                logger.warning("step %d: %d row(s) of groups with a token more than %d versions old left out",
-                               self.global_step, int(stale.sum()), k)
-                dropped.append(batch.index(stale))
-                result.batch = batch = batch.index(~stale)
-            metrics.update(version_metrics(batch))
+        if "token_versions" in result.batch:  # continuous: a row is as old as its oldest token
+            result.batch, stale = split_stale_groups(result.batch, oldest, default=taken.version)
+            dropped += [stale] if stale is not None else []
+            metrics.update(version_metrics(result.batch))
         else:
-            batch["policy_version"] = torch.full((len(batch),), taken.version, dtype=torch.long)
+            result.batch["policy_version"] = torch.full((len(result.batch),), taken.version, dtype=torch.long)
+        batch = result.batch
         metrics.update(result.metrics)
         metrics["rollout/stale_dropped"] = float(sum(len(episode_ids(b)) for b in dropped))
         metrics.update(staleness_metrics(self.versions.actor - batch["policy_version"], k))
@@ -723,34 +716,6 @@ def staleness_metrics(staleness: torch.Tensor, max_off_policy_steps: int) -> dic
     for lag in range(max_off_policy_steps + 1):
         metrics[f"rollout/policy_staleness_frac/{lag}"] = float((staleness == lag).float().mean())
     return metrics
-
-
-def row_oldest_versions(batch: TensorBatch, default: int) -> torch.Tensor:
-    """[B]: the oldest policy version among each row's generated tokens (``token_versions``); ``default`` for a
-    row without one."""
-    versions = batch["token_versions"].masked_fill(batch["response_mask"] == 0, torch.iinfo(torch.long).max)
-    oldest = versions.min(dim=1).values
-    return torch.where(oldest == torch.iinfo(torch.long).max, torch.full_like(oldest, default), oldest)
-
-
-def group_oldest_versions(batch: TensorBatch) -> torch.Tensor:
-    """Indexed by group id (``uid``): the oldest policy version among the group's generated tokens."""
-    rows = row_oldest_versions(batch, default=torch.iinfo(torch.long).max)
-    groups = torch.full((int(batch["uid"].max()) + 1,), torch.iinfo(torch.long).max, dtype=torch.long)
-    return groups.scatter_reduce(0, batch["uid"], rows, reduce="amin")
-
-
-def version_metrics(batch: TensorBatch) -> dict[str, float]:
-    """``rollout/versions_in_batch`` (distinct policy versions among the trained tokens) and
-    ``rollout/mixed_version_episodes`` (episodes whose tokens came from more than one version)."""
-    mask = batch["response_mask"].bool()
-    versions = batch["token_versions"]
-    per_episode: dict[int, set[int]] = {}
-    for row, uid in enumerate(batch["traj_uid"].tolist()):
-        per_episode.setdefault(int(uid), set()).update(versions[row][mask[row]].tolist())
-    mixed = {uid for uid, seen in per_episode.items() if len(seen) > 1}
-    return {"rollout/versions_in_batch": float(versions[mask].unique().numel()),
-            "rollout/mixed_version_episodes": float(len(mixed))}
 
 
 def load_tokenizer(path: str):
