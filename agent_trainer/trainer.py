@@ -86,7 +86,8 @@ class AgentTrainer:
         self.versions = PolicyVersions()
         """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
         self.continuous = cfg.trainer.max_off_policy_steps >= 1 and cfg.trainer.async_mode == "continuous"
-        """trainer.async_mode=continuous: the engines also take new weights while a rollout runs (:meth:`sync_in_flight`)."""
+        """trainer.async_mode=continuous: the engines also take new weights while a rollout runs
+        (:meth:`sync_in_flight`)."""
         self.producer_syncs = cfg.trainer.max_off_policy_steps >= 2 or self.continuous
         """The producer thread brings the engines to the newest weights (not the step, after waiting for it)."""
         self.in_flight_syncs = 0

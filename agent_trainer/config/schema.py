@@ -315,7 +315,8 @@ class TrainerConfig:
     job (docs/benchmarks.md, P6) | k >= 2: asynchronous: a producer thread keeps the next k steps' rollouts
     (whole groups) generating back to back, syncing the engines to the newest actor version between two of
     them (async_mode=continuous: also while they run); the trainer takes the oldest; no batch is more than k
-    versions old (one that is would be dropped, rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's max_head_offpolicyness, TRL's max_staleness.
+    versions old (one that is would be dropped, rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's
+    max_head_offpolicyness, TRL's max_staleness.
     Critic-free estimators only. docs/architecture.md, docs/algorithms.md."""
     async_mode: str = "buffered"
     """How a run with max_off_policy_steps k >= 1 hands the engines new weights. buffered: only between two
