@@ -122,6 +122,9 @@ class EpisodeStatus:
     """The episode ended because its next prompt plus the turn budget would exceed ``max_model_len``
     (``truncated`` is then set too); it keeps the rewards it earned."""
     format_errors: int = 0
+    env_actor_lost: bool = False
+    """The episode ended because its env actor died or missed its step deadline (infrastructure, not the
+    policy): it is left out of the batch and of its group's statistics (``rollout/env_actor_lost``)."""
 
     @property
     def num_replies(self) -> int:

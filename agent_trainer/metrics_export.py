@@ -13,6 +13,7 @@ after it is set. Every series carries the tag ``experiment`` (``trainer.experime
 | ``agent_trainer_env_steps_per_s`` | gauge | | ``perf/env_steps_per_s`` |
 | ``agent_trainer_phase_seconds`` | gauge | phase | ``timing_s/<phase>`` |
 | ``agent_trainer_weight_sync_seconds`` | gauge | | ``timing_s/sync`` |
+| ``agent_trainer_async`` | gauge | quantity | ``trainer.max_off_policy_steps`` >= 1: ``in_flight_episodes``, ``buffered``, ``versions_in_batch``, ``policy_staleness`` (max), ``policy_staleness_frac/<j>`` (the histogram), ``stale_dropped``, ``in_flight_syncs`` (each ``rollout/<quantity>``) |
 | ``agent_trainer_engine_restarts`` | counter | | ``rollout/engine_failures`` |
 | ``agent_trainer_env_errors`` | counter | | ``rollout/env_actor_failures`` + ``rollout/env_timeouts`` |
 """
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 
 PREFIX = "agent_trainer_"
 _TAG_METRIC = re.compile(r"^(?:(val)/)?env/([^/]+)/(success|episode_reward_mean)$")
+
+
+ASYNC_GAUGES = ("in_flight_episodes", "buffered", "versions_in_batch", "policy_staleness", "stale_dropped",
+                "in_flight_syncs")
+"""The ``rollout/<quantity>`` metrics the ``async`` gauge exports (with the staleness histogram)."""
 
 
 def rollout_rates(result: RolloutResult, metrics: dict[str, float], prefix: str = "rollout") -> dict[str, float]:
@@ -72,6 +78,8 @@ class RayMetrics:
         self.env_steps_per_s = gauge("env_steps_per_s", "Environment actions executed per rollout second.")
         self.phase = gauge("phase_seconds", "Seconds of each phase of the last step.", "phase")
         self.sync = gauge("weight_sync_seconds", "Seconds of the last actor-to-engine weight sync.")
+        self.asynchronous = gauge("async", "Asynchronous training: episodes in flight, buffered batches, policy "
+                                  "versions and staleness of the step's batch, stale episodes dropped.", "quantity")
         self.restarts = Counter(PREFIX + "engine_restarts", description="Rollout engine failures (restarted).",
                                 tag_keys=keys)
         self.env_errors = Counter(PREFIX + "env_errors", description="Env actor failures and timeouts.",
@@ -91,6 +99,11 @@ class RayMetrics:
                            ("perf/env_steps_per_s", self.env_steps_per_s), ("timing_s/sync", self.sync)):
             if key in metrics:
                 gauge.set(metrics[key], tags=tags)
+        if "rollout/in_flight_episodes" in metrics:  # trainer.max_off_policy_steps >= 1
+            for key, value in metrics.items():
+                quantity = key.removeprefix("rollout/")
+                if quantity in ASYNC_GAUGES or quantity.startswith("policy_staleness_frac/"):
+                    self.asynchronous.set(value, tags={**tags, "quantity": quantity})
         restarts = metrics.get("rollout/engine_failures", 0.0)
         errors = metrics.get("rollout/env_actor_failures", 0.0) + metrics.get("rollout/env_timeouts", 0.0)
         if restarts > 0:

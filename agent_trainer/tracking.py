@@ -172,6 +172,7 @@ CONSOLE_COLUMNS = (
     ("rollout/valid_action_rate", "valid", "{:4.2f}"),
     ("rollout/num_turns_mean", "turns", "{:3.1f}"), ("rollout/num_calls_mean", "calls", "{:3.1f}"),
     ("rollout/gateway_left_out", "left_out", "{:3.0f}"), ("rollout/format_error_rate", "fmt_err", "{:4.2f}"),
+    ("rollout/in_flight_episodes", "inflight", "{:3.0f}"), ("rollout/versions_in_batch", "vers", "{:2.0f}"),
     ("actor/pg_loss", "pg", "{:+8.1e}"), ("actor/ppo_kl", "ppo_kl", "{:+8.1e}"),
     ("actor/grad_norm", "grad", "{:6.3g}"),
     ("critic/vf_loss", "vf", "{:6.3g}"), ("sft/loss", "sft_loss", "{:6.4f}"), ("sft/token_acc", "tok_acc", "{:5.3f}"),

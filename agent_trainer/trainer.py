@@ -27,7 +27,8 @@ from tqdm import tqdm
 from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
 from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
-from agent_trainer.overlap import PolicyVersions, RolloutBuffer, Taken
+from agent_trainer.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
+                                   version_metrics)
 from agent_trainer.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
@@ -84,6 +85,13 @@ class AgentTrainer:
         """trainer.max_off_policy_steps k >= 1: the next k steps' experience, generated while this step trains."""
         self.versions = PolicyVersions()
         """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
+        self.continuous = cfg.trainer.max_off_policy_steps >= 1 and cfg.trainer.async_mode == "continuous"
+        """trainer.async_mode=continuous: the engines also take new weights while a rollout runs
+        (:meth:`sync_in_flight`)."""
+        self.producer_syncs = cfg.trainer.max_off_policy_steps >= 2 or self.continuous
+        """The producer thread brings the engines to the newest weights (not the step, after waiting for it)."""
+        self.in_flight_syncs = 0
+        """Weight syncs made while a rollout ran (:meth:`sync_in_flight`), since the run started."""
         self.memory = ColocatedMemory([], None, sleep=False, offload=False)
         """Engine sleep/wake and actor offload around the rollout (actor_rollout_ref.hybrid_engine on GPUs);
         inactive until the workers start, and on CPU."""
@@ -106,6 +114,9 @@ class AgentTrainer:
         """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0, :func:`trainer_splits`)."""
         self.remax_rollout = rollouts.get(Split.REMAX_BASELINE)
         """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
+        if self.continuous:  # the train split's tokens carry their policy version; its engine calls may sync
+            self.train_rollout.engine_version = lambda: self.versions.engines
+            self.train_rollout.in_flight_sync = self.sync_in_flight
         if self.resume_from is not None:
             self.load_checkpoint(self.resume_from)
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
@@ -267,7 +278,7 @@ class AgentTrainer:
             with timer("update_actor", metrics), self.versions.updating():
                 metrics.update(self.run_update(self.actor_wg, "update_actor", batch,
                                                self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
-            if self.cfg.trainer.max_off_policy_steps < 2:  # k >= 2: the producer syncs between its rollouts
+            if not self.producer_syncs:  # k >= 2 or continuous: the producer syncs
                 if self.prefetch.pending:
                     with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
                         self.prefetch.wait()
@@ -284,22 +295,33 @@ class AgentTrainer:
         ``max_off_policy_steps`` versions older than the weights this step trains from are dropped and counted."""
         k = self.cfg.trainer.max_off_policy_steps
         metrics["rollout/buffered"] = float(len(self.prefetch))
-        taken: Taken | None = self.prefetch.take(self.global_step, oldest_version=self.versions.actor - k)
-        dropped = taken.dropped if taken is not None else []
+        if k >= 1:
+            metrics["rollout/in_flight_episodes"] = float(self.prefetch.running() * len(self.train_rollout.episodes))
+        oldest, policy = self.versions.actor - k, self.cfg.trainer.stale_groups
+        taken: Taken | None = self.prefetch.take(
+            self.global_step, oldest_version=oldest,
+            fresh=(lambda r: has_fresh_groups(r.batch, oldest, policy)) if self.continuous else None)
+        dropped = [r.batch for r in (taken.dropped if taken is not None else [])]
         if taken is None or taken.result is None:  # nothing buffered: the producer is idle, the engines free
             self.versions.sync_if_newer(self.ship_weights)
-            taken = Taken(self.collect(self.global_step), self.versions.engines, dropped)
+            taken = Taken(self.collect(self.global_step), self.versions.engines, [])
         result = taken.result
-        result.batch["policy_version"] = torch.full((len(result.batch),), taken.version, dtype=torch.long)
+        if "token_versions" in result.batch:  # continuous: a row is as old as its oldest token
+            result.batch, stale = split_stale_groups(result.batch, oldest, default=taken.version)
+            dropped += [stale] if stale is not None else []
+            metrics.update(version_metrics(result.batch))
+        else:
+            result.batch["policy_version"] = torch.full((len(result.batch),), taken.version, dtype=torch.long)
+        batch = result.batch
         metrics.update(result.metrics)
-        metrics["rollout/stale_dropped"] = float(sum(len(episode_ids(r.batch)) for r in dropped))
-        metrics.update(staleness_metrics(self.versions.actor - result.batch["policy_version"], k))
+        metrics["rollout/stale_dropped"] = float(sum(len(episode_ids(b)) for b in dropped))
+        metrics.update(staleness_metrics(self.versions.actor - batch["policy_version"], k))
         return result
 
     def engines_to_step_weights(self) -> None:
         """Before validating under ``trainer.max_off_policy_steps`` >= 2: the buffered rollouts end (the engines
         are then free) and the engines take this step's weights, as in the other modes."""
-        if self.cfg.trainer.max_off_policy_steps >= 2:
+        if self.producer_syncs:
             self.prefetch.wait()
             self.versions.sync_if_newer(self.ship_weights)
 
@@ -308,13 +330,23 @@ class AgentTrainer:
         engines to the actor's newest version when they hold an older one, then :meth:`collect` ``pending.step``'s
         experience."""
         metrics: dict[str, float] = {}
-        if self.cfg.trainer.max_off_policy_steps >= 2:
+        if self.producer_syncs:
             with timer("producer_sync", metrics):
                 self.versions.sync_if_newer(self.ship_weights)
         pending.mark_started(resets=self.train_rollout.num_resets, version=self.versions.engines)
+        syncs = self.in_flight_syncs
         result = self.collect(pending.step)
+        if self.continuous:
+            result.metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - syncs)
         result.metrics.update(metrics)
         return result
+
+    def sync_in_flight(self) -> None:
+        """The train rollout's ``in_flight_sync`` (``trainer.async_mode=continuous``), between two of its engine
+        calls: the engines take the actor's newest weights (every transport; vLLM drops its prefix cache at the
+        end of the load), unless the actor is updating right now, and the episodes in flight go on under them."""
+        if self.versions.sync_unless_updating(self.ship_weights):
+            self.in_flight_syncs += 1
 
     def collect(self, step: int) -> RolloutResult:
         """Step ``step``'s experience on the engines' current weights: the rollout, then the judge's and the
@@ -409,11 +441,18 @@ class AgentTrainer:
                    "rollout/mismatch_kl": float(core_algos.mismatch_kl(
                        batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]))}
         rc = self.cfg.algorithm.rollout_correction
-        if rc.rollout_is is None:
-            return metrics
-        batch["rollout_is_weights"], is_metrics = core_algos.compute_rollout_is_weights(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
-            rc.rollout_is_threshold)
+        weights, is_metrics = None, {}
+        if rc.rollout_is is not None:
+            weights, is_metrics = core_algos.compute_rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"], rc.rollout_is,
+                rc.rollout_is_threshold)
+        if rc.rollout_rs is not None:  # IcePop: tokens out of the ratio band get no gradient
+            keep, rs_metrics = core_algos.compute_rollout_rs_mask(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+                rc.rollout_rs_threshold_lower, rc.rollout_rs_threshold)
+            weights, is_metrics = (keep if weights is None else weights * keep), {**is_metrics, **rs_metrics}
+        if weights is not None:
+            batch["rollout_is_weights"] = weights
         return {**metrics, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
 
     def collapse_diagnostic(self, batch: TensorBatch) -> dict[str, float]:
@@ -614,7 +653,8 @@ def needs_old_log_probs(cfg: AgentTrainerConfig, staleness: int = 0) -> bool:
     if actor.recompute_old_log_prob == "always":
         return True
     on_policy = staleness == 0 and actor.ppo_epochs == 1
-    needs_trainer_log_probs = alg.rollout_correction.rollout_is is not None or alg.distill.enable or (
+    correction = alg.rollout_correction.rollout_is is not None or alg.rollout_correction.rollout_rs is not None
+    needs_trainer_log_probs = correction or alg.distill.enable or (
         alg.use_kl_in_reward and cfg.actor_rollout_ref.rollout.temperature != 1.0)
     return not on_policy or needs_trainer_log_probs
 

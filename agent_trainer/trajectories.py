@@ -81,6 +81,9 @@ class EpisodeRecord:
     judge: JudgeVerdict | None = None
     """With ``judge.enable``: the judge's call (its messages, its reply) and score, or why it left the episode
     unscored; ``total_reward`` stays the environment's part."""
+    group_seed: int | None = None
+    """The seed the episode's group was reset with (``batch.meta.group_seeds``): with ``env_id``, the episode's
+    identity across steps (``env_id`` slots are reused by every rollout)."""
 
     @classmethod
     def from_json(cls, line: str) -> EpisodeRecord:
@@ -221,7 +224,10 @@ def write_step(run_dir: str | Path, step: int, split: str, states: list[EpisodeS
     folder = Path(run_dir) / "trajectories"
     folder.mkdir(parents=True, exist_ok=True)
     rows, judge = rows_by_episode(batch, fallback), judge or {}
-    records = [episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split, judge.get(int(s.env_id)))
+    seeds = list(batch.meta.group_seeds or (fallback.meta.group_seeds if fallback is not None else []))
+    records = [dataclasses.replace(episode_record(s, rows.get(int(s.env_id), []), tokenizer, step, split,
+                                                  judge.get(int(s.env_id))),
+                                   group_seed=seeds[s.group_id] if s.group_id < len(seeds) else None)
                for s in sample_states(states, per_tag)]
     path = folder / (f"step_{step}.jsonl" if split == Split.TRAIN else f"{split}_step_{step}.jsonl")
     path.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in records))

@@ -448,8 +448,17 @@ def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
           f"actor_rollout_ref.rollout.temperature = {temperature} with the engine's temperature-1 log-probs, which "
           "differ by the temperature, not by a mismatch; set actor_rollout_ref.rollout.temperature=1.0 or "
           "algorithm.rollout_correction.rollout_is=null")
+    check(rc.rollout_rs is None or temperature == 1.0,
+          f"algorithm.rollout_correction.rollout_rs = {rc.rollout_rs!r} masks by the ratio of the trainer's log-probs "
+          f"at actor_rollout_ref.rollout.temperature = {temperature} to the engine's temperature-1 log-probs, which "
+          "differ by the temperature, not by a mismatch; set actor_rollout_ref.rollout.temperature=1.0 or "
+          "algorithm.rollout_correction.rollout_rs=null")
     if not rc.bypass_mode:
         return
+    check(rc.rollout_rs is None,
+          f"algorithm.rollout_correction.rollout_rs = {rc.rollout_rs!r} masks by pi_old / pi_rollout, which is 1 "
+          "everywhere when algorithm.rollout_correction.bypass_mode = true makes the engine's log-probs the old "
+          "ones; set algorithm.rollout_correction.rollout_rs=null or bypass_mode=false")
     check(temperature == 1.0,
           f"algorithm.rollout_correction.bypass_mode = true puts the engine's temperature-1 log-probs in PPO's ratio "
           f"against the trainer's at actor_rollout_ref.rollout.temperature = {temperature}; set "
@@ -465,21 +474,33 @@ def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
 
 
 def _check_async(cfg: AgentTrainerConfig) -> None:
-    """trainer.max_off_policy_steps >= 2 (``agent_trainer.overlap``): critic-free estimators, engines and actor awake."""
+    """trainer.max_off_policy_steps >= 2 or trainer.async_mode=continuous (``agent_trainer.overlap``): critic-free
+    estimators, engines and actor awake; continuous needs a rollout ahead (k >= 1) and the turn loops' versions."""
     k = cfg.trainer.max_off_policy_steps
-    if k < 2:
+    continuous = cfg.trainer.async_mode == "continuous"
+    check(not continuous or k >= 1,
+          "trainer.async_mode = 'continuous' updates the engines' weights while rollouts run ahead of training, but "
+          "trainer.max_off_policy_steps = 0 runs no rollout ahead; set trainer.max_off_policy_steps=2 (or 1), or "
+          "trainer.async_mode=buffered")
+    check(not continuous or not cfg.agent_proxy.gateway.agent,
+          f"trainer.async_mode = 'continuous' tags each generated token with its policy version, which the gateway's "
+          f"agents (agent_proxy.gateway.agent = {cfg.agent_proxy.gateway.agent!r}) do not record yet; set "
+          "trainer.async_mode=buffered")
+    if k < 2 and not continuous:
         return
     alg = cfg.algorithm
     check(not core_algos.critic_enabled(cfg),
           f"trainer.max_off_policy_steps = {k} trains on batches up to {k} policies old, and algorithm.adv_estimator "
           f"= {alg.adv_estimator!r} fits a critic whose GAE targets have no correction for that; use a critic-free "
-          "estimator (e.g. algorithm.adv_estimator=grpo) or trainer.max_off_policy_steps=1")
+          "estimator (e.g. algorithm.adv_estimator=grpo), or trainer.max_off_policy_steps=1 with "
+          "trainer.async_mode=buffered")
     fsdp = cfg.actor_rollout_ref.actor.fsdp
     for key in ("param_offload", "optimizer_offload"):
         check(not getattr(fsdp, key),
               f"actor_rollout_ref.actor.fsdp.{key} = True moves the actor off its GPU around each weight sync, "
               f"which trainer.max_off_policy_steps = {k} runs in the background while the actor trains; set "
-              f"actor_rollout_ref.actor.fsdp.{key}=false or trainer.max_off_policy_steps=1")
+              f"actor_rollout_ref.actor.fsdp.{key}=false, or trainer.max_off_policy_steps=1 with "
+              "trainer.async_mode=buffered")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from agent_trainer import core_algos
 from agent_trainer.config.choices import (
+    ASYNC_MODES,
     CTX_MODES,
     DTYPES,
     LR_SCHEDULERS,
@@ -22,6 +23,7 @@ from agent_trainer.config.choices import (
     RECOMPUTE_OLD_LOG_PROB,
     RESUME_MODES,
     ROLLOUT_MODES,
+    STALE_GROUP_POLICIES,
     WEIGHT_SYNC_TRANSPORTS,
 )
 from agent_trainer.config.errors import check_choice
@@ -97,6 +99,8 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("critic.forward_max_token_len_per_gpu", optional(at_least(1)), "null"),
     ("algorithm.rollout_correction.rollout_is_threshold", above(0, " (the upper truncation of each IS weight)"),
      "2.0"),
+    ("algorithm.rollout_correction.rollout_rs_threshold", at_least(1, " (the largest ratio kept)"), "5.0"),
+    ("algorithm.rollout_correction.rollout_rs_threshold_lower", between(0, 1, True, False), "0.5"),
     (f"{_ROLLOUT}.temperature", at_least(0, " (0 = greedy)"), "1.0"),
     (f"{_ROLLOUT}.top_p", between(0, 1, True, False), "1.0"),
     (f"{_ROLLOUT}.top_k", Rule(lambda v: v == -1 or v >= 1, "must be -1 (off) or >= 1"), "-1"),
@@ -123,6 +127,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("agent_proxy.num_cpus_per_env_actor", at_least(0), "0.1"),
     ("ctx_manager.keep_last_n_turns", optional(at_least(0, " (0 = no history)")), "2"),
     ("trainer.total_training_steps", at_least(1), "10"),
+    ("es_manager.min_group_left", at_least(1), "2"),
     ("trainer.max_off_policy_steps", at_least(0, " (0: on-policy, 1: one-step off-policy, k >= 2: asynchronous)"), "2"),
     ("trainer.seed", at_least(0), "0"),
     ("trainer.ray_num_cpus", optional(above(0)), "null"),
@@ -177,6 +182,8 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         ("algorithm.kl_penalty", cfg.algorithm.kl_penalty, core_algos.KL_PENALTY_TYPES),
         ("algorithm.rollout_correction.rollout_is", cfg.algorithm.rollout_correction.rollout_is,
          (None, *core_algos.ROLLOUT_IS_LEVELS)),
+        ("algorithm.rollout_correction.rollout_rs", cfg.algorithm.rollout_correction.rollout_rs,
+         (None, *core_algos.ROLLOUT_RS_LEVELS)),
         ("actor_rollout_ref.actor.recompute_old_log_prob", cfg.actor_rollout_ref.actor.recompute_old_log_prob,
          RECOMPUTE_OLD_LOG_PROB),
         ("actor_rollout_ref.model.dtype", cfg.actor_rollout_ref.model.dtype, DTYPES),
@@ -184,6 +191,8 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         # actor_rollout_ref.rollout.name: the engine registry's names or an import path (checks.engines.engine_class)
         ("actor_rollout_ref.rollout.weight_sync", cfg.actor_rollout_ref.rollout.weight_sync, WEIGHT_SYNC_TRANSPORTS),
         ("actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES),
+        ("trainer.async_mode", cfg.trainer.async_mode, ASYNC_MODES),
+        ("trainer.stale_groups", cfg.trainer.stale_groups, STALE_GROUP_POLICIES),
         ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),

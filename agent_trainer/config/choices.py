@@ -9,6 +9,10 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 RESUME_MODES = ("auto", "disable", "resume_path")
 RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
 ROLLOUT_MODES = ("sync", "async")
+ASYNC_MODES = ("buffered", "continuous")
+"""``trainer.async_mode``: when the engines take new weights under ``trainer.max_off_policy_steps`` >= 1."""
+STALE_GROUP_POLICIES = ("drop", "replace")
+"""``trainer.stale_groups``: what happens to a group older than the staleness bound."""
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 MIXED_PRECISIONS = ("none", "bf16")
 """*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (workers.fsdp_base)."""

@@ -137,6 +137,11 @@ class EsManagerConfig:
     max_failed_reset_fraction: float = 0.5
     """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
     of a split's episodes fail to reset; below it they are dropped from the step (rollout/reset_failures)."""
+    min_group_left: int = 2
+    """A group that lost episodes to a fault (its reset failed, its env actor was lost or timed out, its service
+    failed, a non-finite reward) is dropped from the batch when fewer than this many of its episodes are left
+    (rollout/small_groups_dropped): a group baseline (GRPO, RLOO, GiGPO) of fewer would say little. Groups that
+    lost nothing are never dropped, so group_size 1 runs are unaffected. At least 1."""
     max_env_error_fraction: float = 0.5
     """The rollout stops with an error naming the tag, the seed and the exception when more than this fraction
     of a split's started episodes end in an environment error (step raised, or returned the wrong shape, a

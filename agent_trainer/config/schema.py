@@ -68,6 +68,15 @@ class RolloutCorrectionConfig:
     reports temperature-1 log-probs) and the trainer's old log-probs (recompute_old_log_prob auto keeps them)."""
     rollout_is_threshold: float = 2.0
     """C, the upper truncation of each weight (verl's default 2.0; TRL's vllm_importance_sampling_cap 3.0)."""
+    rollout_rs: str | None = None
+    """null (off) | token: IcePop-style masking (verl's rollout_rs): each generated token whose ratio pi_old /
+    pi_rollout falls outside [rollout_rs_threshold_lower, rollout_rs_threshold] gets no gradient
+    (actor/rollout_rs_masked_frac). With rollout_is set too, the kept tokens are also reweighted. Needs rollout
+    temperature 1 and the trainer's old log-probs, as rollout_is. docs/algorithms.md."""
+    rollout_rs_threshold: float = 5.0
+    """The upper bound of the kept ratios (IcePop's beta, 5); at least 1."""
+    rollout_rs_threshold_lower: float = 0.5
+    """The lower bound of the kept ratios (IcePop's alpha, 0.5); in (0, 1]."""
     bypass_mode: bool = False
     """true: the engine's log-probs (rollout_log_probs) are the old policy of PPO's ratio, which then clips against
     the policy that sampled, and the old-log-prob forward (the log_prob phase) never runs (verl's bypass_mode).
@@ -305,9 +314,26 @@ class TrainerConfig:
     Measured on 2 CPU cores: 1.52x per step on a 50-500 ms env (with rollout.mode=async), 1.15x on the main
     job (docs/benchmarks.md, P6) | k >= 2: asynchronous: a producer thread keeps the next k steps' rollouts
     (whole groups) generating back to back, syncing the engines to the newest actor version between two of
-    them; the trainer takes the oldest; no batch is more than k versions old (one that is would be dropped,
-    rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's max_head_offpolicyness, TRL's max_staleness.
+    them (async_mode=continuous: also while they run); the trainer takes the oldest; no batch is more than k
+    versions old (one that is would be dropped, rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's
+    max_head_offpolicyness, TRL's max_staleness.
     Critic-free estimators only. docs/architecture.md, docs/algorithms.md."""
+    async_mode: str = "buffered"
+    """How a run with max_off_policy_steps k >= 1 hands the engines new weights. buffered: only between two
+    rollouts, so every episode (and batch) comes from one policy version (k = 1: one-step off-policy; k >= 2: the
+    producer queue above) | continuous: also while a rollout runs, at a safe point between two engine calls (no
+    call in flight; skipped while the actor updates, never waited for): episodes in flight go on under the new
+    weights, each generated token records the version that produced it (batch key token_versions) and the
+    bound applies per token: a group whose oldest token is more than k versions behind the weights its step
+    trains from is handled by stale_groups (slime's --partial-rollout, AReaL's max_head_offpolicyness, verl's
+    fully-async trainer, prime-rl's max_off_policy_steps). Needs k >= 1 and a critic-free estimator; not with
+    the gateway's agents. docs/architecture.md, "Rollout overlapping training"."""
+    stale_groups: str = "drop"
+    """A group of a taken batch whose oldest generated token is more than max_off_policy_steps versions behind:
+    drop (the group leaves the batch, the step trains the others; the whole batch is dropped when no group is
+    left) | replace (the whole batch is dropped and the step takes the next buffered one, else rolls out now).
+    Either way its episodes count in rollout/stale_dropped. With async_mode=buffered every group of a batch has
+    one version, so the two are the same."""
     max_restarts: int = 0
     """How often a run whose actor, critic or reference rank died is restarted in place: every worker is
     torn down and started again, and training continues from the latest checkpoint in default_local_dir

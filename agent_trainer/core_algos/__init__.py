@@ -49,7 +49,8 @@ from .losses import (
     entropy_from_logits,
     get_policy_loss_fn,
 )
-from .rollout_correction import ROLLOUT_IS_LEVELS, compute_rollout_is_weights, mismatch_kl
+from .rollout_correction import (ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS, compute_rollout_is_weights,
+                                 compute_rollout_rs_mask, mismatch_kl)
 from .collapse import mutual_information_estimates
 from .multiturn import compute_bi_level_gae_advantage_return, compute_grpo_multiturn_advantage, turn_segments
 from .estimators import EstimatorSpec, estimator_names, estimator_spec, register_estimator
@@ -78,7 +79,8 @@ import_package_modules(__name__, __path__)  # a new estimator is one module here
 __all__ = [
     "ADV_ESTIMATOR_NAMES", "CRITIC_ESTIMATORS", "DISTILL_MODES", "apply_distillation", "distill_signal", "ESTIMATOR_OPTIONS", "GIGPO_MODES", "KL_CTRL_TYPES", "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES", "NONFINITE_REWARD_POLICIES", "POLICY_LOSS_MODES", "REWARD_NORM_GROUPINGS", "REWARD_NORM_METHODS",
-    "ROLLOUT_FILTER_STRATEGIES", "ROLLOUT_IS_LEVELS", "compute_rollout_is_weights", "mismatch_kl",
+    "ROLLOUT_FILTER_STRATEGIES", "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_LEVELS", "compute_rollout_is_weights",
+    "compute_rollout_rs_mask", "mismatch_kl",
     "AdaptiveKLController", "FixedKLController", "agg_loss", "as_group_index", "apply_kl_penalty",
     "compute_advantage", "compute_bi_level_gae_advantage_return", "compute_entropy_loss",
     "compute_gae_advantage_return", "compute_gigpo_outcome_advantage", "compute_grpo_multiturn_advantage",

@@ -18,15 +18,27 @@ or the detached current ones when the update is exactly on-policy), ``rollout`` 
 (``rollout_log_probs``), C = ``rollout_is_threshold``. The log-ratio is clamped to [-20, 20]
 before ``exp`` (verl's safety bound). Weights are constants (no gradient) that multiply the
 per-token policy loss before aggregation. Outside ``response_mask`` they are 1.
+
+Masking (IcePop, Ling team 2025; verl's ``rollout_rs`` "token", MIS): instead of (or on top of) reweighting, a
+token whose ratio falls outside [lower, upper] contributes no gradient at all:
+
+    m_t = 1 if lower <= exp(old_t - rollout_t) <= upper else 0        (the loss of token t is multiplied by m_t)
+
+A token the two policies disagree on that much (a numerics outlier, or a token generated many versions ago in an
+asynchronous run) is more likely noise than signal; TIS would still pass it with weight C.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ._masked import check_same_shape, masked_mean
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_LEVELS = ("token",)
+"""``algorithm.rollout_correction.rollout_rs``: where tokens are masked by their ratio (null = off)."""
 """``algorithm.rollout_correction.rollout_is``: where one importance weight is computed (null = off)."""
 LOG_RATIO_BOUND = 20.0
 """|old - rollout| is clamped to this before exp (as in verl), so one weight is at most e^20 before truncation."""
@@ -75,6 +87,30 @@ def compute_rollout_is_weights(
             weights = weights.unsqueeze(-1).expand_as(old_log_prob)
     return weights.to(old_log_prob.dtype), metrics
 
+
+def compute_rollout_rs_mask(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    lower: float = 0.5,
+    upper: float = 5.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The IcePop mask: 1 on each generated token whose ratio pi_old / pi_rollout is within [lower, upper], 0 on
+    the others, 1 outside ``response_mask``; and ``rollout_rs_masked_frac``, the share of generated tokens masked.
+
+    Args: [B, T] each (aligned with ``input_ids``); 0 < lower <= 1 <= upper. Returns the mask as a detached
+    tensor of ``old_log_prob``'s dtype (it multiplies the per-token loss like the IS weights)."""
+    check_same_shape(old_log_prob=old_log_prob, rollout_log_prob=rollout_log_prob, response_mask=response_mask)
+    if not 0 < lower <= 1 <= upper:
+        raise ValueError(f"need 0 < lower <= 1 <= upper, got lower = {lower}, upper = {upper}")
+    mask = response_mask.bool()
+    with torch.no_grad():
+        log_ratio = (old_log_prob.detach().float() - rollout_log_prob.detach().float()).clamp(
+            -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        outside = (log_ratio < math.log(lower)) | (log_ratio > math.log(upper))
+        masked = outside & mask
+        keep = (~masked).to(old_log_prob.dtype)
+    return keep, {"rollout_rs_masked_frac": masked_mean(masked.float(), mask)}
 
 
 def mismatch_kl(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

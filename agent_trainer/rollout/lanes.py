@@ -123,7 +123,7 @@ class BarrierFreeLoop(TurnLoop):
             inputs = []
             for ctx in ctxs:
                 ids, logprobs = next(replies)
-                inputs.append(self.append_reply(ctx, ids, logprobs))
+                inputs.append(self.append_reply(ctx, ids, logprobs, getattr(generations, "version", None)))
             stepped = [(ctx, env_input) for ctx, env_input in zip(ctxs, inputs) if not ctx.done]
             if stepped:
                 out.append((lane, [ctx for ctx, _ in stepped], [env_input for _, env_input in stepped]))
@@ -135,13 +135,13 @@ class BarrierFreeLoop(TurnLoop):
         self.faults.count_call(call)
         if call.failed or call.timed_out:
             for ctx in (c for other in self._lanes_now if other.actor == lane.actor for c in other.active()):
-                ctx.done = True
+                ctx.done = ctx.env_actor_lost = True
                 self.faults.tag_timeouts[ctx.tag] += int(bool(call.timed_out))
             return
         by_env = {out.env_id: out for out in call.results}
         for ctx in stepped:
             out = by_env.get(ctx.env_id)
             if ctx.done or out is None:  # ended meanwhile: another lane lost their actor
-                ctx.done = True
+                ctx.done = ctx.env_actor_lost = True
                 continue
             self.append_env_output(ctx, out)

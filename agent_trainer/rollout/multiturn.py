@@ -92,6 +92,15 @@ class MultiTurnRollout:
         """The engine's raw token ids per episode and turn in the last rollout (for checks and debugging)."""
         self.faults = RolloutFaults()
         """What went wrong in the last (or the running) rollout."""
+        self.engine_version: Callable[[], int] | None = None
+        """Set by the trainer when it counts policy versions: the version the engines hold. Read after each engine
+        call, it tags the call's tokens (:attr:`last_versions`, the batch's ``token_versions``)."""
+        self.in_flight_sync: Callable[[], object] | None = None
+        """``trainer.async_mode=continuous``: called before each engine call, a safe point (no call of this rollout
+        in flight), to bring the engines to the actor's newest weights; the episodes go on under them."""
+        self.last_versions: dict[int, list[int]] = defaultdict(list)
+        """With :attr:`engine_version`: the policy version of each episode's turns in the last rollout (one per
+        entry of :attr:`last_generations`)."""
 
     @property
     def num_resets(self) -> int:
@@ -147,7 +156,7 @@ class MultiTurnRollout:
         self.resets.cfg = self.cfg  # the config as it is now (a caller may have swapped it since the last rollout)
         seeds = self.next_group_seeds() if seeds is None else list(seeds)
         sampling = self.sampling_params()
-        self.last_generations = defaultdict(list)
+        self.last_generations, self.last_versions = defaultdict(list), defaultdict(list)
         faults = self.faults = RolloutFaults()
         ctxs = {out.env_id: self.ctx.start(out) for out in self.resets.reset(seeds, faults)}
         loop = self.make_loop(sampling, step, faults)
@@ -162,7 +171,8 @@ class MultiTurnRollout:
         return assemble(self.cfg, self.ctx, self.split, ctxs, states, seeds=seeds, temperature=sampling.temperature,
                         faults=faults, reset_prefetched=self.resets.was_prefetched,
                         generations=self.last_generations, timings=loop.timings, describe=self.describe_episode,
-                        num_episodes=len(self.episodes))
+                        num_episodes=len(self.episodes),
+                        versions=self.last_versions if self.engine_version is not None else None)
 
     def make_loop(self, sampling: SamplingParams, step: int, faults: RolloutFaults) -> TurnLoop:
         """The loop that plays one rollout's turns: with a barrier between turns, or without (rollout.mode=async)."""
@@ -173,15 +183,20 @@ class MultiTurnRollout:
 
     def _generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int,
                   budgets: list[int] | None = None,
-                  prompt_seeds: list[int] | None = None) -> list[tuple[list[int], list[float]]]:
+                  prompt_seeds: list[int] | None = None) -> Generations:
         """One turn on the engines (:func:`~agent_trainer.rollout.engines.generate`); a failed engine call counts in
-        ``<prefix>/engine_failures``. The turn loops call it through this method (a test may wrap it)."""
+        ``<prefix>/engine_failures``. The turn loops call it through this method (a test may wrap it), one call at
+        a time: before it the engines may take new weights (:attr:`in_flight_sync`), and its result carries the
+        version that generated it (:attr:`engine_version`; an engine restarted mid-call is re-synced before the
+        call is repeated, so the version read after it is the one that generated)."""
         def count_failure():
             self.faults.engine_failures += 1
 
-        return generate(self.engines, prompts, sampling, seed,
-                        self.cfg.actor_rollout_ref.rollout.generate_timeout_s, self.on_engine_restart, count_failure,
-                        budgets=budgets, prompt_seeds=prompt_seeds)
+        if self.in_flight_sync is not None:
+            self.in_flight_sync()
+        out = generate(self.engines, prompts, sampling, seed, self.cfg.actor_rollout_ref.rollout.generate_timeout_s,
+                       self.on_engine_restart, count_failure, budgets=budgets, prompt_seeds=prompt_seeds)
+        return Generations(out, None if self.engine_version is None else self.engine_version())
 
     def log_env_error(self, env_id: int, method: str, error: str) -> None:
         """Log an environment's error with its text, once per (tag, exception type) per run."""
@@ -191,6 +206,15 @@ class MultiTurnRollout:
             self.logged_errors.add(key)
             logger.error("environment %s failed in %s (%s; logged once per tag and error type): %s", tag, method,
                          self.describe_episode(env_id), error)
+
+
+class Generations(list):
+    """One engine call's (token ids, log-probs) per prompt, in order, and the policy ``version`` that generated
+    them (None when the run does not count versions)."""
+
+    def __init__(self, outputs: list[tuple[list[int], list[float]]], version: int | None = None):
+        super().__init__(outputs)
+        self.version = version
 
 
 def make_context_manager(cfg: AgentTrainerConfig, tokenizer, agent_cls: type[Agent] | None = None) -> Agent:

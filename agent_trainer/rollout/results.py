@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from agent_trainer import profiling
 from agent_trainer.agents.base import Agent
@@ -20,6 +21,7 @@ from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.ctx_manager import EpisodeContext
 from agent_trainer.es_manager import EpisodeState
+from agent_trainer.rollout.splits import split_config
 from agent_trainer.rollout_shaping import trained_rewards
 from agent_trainer.trajectory_rewards.judge import JudgeVerdict
 
@@ -95,18 +97,25 @@ class RolloutFaults:
 def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int, EpisodeContext | CondensedEpisode],
              states: list[EpisodeState], *, seeds: list[int], temperature: float, faults: RolloutFaults,
              reset_prefetched: bool, generations: dict[int, list[list[int]]], timings: profiling.TurnTimings,
-             describe: Callable[[int], str], num_episodes: int) -> RolloutResult:
+             describe: Callable[[int], str], num_episodes: int,
+             versions: dict[int, list[int]] | None = None) -> RolloutResult:
     """The batch of the episodes that played a turn (``algorithm.nonfinite_reward`` screens them,
-    :func:`screen_nonfinite`), checked against the engine's ``generations``, with the split's metrics."""
+    :func:`screen_nonfinite`), checked against the engine's ``generations``, with the split's metrics. With
+    ``versions`` (each episode's turns' policy versions) the batch gets ``token_versions`` (:func:`token_versions`)."""
     played = [ctxs[k] for k in sorted(ctxs) if ctxs[k].num_replies > 0]
     if not played:
         raise RuntimeError(f"no episode of the {split} split played a turn ({num_episodes} episodes, "
                            f"{faults.reset_failures} failed to reset, the others' first prompt exceeded "
                            "actor_rollout_ref.rollout.max_model_len minus the turn budget); see the errors above")
     played, service_failures = leave_out_service_failures(played, states, split, describe)
+    played, actor_lost = leave_out_lost_actors(played, split)
     episodes, dropped = screen_nonfinite(played, cfg.algorithm.nonfinite_reward, describe)
+    episodes, small_groups = drop_small_groups(episodes, split_config(cfg, split).group_size,
+                                               cfg.es_manager.min_group_left, split)
     batch = agent.build_update_batch(episodes)
     check_batch_contract(batch, generations, type(agent).__qualname__, describe)
+    if versions is not None:
+        batch["token_versions"] = token_versions(batch, generations, versions)
     batch.meta.temperature = temperature if temperature > 0 else 1.0
     batch.meta.group_seeds = list(seeds)
     prefix = split.metric_prefix
@@ -117,9 +126,35 @@ def assemble(cfg: AgentTrainerConfig, agent: Agent, split: Split, ctxs: dict[int
     metrics.update(faults.metrics(prefix))
     metrics[f"{prefix}/nonfinite_dropped"] = float(dropped)
     metrics[f"{prefix}/service_failures"] = float(service_failures)
+    metrics[f"{prefix}/env_actor_lost"] = float(actor_lost)
+    metrics[f"{prefix}/small_groups_dropped"] = float(small_groups)
     metrics[f"{prefix}/reset_prefetched"] = float(reset_prefetched)
     metrics.update(profiling.rollout_profile(cfg, agent, timings, played, prefix))
     return RolloutResult(batch=batch, metrics=metrics, states=states, group_seeds=seeds)
+
+
+def token_versions(batch: TensorBatch, generations: dict[int, list[list[int]]],
+                   versions: dict[int, list[int]]) -> torch.Tensor:
+    """[B, T] int64: the policy version that generated each token under ``response_mask``, -1 elsewhere.
+
+    The batch contract (:func:`~agent_trainer.agents.contract.check_batch_contract`, checked before) makes an
+    episode's masked tokens, its rows in order, exactly its generated tokens, turn after turn; so turn k's
+    ``len(generations[episode][k])`` tokens there carry ``versions[episode][k]``, whatever the agent's layout
+    (one row per episode or per turn)."""
+    out = torch.full(batch["input_ids"].shape, -1, dtype=torch.long)
+    mask = batch["response_mask"]
+    rows_of: dict[int, list[int]] = defaultdict(list)
+    for row, uid in enumerate(batch["traj_uid"].tolist()):
+        rows_of[int(uid)].append(row)
+    for uid, rows in rows_of.items():
+        per_token = torch.tensor([v for turn, v in zip(generations[uid], versions[uid]) for _ in turn],
+                                 dtype=torch.long)
+        start = 0
+        for row in rows:
+            cols = mask[row].nonzero().flatten()
+            out[row, cols] = per_token[start:start + len(cols)]
+            start += len(cols)
+    return out
 
 
 def leave_out_service_failures(played: list, states: list[EpisodeState], split: Split,
@@ -144,6 +179,45 @@ def leave_out_service_failures(played: list, states: list[EpisodeState], split: 
         logger.warning("left out %d episode(s) of the %s split ended by a service failure (%s/service_failures)",
                        lost, split, split.metric_prefix)
     return kept, lost
+
+
+def leave_out_lost_actors(played: list, split: Split) -> tuple[list, int]:
+    """The played episodes without those their env actor's loss ended (died, missed
+    ``es_manager.env_step_timeout_s``: ``env_actor_lost``), and how many those were.
+
+    Such an episode stopped where the infrastructure did: scored as it stands (often 0) it would pull its group's
+    baseline down for nothing the policy did, so it is left out of the batch and of its group's statistics and
+    counted (``<prefix>/env_actor_lost``). When it leaves nothing, the rollout stops with :class:`EnvFailure`."""
+    kept = [e for e in played if not e.env_actor_lost]
+    lost = len(played) - len(kept)
+    if played and not kept:
+        raise EnvFailure(f"all {len(played)} episodes of the {split} split that played a turn ended because their env "
+                         "actor died or missed es_manager.env_step_timeout_s (see the errors above); nothing is left "
+                         "to train on: raise the timeout or fix what kills the env actors")
+    if lost:
+        logger.warning("left out %d episode(s) of the %s split ended by a lost env actor (%s/env_actor_lost)", lost,
+                       split, split.metric_prefix)
+    return kept, lost
+
+
+def drop_small_groups(episodes: list, group_size: int, min_left: int, split: Split) -> tuple[list, int]:
+    """Drop each group that lost episodes (fewer than ``group_size`` left) and has fewer than ``min_left``
+    (``es_manager.min_group_left``); returns the kept episodes and how many groups were dropped
+    (``<prefix>/small_groups_dropped``). When none is left, the rollout stops with :class:`EnvFailure`."""
+    sizes: dict[int, int] = defaultdict(int)
+    for e in episodes:
+        sizes[e.group_id] += 1
+    small = {g for g, n in sizes.items() if n < group_size and n < min_left}
+    if not small:
+        return episodes, 0
+    kept = [e for e in episodes if e.group_id not in small]
+    if not kept:
+        raise EnvFailure(f"every group of the {split} split lost episodes to faults and kept fewer than "
+                         f"es_manager.min_group_left = {min_left} (see the errors above); nothing is left to train on: "
+                         "fix the faults, or lower es_manager.min_group_left")
+    logger.warning("dropped %d group(s) of the %s split left with fewer than es_manager.min_group_left = %d "
+                   "episodes (%s/small_groups_dropped)", len(small), split, min_left, split.metric_prefix)
+    return kept, len(small)
 
 
 def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]) -> tuple[list, int]:

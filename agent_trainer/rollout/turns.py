@@ -46,16 +46,17 @@ class TurnLoop:
                                           prompt_seeds=self.request_seeds(active, turn))
             inputs_by_actor: dict = defaultdict(list)
             for ctx, (ids, logprobs) in zip(active, generations):
-                inputs_by_actor[r.actor_of_env[ctx.env_id]].append(self.append_reply(ctx, ids, logprobs))
+                inputs_by_actor[r.actor_of_env[ctx.env_id]].append(
+                    self.append_reply(ctx, ids, logprobs, getattr(generations, "version", None)))
             with self.timings.phase("env_step", turn):
                 call = r.env_pool.call("step", inputs_by_actor, cfg.es_manager.env_step_timeout_s)
             self.faults.count_call(call)
             for out in call.results:
                 self.append_env_output(ctxs[out.env_id], out)
             stepped = {out.env_id for out in call.results}
-            for ctx in active:  # episodes whose actor failed or timed out end here, keeping their rewards
+            for ctx in active:  # episodes whose actor failed or timed out end here, left out of the batch
                 if ctx.env_id not in stepped:
-                    ctx.done = True
+                    ctx.done = ctx.env_actor_lost = True
                     if r.actor_of_env[ctx.env_id] in call.timed_out:
                         self.faults.tag_timeouts[ctx.tag] += 1
 
@@ -75,9 +76,13 @@ class TurnLoop:
             return None
         return [episode_seed(r.cfg.trainer.seed, r.split, self.step, ctx.env_id, turn) for ctx in episodes]
 
-    def append_reply(self, ctx: EpisodeContext | CondensedEpisode, ids: list[int], logprobs: list[float]) -> EnvInput:
-        """Record the engine's reply (``last_generations``) and hand it to the agent; returns the env's input."""
+    def append_reply(self, ctx: EpisodeContext | CondensedEpisode, ids: list[int], logprobs: list[float],
+                     version: int | None = None) -> EnvInput:
+        """Record the engine's reply (``last_generations``) and the policy version that generated it
+        (``last_versions``), and hand it to the agent; returns the env's input."""
         self.rollout.last_generations[ctx.env_id].append(ids)
+        if version is not None:
+            self.rollout.last_versions[ctx.env_id].append(version)
         return self.rollout.ctx.append_reply(ctx, ids, logprobs)
 
     def append_env_output(self, ctx: EpisodeContext | CondensedEpisode, out: EnvOutput) -> None:

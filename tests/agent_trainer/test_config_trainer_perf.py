@@ -64,6 +64,22 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
      "algorithm.rollout_correction.rollout_is = 'token' weighs by pi_old / pi_rollout"),
     (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.recompute_old_log_prob=always"],
      "actor_rollout_ref.actor.recompute_old_log_prob = 'always' asks for the old-log-prob forward"),
+    (["trainer.async_mode=continuous"], "trainer.async_mode = 'continuous' updates the engines' weights while "
+     "rollouts run ahead of training, but trainer.max_off_policy_steps = 0 runs no rollout ahead"),
+    (["trainer.async_mode=always"], "trainer.async_mode = 'always'"),
+    (["trainer.stale_groups=keep"], "trainer.stale_groups = 'keep'"),
+    (["trainer.max_off_policy_steps=1", "trainer.async_mode=continuous", "algorithm.adv_estimator=gae"],
+     "fits a critic whose GAE targets have no correction for that"),
+    (["es_manager.min_group_left=0"], "es_manager.min_group_left = 0 must be >= 1"),
+    (["algorithm.rollout_correction.rollout_rs=sequence"], "algorithm.rollout_correction.rollout_rs = 'sequence'"),
+    (["algorithm.rollout_correction.rollout_rs=token", "actor_rollout_ref.rollout.temperature=0.7"],
+     "algorithm.rollout_correction.rollout_rs = 'token' masks by the ratio"),
+    (["algorithm.rollout_correction.rollout_rs_threshold_lower=0"],
+     "algorithm.rollout_correction.rollout_rs_threshold_lower = 0.0 must lie in (0, 1]"),
+    (["algorithm.rollout_correction.rollout_rs_threshold=0.5"],
+     "algorithm.rollout_correction.rollout_rs_threshold = 0.5 must be >= 1"),
+    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_rs=token"],
+     "algorithm.rollout_correction.rollout_rs = 'token' masks by pi_old / pi_rollout"),
     (["+algorithm.rollout_correction.bypass=true"],
      "algorithm.rollout_correction.bypass is not a config key (got algorithm.rollout_correction.bypass=true); "
      "did you mean algorithm.rollout_correction.bypass_mode?"),
@@ -72,6 +88,13 @@ def test_bad_values_name_the_key_and_the_fix(overrides, message):
     with pytest.raises(ValueError, match=None) as err:
         _load(*overrides)
     assert message in str(err.value)
+
+
+def test_continuous_asynchronous_training_and_icepop_masking_load():
+    cfg = _load("trainer.max_off_policy_steps=2", "trainer.async_mode=continuous", "trainer.stale_groups=replace",
+                "algorithm.rollout_correction.rollout_rs=token")
+    assert (cfg.trainer.async_mode, cfg.trainer.stale_groups) == ("continuous", "replace")
+    assert needs_old_log_probs(cfg) and cfg.es_manager.min_group_left == 2
 
 
 def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():
@@ -83,4 +106,4 @@ def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_criti
     assert str(err.value) == (
         "trainer.max_off_policy_steps = 2 trains on batches up to 2 policies old, and algorithm.adv_estimator = 'gae' "
         "fits a critic whose GAE targets have no correction for that; use a critic-free estimator (e.g. "
-        "algorithm.adv_estimator=grpo) or trainer.max_off_policy_steps=1")
+        "algorithm.adv_estimator=grpo), or trainer.max_off_policy_steps=1 with trainer.async_mode=buffered")

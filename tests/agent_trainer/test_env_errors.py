@@ -25,7 +25,7 @@ from agent_trainer.metrics_export import tag_gauges
 from agent_trainer.rollout import EnvFailure, SyncMultiTurnRollout, check_env_errors
 from agent_trainer.tracking import format_metrics
 from agent_trainer.trajectories import EpisodeRecord, write_step
-from agent_trainer.rollout.results import leave_out_service_failures
+from agent_trainer.rollout.results import drop_small_groups, leave_out_lost_actors, leave_out_service_failures
 from envs import BaseEnv, EnvTagConfig, ServiceError, load_env_tags, register_env
 
 RAISES = EnvTagConfig(env_type="envs.examples.faulty:FaultyEnv", max_actions_per_traj=3,
@@ -98,6 +98,23 @@ def test_service_failures_are_left_out_of_training_and_not_counted_as_env_errors
         "all 2 episodes of the train split that played a turn ended in a service failure; the first: env_id 2: "
         "ServiceError: step at http://127.0.0.1:9: the connection was lost. Check that the env's server is up "
         "(docs/environments.md, \"Services\")")
+
+
+def test_episodes_a_lost_env_actor_ended_leave_the_batch_and_small_groups_are_dropped():
+    """Infrastructure, not the policy, ended them: left out of the batch and their group's statistics, counted;
+    a group that lost episodes and kept fewer than es_manager.min_group_left is dropped and counted."""
+    played = [SimpleNamespace(env_id=i, group_id=i // 4, env_actor_lost=i in (1, 4, 5, 6)) for i in range(12)]
+    kept, lost = leave_out_lost_actors(played, Split.TRAIN)
+    assert lost == 4 and [e.env_id for e in kept] == [0, 2, 3, 7, 8, 9, 10, 11]
+    kept, dropped = drop_small_groups(kept, group_size=4, min_left=2, split=Split.TRAIN)
+    assert dropped == 1 and [e.env_id for e in kept] == [0, 2, 3, 8, 9, 10, 11]  # group 1 kept only env 7
+    assert drop_small_groups(kept, group_size=4, min_left=4, split=Split.TRAIN)[1] == 1  # group 0 has 3 of 4
+    single = [SimpleNamespace(env_id=i, group_id=i) for i in range(3)]
+    assert drop_small_groups(single, group_size=1, min_left=2, split=Split.TRAIN) == (single, 0)  # lost nothing
+    with pytest.raises(EnvFailure, match="all 2 episodes of the train split .* env actor died"):
+        leave_out_lost_actors(played[4:6], Split.TRAIN)
+    with pytest.raises(EnvFailure, match="every group of the train split lost episodes"):
+        drop_small_groups(played[:1], group_size=4, min_left=2, split=Split.TRAIN)
 
 
 def _config(model_path: str, tags: str, n_groups: str, *overrides: str):

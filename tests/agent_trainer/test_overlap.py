@@ -151,3 +151,35 @@ def test_staleness_metrics_give_max_mean_and_the_share_of_rows_at_each_lag():
     assert metrics == {"rollout/policy_staleness": 2.0, "rollout/policy_staleness_mean": 1.0,
                        "rollout/policy_staleness_frac/0": 0.25, "rollout/policy_staleness_frac/1": 0.5,
                        "rollout/policy_staleness_frac/2": 0.25}
+
+
+def test_an_in_flight_sync_never_waits_for_the_actor_update():
+    """trainer.async_mode=continuous: between two engine calls the engines take the newest weights, unless the
+    actor is updating right then; the rollout goes on with the weights it holds and never waits."""
+    versions, shipped = PolicyVersions(), []
+    ship = lambda: shipped.append(versions.actor) or 0.0
+    assert versions.sync_unless_updating(ship) is False  # nothing newer
+    inside, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def update():
+        with versions.updating():
+            inside.set()
+            release.wait()
+        done.set()
+
+    thread = threading.Thread(target=update)
+    thread.start()
+    inside.wait()
+    assert versions.sync_unless_updating(ship) is False and shipped == []  # returned at once, mid-update
+    release.set()
+    done.wait()
+    thread.join()
+    assert versions.sync_unless_updating(ship) is True and shipped == [1] and versions.engines == 1
+
+
+def test_a_batch_with_per_token_versions_is_screened_by_its_fresh_test():
+    buffer = RolloutBuffer(depth=2)
+    for step, groups in ((4, [0, 1]), (5, [2, 3])):
+        buffer.start(step, lambda pending, g=groups: pending.mark_started(0, 0) or g)
+    taken = buffer.take(4, oldest_version=2, fresh=lambda oldest_per_group: max(oldest_per_group) >= 2)
+    assert taken.result == [2, 3] and taken.dropped == [[0, 1]]  # started at version 0, judged by its tokens

@@ -182,16 +182,51 @@ def test_condensed_rollout_with_summaries_without_barrier(engine, model_path, to
 
 @pytest.mark.e2e
 def test_an_env_timeout_ends_only_that_actors_episodes(engine, model_path, tokenizer):
-    """A step that misses env_step_timeout_s: its actor is replaced once, the rollout still ends with a batch."""
-    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]",
-                  "es_manager.env_step_timeout_s=0.5", "agent_proxy.max_turn=2")
+    """A step that misses env_step_timeout_s: its actor is replaced once; its episodes, ended by the
+    infrastructure, leave the batch and their groups' statistics (counted); the other actor's groups train."""
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[FrozenLake3x3,{SLOW_TAG}]",
+                  "es_manager.train.env_configs.n_groups=[2,2]", "es_manager.env_step_timeout_s=0.5",
+                  "agent_proxy.max_turn=2")
     tags = _slow_tags()
     env_config = dict(tags[SLOW_TAG].env_config, min_latency_ms=2000.0, max_latency_ms=2000.0)
     tags[SLOW_TAG] = dataclasses.replace(tags[SLOW_TAG], env_config=env_config)
     rollout = _rollout(cfg, tokenizer, engine, tags)
     result = rollout.rollout(step=1)
-    assert result.metrics["rollout/env_timeouts"] >= 2 and rollout.env_pool.replaced == 2  # once per actor
-    assert len(result.batch) == 8  # every episode ended with what it had ...
-    assert result.metrics[f"env/{SLOW_TAG}/timeouts"] == 8  # ... at its actor's timeout, as in sync
-    # (a group whose first replies stepped nothing may have generated its second turn meanwhile)
-    assert 1.0 <= result.metrics["rollout/num_turns_mean"] < 1.5
+    assert result.metrics["rollout/env_timeouts"] >= 1 and rollout.env_pool.replaced == 1  # the slow actor, once
+    assert result.metrics[f"env/{SLOW_TAG}/timeouts"] == 4 and result.metrics["rollout/env_actor_lost"] == 4
+    slow_envs = {e.env_id for e in rollout.episodes if e.tag == SLOW_TAG}
+    assert len(result.batch) == 4 and not slow_envs & set(result.batch["traj_uid"].tolist())
+    assert result.metrics["rollout/small_groups_dropped"] == 0  # a whole group left, not a part of one
+
+@pytest.mark.e2e
+def test_an_env_actor_killed_mid_episode_is_left_out_of_its_groups_and_counted(engine, model_path, tokenizer):
+    """The slow groups' env actor dies while their first env step runs (a second of latency): their episodes,
+    ended by the infrastructure and not by the policy, are left out of the batch and of their groups' baselines
+    (rollout/env_actor_lost), never scored as they stood; the fast actor's groups train as usual."""
+    import threading
+    import time
+
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[FrozenLake3x3,{SLOW_TAG}]",
+                  "es_manager.train.env_configs.n_groups=[2,2]", "agent_proxy.max_turn=3")
+    tags = _slow_tags()
+    tags[SLOW_TAG] = dataclasses.replace(tags[SLOW_TAG], env_config=dict(
+        tags[SLOW_TAG].env_config, min_latency_ms=1500.0, max_latency_ms=1500.0))
+    rollout = _rollout(cfg, tokenizer, engine, tags)
+    slow_envs = {e.env_id for e in rollout.episodes if e.tag == SLOW_TAG}
+    slow_actor = rollout.env_actors[rollout.actor_of_env[min(slow_envs)]]
+
+    def kill_once_the_slow_groups_step():
+        deadline = time.monotonic() + 300
+        while not slow_envs & set(rollout.last_generations) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # inside their 1.5 s env step
+        ray.kill(slow_actor, no_restart=False)
+
+    killer = threading.Thread(target=kill_once_the_slow_groups_step)
+    killer.start()
+    result = rollout.rollout(step=1)
+    killer.join()
+    m = result.metrics
+    assert m["rollout/env_actor_failures"] >= 1 and m["rollout/env_actor_lost"] == 4
+    assert len(result.batch) == 4 and not slow_envs & set(result.batch["traj_uid"].tolist())
+    assert m["rollout/small_groups_dropped"] == 0

@@ -127,3 +127,31 @@ def test_mismatch_kl_is_the_k3_estimate_over_the_generated_tokens():
     assert float(core_algos.mismatch_kl(old, rollout, mask)) == pytest.approx(sum(values) / len(values), rel=1e-5)
     assert float(core_algos.mismatch_kl(old, old, mask)) == 0.0  # the same policy: no mismatch
     assert float(core_algos.mismatch_kl(old, rollout, torch.zeros_like(mask))) == 0.0
+
+
+def test_icepop_mask_keeps_only_tokens_whose_ratio_is_in_the_band_by_hand():
+    """rollout_rs=token: ratio pi_old / pi_rollout outside [lower, upper] -> 0, inside -> 1, outside the mask -> 1."""
+    ratios = torch.tensor([[1.0, 0.4, 0.5, 5.0, 6.0, 100.0]])
+    old = torch.log(ratios)
+    rollout = torch.zeros_like(old)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    keep, metrics = core_algos.compute_rollout_rs_mask(old, rollout, mask, lower=0.5, upper=5.0)
+    assert keep.tolist() == [[1.0, 0.0, 1.0, 1.0, 0.0, 1.0]]  # the bounds are kept; the unmasked 100 is not judged
+    assert float(metrics["rollout_rs_masked_frac"]) == pytest.approx(2 / 5)
+    assert not keep.requires_grad
+    with pytest.raises(ValueError, match="0 < lower <= 1 <= upper"):
+        core_algos.compute_rollout_rs_mask(old, rollout, mask, lower=1.5, upper=5.0)
+
+
+def test_a_masked_token_gives_no_gradient_and_the_others_keep_theirs():
+    torch.manual_seed(0)
+    old = torch.randn(2, 5)
+    rollout = old.clone()
+    rollout[0, 2] -= 3.0  # ratio e^3 > 5: masked
+    mask = torch.ones(2, 5)
+    keep, _ = core_algos.compute_rollout_rs_mask(old, rollout, mask)
+    log_prob = old.clone().requires_grad_(True)
+    advantages = torch.randn(2, 5)
+    loss, *_ = core_algos.compute_policy_loss(old, log_prob, advantages, mask, cliprange=0.2, rollout_is_weights=keep)
+    loss.backward()
+    assert log_prob.grad[0, 2] == 0 and bool((log_prob.grad.flatten()[torch.arange(10) != 2] != 0).all())

@@ -1,0 +1,61 @@
+"""Resume under continuous asynchronous training through the real command line: kill -9 a run while it writes
+step 2's checkpoint, with the producer generating steps 3 and 4 beside it, then start the same command.
+
+Documented (docs/architecture.md, "Asynchronous training"): a checkpoint holds none of the buffered or in-flight
+rollouts; it counts them (rollout/buffered_not_checkpointed) and saves the env reset counter from before the
+oldest, so the resumed run plays those steps again from the same initial states (on its own weights: an
+asynchronous run is not bit for bit repeatable, the engines' weight updates land where the timing puts them).
+So each trained step's groups, identified by their reset seed (``group_seed`` in the trajectory records), must be
+the uninterrupted run's: step s plays reset s - 1's seeds, no group twice, none lost.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_resume_e2e import _finish, _kill_during_save, _start
+
+pytestmark = pytest.mark.e2e
+GROUPS, STEPS = 2, 4
+
+
+def _command(model_path: str, run_dir: Path) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "agent_trainer.main", "--config-name", "frozenlake_grpo",
+            f"model_path={model_path}", f"trainer.default_local_dir={run_dir}",
+            f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.test_freq=0",
+            "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.save_hf_model=false",
+            "trainer.max_off_policy_steps=2", "trainer.async_mode=continuous",
+            "algorithm.rollout_correction.rollout_is=token",
+            "trainer.log_trajectories_freq=1", "trainer.log_trajectories_per_tag=8", "agent_proxy.max_turn=2",
+            f"es_manager.train.env_groups={GROUPS}", "es_manager.train.group_size=4",
+            "es_manager.train.env_configs.tags=[FrozenLake3x3,Bandit]", "es_manager.train.env_configs.n_groups=[1,1]",
+            "ppo_mini_batch_size=4", "micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3"]
+
+
+def test_sigkill_during_continuous_async_then_resume_trains_every_group_once(tiny_model_path, tmp_path):
+    run = tmp_path / "run"
+    command = _command(tiny_model_path, run)
+    _kill_during_save(command, run, step=2)
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "1"
+    log = tmp_path / "resumed.log"
+    resumed = _finish(_start(command, log), log)
+    assert f"resumed from {run / 'global_step_1'}" in resumed
+
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, STEPS + 1))  # the killed run's step 2 was logged again
+    assert lines[0]["rollout/buffered_not_checkpointed"] >= 1  # the documented discard, counted
+    assert all(m["rollout/policy_staleness"] <= 2 for m in lines)
+
+    seeds = {}
+    for step in range(1, STEPS + 1):
+        records = [json.loads(line) for line in (run / "trajectories" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert len(records) == GROUPS * 4 and all(r["step"] == step for r in records)
+        seeds[step] = sorted({r["group_seed"] for r in records})
+    base = seeds[1][0]
+    assert seeds == {s: [base + (s - 1) * GROUPS + g for g in range(GROUPS)] for s in seeds}, seeds
