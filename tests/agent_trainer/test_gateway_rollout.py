@@ -244,6 +244,19 @@ def test_a_local_task_steps_its_env_charges_a_missing_action_and_ends():
         asyncio.run(task.step("Left"))
 
 
+def test_a_local_task_starts_with_the_instruction_a_training_episode_of_its_tag_gets():
+    from envs import load_env_tags, make_env
+
+    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+    from agent_trainer.gateway.task import Task
+
+    tag = "FrozenLakeNoDeadEnds"
+    [trained] = EnvStateManager(load_env_tags(), [EpisodeSpec(env_id=0, group_id=0, tag=tag)]).reset({0: 5})
+    task = Task.local(make_env(tag), seed=5, tag=tag, model="m", max_turns=6)
+    assert task.instruction == trained.instruction and task.observation == trained.observation
+    assert "Valid actions:" in task.instruction and task.instruction.endswith("Give exactly one action per turn.")
+
+
 def test_a_local_sync_task_steps_without_await():
     """``SyncTask.local``: a synchronous agent's task blocks in ``step`` and returns the result (no event loop)."""
     from envs import make_env
