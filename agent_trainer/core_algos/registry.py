@@ -110,9 +110,10 @@ def episode_stitch(batch: Mapping[str, torch.Tensor], spec: EstimatorSpec) -> Ep
     an estimator that reads a row as a whole episode (its layouts include full; ``anchor_obs_ids`` per token when
     present): a gateway agent's step-wise rows. None when every episode is one row, or when the estimator reads
     per-turn rows itself (grpo_multiturn; GiGPO with one anchor per row, the condensed context's layout)."""
-    traj = batch.get("traj_uid")
-    anchors = batch.get("anchor_obs_ids")
-    if traj is None or "full" not in spec.layouts or (anchors is not None and getattr(anchors, "ndim", 2) == 1):
+    traj, anchors = batch.get("traj_uid"), batch.get("anchor_obs_ids")
+    per_row_anchors = spec.compares_turns and anchors is not None and not (
+        isinstance(anchors, torch.Tensor) and anchors.dim() == 2)
+    if traj is None or "full" not in spec.layouts or per_row_anchors:
         return None
     rewards = batch["token_level_rewards"]
     traj = as_group_index("traj_uid", traj, rewards.shape[0])
