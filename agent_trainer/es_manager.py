@@ -237,20 +237,8 @@ class EnvStateManager:
         return outputs
 
     def _instruction(self, ep: _Episode) -> str:
-        parts = [ep.tag_cfg.env_instruction.strip()]
-        try:
-            legend, actions = ep.env.legend(), ep.env.action_description()
-        except Exception as exc:
-            legend, actions = "", f"(unavailable: {exc})"
-        if legend:
-            parts.append(clean_text(str(legend), self.max_observation_chars))
-        parts.append(f"Valid actions: {clean_text(str(actions), self.max_observation_chars)}")
-        n = self.max_actions_per_turn
-        if n > 1:
-            parts.append(f"You may give up to {n} actions per turn, separated by '{self.action_sep}'.")
-        else:
-            parts.append("Give exactly one action per turn.")
-        return "\n".join(p for p in parts if p)
+        return episode_instruction(ep.env, ep.tag_cfg, self.max_actions_per_turn, self.action_sep,
+                                   self.max_observation_chars)
 
     # ---------------------------------------------------------------- step
     def step(self, inputs: list[EnvInput]) -> list[EnvOutput]:
@@ -372,6 +360,25 @@ class EnvStateManager:
                 ep.env.close()
             except Exception:  # closing is best effort
                 pass
+
+
+def episode_instruction(env: BaseEnv, tag_cfg: EnvTagConfig, max_actions_per_turn: int = 1, action_sep: str = "||",
+                        max_chars: int = 20000) -> str:
+    """The instruction an episode of ``env`` starts with: the tag's ``env_instruction``, the env's legend, its valid
+    actions and how many to give per turn (``es_manager.max_actions_per_turn``, ``action_sep``)."""
+    parts = [tag_cfg.env_instruction.strip()]
+    try:
+        legend, actions = env.legend(), env.action_description()
+    except Exception as exc:
+        legend, actions = "", f"(unavailable: {exc})"
+    if legend:
+        parts.append(clean_text(str(legend), max_chars))
+    parts.append(f"Valid actions: {clean_text(str(actions), max_chars)}")
+    if max_actions_per_turn > 1:
+        parts.append(f"You may give up to {max_actions_per_turn} actions per turn, separated by '{action_sep}'.")
+    else:
+        parts.append("Give exactly one action per turn.")
+    return "\n".join(p for p in parts if p)
 
 
 def episode_reward(turn_rewards: Iterable[float]) -> float:

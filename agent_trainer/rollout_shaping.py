@@ -20,9 +20,9 @@ With ``algorithm.adv_estimator=remax`` the trainer first attaches ``reward_basel
 (:func:`attach_reward_baselines`: the reward of each group's greedy episode); filtering
 keeps it row-aligned.
 
-An episode is a trajectory (``traj_uid``): one row in full mode, one row per
-turn in condensed mode (rows of an episode in turn order, as the context
-managers build them). Its score is the sum of its token rewards on generated
+An episode is a trajectory (``traj_uid``): one row in full mode (a gateway
+agent's step-wise episode: one row per call), one row per turn in condensed
+mode (rows of an episode in turn order, as the context managers build them). Its score is the sum of its token rewards on generated
 tokens, the quantity every outcome estimator sums.
 """
 

@@ -12,18 +12,16 @@ step 4 builds (:data:`NOT_BUILT`: that build is ``tests/launch/test_new_env_vali
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from doc_blocks import ROOT, blocks, run_script, unmarked_blocks
+from doc_blocks import script as page_script
+
 DOC = ROOT / "docs" / "writing_an_environment.md"
-MARKED = re.compile(r"<!-- first-hour: (?P<what>[^\n]*?) -->\n```(?P<lang>\w+)\n(?P<body>.*?)```", re.DOTALL)
-END = "FIRST_HOUR_BLOCK_END"
+MARKER = "first-hour"
 SHORTER = {
     "trainer.total_training_steps=10": "trainer.total_training_steps=2",
     "es_manager.val.env_groups=16 es_manager.val.env_configs.n_groups=[16]":
@@ -37,39 +35,14 @@ NOT_BUILT = "model_path=$PWD/models/my_envs"
 """The model the page's step 4 builds (not run here): the training commands take the shipped tiny model instead."""
 
 
-def blocks() -> list[tuple[str, str, str]]:
-    """``(what, lang, body)`` of every marked block, in the page's order."""
-    return [(m["what"], m["lang"], m["body"]) for m in MARKED.finditer(DOC.read_text())]
-
-
 def script(e2e: bool) -> str:
-    """The page's commands as one bash script: files written, bash run, python fed to ``python -``."""
-    lines = ["set -euo pipefail"]
-    for what, lang, body in blocks():
-        if what.startswith("file "):
-            path = what.removeprefix("file ").strip()
-            lines.append(f"mkdir -p \"$(dirname {path})\" && cat > {path} <<'{END}'\n{body}{END}")
-        elif what == "run" or (what == "run e2e" and e2e):
-            lines.append(body if lang == "bash" else f"python - <<'{END}'\n{body}{END}")
-    return "\n".join(lines) + "\n"
-
-
-def run_script(text: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
-    """Run it as a user would, with this checkout's ``python`` first on PATH and importable."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(["bash", "-c", text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """The page's commands as one bash script (``doc_blocks.script``)."""
+    return page_script(DOC, MARKER, e2e)
 
 
 def test_every_command_block_is_marked():
-    text = DOC.read_text()
-    commands = re.findall(r"(?:^|\n)([^\n]*)\n```(bash|python|sh|shell)\n", text)
-    unmarked = [f"{lang} block after {line!r}" for line, lang in commands if not line.startswith("<!-- first-hour:")]
-    assert not unmarked, unmarked
-    whats = [what for what, _, _ in blocks()]
-    for what in whats:
-        assert what in ("run", "run e2e") or what.startswith("file ") or re.fullmatch(r"not run \(.+\)", what), what
+    assert not unmarked_blocks(DOC, MARKER), unmarked_blocks(DOC, MARKER)
+    whats = [what for what, _, _ in blocks(DOC, MARKER)]
     assert {"run", "run e2e"} <= set(whats) and any(w.startswith("file ") for w in whats)
 
 

@@ -200,3 +200,52 @@ def compute_grpo_multiturn_advantage(
         traj_adv = normalize_by_group(traj_score, traj_group, epsilon, norm_adv_by_std_in_grpo, traj_valid)
         advantages = traj_adv[row_to_traj].to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+class EpisodeStitch:
+    """Rows of one episode read as one sequence: the view a one-row-per-episode estimator needs when an episode
+    came as several rows (a gateway agent's step-wise rows: each call a row of its own prompt and reply).
+
+    The episode's sequence is its rows' real tokens (the first ``lengths[b]`` of row b) one after another, in
+    batch order; padding after it. Generated tokens keep their order, so a return flows from one row's reply to
+    the next row's (GAE's bootstrap, REINFORCE++'s return-to-go), an outcome score sums every row (grpo, rloo:
+    each episode counts once in its group) and turns stay turns (``turn_ids``, GiGPO's anchors).
+    :meth:`to_episodes` maps a [B, T] tensor to [E, L] ([B] ids to [E]: the episode's first row's),
+    :meth:`to_rows` maps an [E, L] result back to [B, T] (0 on padding).
+    """
+
+    def __init__(self, traj_index: torch.Tensor, lengths: torch.Tensor, width: int):
+        self.rows, self.width = traj_index.shape[0], width
+        _, self.row_to_episode = torch.unique(traj_index, return_inverse=True)
+        self.episodes = int(self.row_to_episode.max()) + 1 if self.rows else 0
+        lengths = lengths.long().clamp(0, width)
+        offset = torch.zeros(self.rows, dtype=torch.long)
+        filled = torch.zeros(self.episodes, dtype=torch.long)
+        for b in range(self.rows):  # rows of an episode one after another, in batch order
+            e = int(self.row_to_episode[b])
+            offset[b], filled[e] = filled[e], filled[e] + lengths[b]
+        self.length = int(filled.max()) if self.episodes else 0
+        self.first_row = torch.full((self.episodes,), self.rows, dtype=torch.long).scatter_reduce(
+            0, self.row_to_episode, torch.arange(self.rows), "amin")
+        self.src_row = torch.repeat_interleave(torch.arange(self.rows), lengths)
+        starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+        self.src_col = torch.arange(int(lengths.sum())) - starts
+        self.dst_episode = self.row_to_episode[self.src_row]
+        self.dst_pos = offset[self.src_row] + self.src_col
+
+    def to_episodes(self, x):
+        """[B, T] -> [E, L] (the episodes' sequences); [B] -> [E] (each episode's first row's); None stays."""
+        if x is None:
+            return None
+        x = x if isinstance(x, torch.Tensor) else as_group_index("ids", x, self.rows)
+        if x.dim() == 1:
+            return x[self.first_row.to(x.device)]
+        out = torch.zeros((self.episodes, self.length), dtype=x.dtype, device=x.device)
+        out[self.dst_episode, self.dst_pos] = x[self.src_row, self.src_col]
+        return out
+
+    def to_rows(self, y: torch.Tensor) -> torch.Tensor:
+        """[E, L] -> [B, T]: each row's tokens back from its episode's sequence, 0 on padding."""
+        out = torch.zeros((self.rows, self.width), dtype=y.dtype, device=y.device)
+        out[self.src_row, self.src_col] = y[self.dst_episode, self.dst_pos]
+        return out

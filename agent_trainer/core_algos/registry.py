@@ -10,7 +10,9 @@ import torch
 
 from agent_trainer.config.schema import AgentTrainerConfig, AlgorithmConfig
 
-from .estimators import ALWAYS_KEYS, ARGUMENT_NAMES, BATCH_KEY_DOCS, ESTIMATOR_SPECS, estimator_spec
+from ._masked import as_group_index
+from .estimators import ALWAYS_KEYS, ARGUMENT_NAMES, BATCH_KEY_DOCS, ESTIMATOR_SPECS, EstimatorSpec, estimator_spec
+from .multiturn import EpisodeStitch
 
 BI_LEVEL_GAE_FROM = ("gae", "bi_level_gae")
 """The estimators ``algorithm.bi_level_gae = True`` turns into bi_level_gae (RAGEN's spelling of it)."""
@@ -77,6 +79,10 @@ def compute_advantage(
     passed through; any other option raises ValueError. Which keys, hyperparameters and
     options an estimator gets is its ``@register_estimator`` spec.
 
+    An episode that comes as several rows (``traj_uid`` repeats: a gateway agent's step-wise rows) is read by an
+    estimator of the full layout as the one sequence its rows make one after another (:func:`episode_stitch`),
+    and the results go back to its rows: each episode counts once in its group, and returns flow across its rows.
+
     Returns (advantages, returns), [B, T]. Estimators without a critic return
     returns = advantages (verl convention), except reinforce_plus_plus and remax,
     which return the discounted / undiscounted return-to-go as ``returns``.
@@ -91,8 +97,31 @@ def compute_advantage(
     kwargs = {ARGUMENT_NAMES.get(k, k): _need(batch, k, adv_estimator, BATCH_KEY_DOCS.get(k, f"read by {spec.name}"))
               for k in (*ALWAYS_KEYS, *spec.batch_keys)}
     kwargs.update({ARGUMENT_NAMES.get(k, k): batch.get(k) for k in spec.optional_keys})
-    kwargs.update({h: hyper[h] for h in spec.hyperparameters})
-    return spec.fn(**kwargs, **estimator_kwargs)
+    stitch = episode_stitch(batch, spec)
+    if stitch is None:
+        return spec.fn(**kwargs, **{h: hyper[h] for h in spec.hyperparameters}, **estimator_kwargs)
+    kwargs = {name: stitch.to_episodes(value) for name, value in kwargs.items()}
+    advantages, returns = spec.fn(**kwargs, **{h: hyper[h] for h in spec.hyperparameters}, **estimator_kwargs)
+    return stitch.to_rows(advantages), stitch.to_rows(returns)
+
+
+def episode_stitch(batch: Mapping[str, torch.Tensor], spec: EstimatorSpec) -> EpisodeStitch | None:
+    """The one-sequence-per-episode view of a batch whose episodes come as several rows (``traj_uid`` repeats) for
+    an estimator that reads a row as a whole episode (its layouts include full; ``anchor_obs_ids`` per token when
+    present): a gateway agent's step-wise rows. None when every episode is one row, or when the estimator reads
+    per-turn rows itself (grpo_multiturn; GiGPO with one anchor per row, the condensed context's layout)."""
+    traj, anchors = batch.get("traj_uid"), batch.get("anchor_obs_ids")
+    per_row_anchors = spec.compares_turns and anchors is not None and not (
+        isinstance(anchors, torch.Tensor) and anchors.dim() == 2)
+    if traj is None or "full" not in spec.layouts or per_row_anchors:
+        return None
+    rewards = batch["token_level_rewards"]
+    traj = as_group_index("traj_uid", traj, rewards.shape[0])
+    if torch.unique(traj).numel() == traj.numel():
+        return None
+    mask = batch.get("attention_mask")
+    lengths = mask.sum(-1) if mask is not None else torch.full((rewards.shape[0],), rewards.shape[1])
+    return EpisodeStitch(traj.cpu(), lengths.cpu(), rewards.shape[1])
 
 
 def resolve_adv_estimator(adv_estimator: str, bi_level_gae: bool = False) -> str:

@@ -16,6 +16,8 @@ ids the engine was given and the ids it sampled, never text.
   drops earlier reasoning); the other choices of an ``n > 1`` request are siblings, rows of their own.
 
 Nothing is re-tokenised and nothing is guessed: an id is in ``response_mask`` only if the engine sampled it.
+An episode trains as the one row its records merge into, or, when they make several, as one row per record
+(:func:`episode_rows`, step-wise).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class RowMetrics:
     """Records appended to an existing row (their prompt extended it exactly)."""
     breaks: int
     """Requests after the first whose prompt extended no row, so a new row started (step-wise)."""
+    stepwise: bool = False
+    """The records did not merge into one row, so each is a row of its own (:func:`episode_rows`)."""
 
     def as_metrics(self) -> dict[str, float]:
         return {"rollout/gateway_rows": self.rows, "rollout/gateway_merges": self.merges,
@@ -109,6 +113,22 @@ def build_rows(records: list[CallRecord]) -> tuple[list[TrainingRow], RowMetrics
         row.extend(record.prompt_ids, record)
         rows.append(row)
     return rows, RowMetrics(rows=len(rows), merges=merges, breaks=breaks)
+
+
+def episode_rows(records: list[CallRecord]) -> tuple[list[TrainingRow], RowMetrics]:
+    """The rows an episode trains as: the one row its records merge into (:func:`build_rows`), or, when they do
+    not (a re-sent request after an unusable reply, a history the agent rewrote, a template that re-renders a
+    reply, ``n > 1`` siblings), one row per record, step-wise: the record's prompt as context (mask 0) and its
+    sampled ids (mask 1), exactly what the engine was given and what the client received."""
+    rows, metrics = build_rows(records)
+    if len(rows) <= 1:
+        return rows, metrics
+    stepwise = []
+    for record in records:
+        row = TrainingRow(input_ids=[], response_mask=[], rollout_log_probs=[])
+        row.extend(record.prompt_ids, record)
+        stepwise.append(row)
+    return stepwise, RowMetrics(rows=len(stepwise), merges=metrics.merges, breaks=metrics.breaks, stepwise=True)
 
 
 def _longest_prefix_row(rows: list[TrainingRow], prompt: tuple[int, ...]) -> TrainingRow | None:

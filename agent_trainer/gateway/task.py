@@ -25,6 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from agent_trainer.es_manager import episode_instruction
+from envs.registry import load_env_tags
+
 if TYPE_CHECKING:
     from agent_trainer.config import AgentTrainerConfig
 
@@ -70,12 +73,16 @@ class Task:
     """The last step's info (``success``, ``action_is_valid``, ...)."""
 
     @classmethod
-    def local(cls, env, *, seed: int, instruction: str, tag: str, model: str, max_turns: int,
+    def local(cls, env, *, seed: int, tag: str, model: str, max_turns: int, instruction: str | None = None,
               format_penalty: float = -0.1) -> Task:
-        """A task over an env object in this process (``envs.make_env``), reset with ``seed``: to try an agent
-        against a gateway without the trainer, its env actors or Ray. A step without an action costs
-        ``format_penalty`` and leaves the env as it was; the first action of a list is the one taken."""
+        """A task over an env object in this process (``envs.make_env(tag)``), reset with ``seed``: to try an agent
+        against a gateway without the trainer, its env actors or Ray. ``instruction`` None: the one a training
+        episode of ``tag`` starts with (config/envs.yaml's ``env_instruction``, the legend, the valid actions; one
+        action per turn). A step without an action costs ``format_penalty`` and leaves the env as it was; the
+        first action of a list is the one taken."""
         observation = env.reset(seed=seed)
+        if instruction is None:
+            instruction = episode_instruction(env, load_env_tags()[tag])
 
         async def step(actions: list[str], response: str) -> StepResult:
             if not actions:

@@ -13,9 +13,11 @@ token-in/token-out check, the metrics. What changes, per rollout (:class:`Gatewa
 - the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
   while the engines were busy is the next engine call), at the run's sampling;
 - ``task.step`` steps the episode's env actor; its rewards are the episode's;
-- when the agent returns, its session's calls become training rows (``gateway.sessions.build_rows``): merged
-  where the next prompt extends the last one exactly, step-wise otherwise. Each step's reward goes on the last
-  token of the reply before it, as the built-in agents place a turn's reward.
+- when the agent returns, its session's calls become training rows (``gateway.sessions.episode_rows``): one row
+  when each call's prompt extends the row so far exactly (merged), else one row per call (step-wise), in every
+  layout; the estimators read an episode's step-wise rows as the one episode they make
+  (``core_algos.compute_advantage``). Each step's reward goes on the last token of the reply before it, as the
+  built-in agents place a turn's reward.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from agent_trainer.es_manager import EnvInput, EnvOutput
 from agent_trainer.gateway.app import eos_ids
 from agent_trainer.gateway.host import EngineRequest, GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
-from agent_trainer.gateway.sessions import CallRecord, RowMetrics, build_rows
+from agent_trainer.gateway.sessions import CallRecord, RowMetrics, episode_rows
 from agent_trainer.gateway.task import EpisodeOver, StepResult, SyncTask, Task, is_sync_agent, resolve_agent_fn
 from agent_trainer.rollout.multiturn import MultiTurnRollout
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult
@@ -72,7 +74,7 @@ class GatewayEpisode(EpisodeStatus):
 
     def finish(self) -> None:
         """The agent returned and its session closed: its calls become rows; its turns are its env steps."""
-        self.rows, self.row_metrics = build_rows(self.records)
+        self.rows, self.row_metrics = episode_rows(self.records)
         self.num_turns = len(self.steps)
 
     def step_calls(self) -> list[int]:
@@ -108,9 +110,6 @@ class GatewayAgent(Agent):
 
     def __init__(self, tokenizer, **_):
         self.tokenizer = tokenizer
-        self.left_out = 0
-        """Episodes of the last batch left out because their calls made several rows (full layout only)."""
-        self._warned = False
 
     def start(self, out: EnvOutput) -> GatewayEpisode:
         return GatewayEpisode(env_id=out.env_id, group_id=out.group_id, tag=out.tag, instruction=out.instruction,
@@ -126,28 +125,15 @@ class GatewayAgent(Agent):
         raise NotImplementedError("a gateway agent steps its env through task.step (GatewayLoop)")
 
     def build_update_batch(self, episodes: list[GatewayEpisode], uid_offset: int = 0):
-        """One row per episode (full layout): an episode whose calls made several rows (a break: the agent sent
-        back other text than a reply, or the template re-rendered one differently) is left out and counted, since
-        the full-layout estimators read a row as a whole episode; ``ctx_manager.mode=condensed`` trains them."""
-        kept = [e for e in episodes if len(e.rows) <= 1 or self.layout == "condensed"]
-        self.left_out = len(episodes) - len(kept)
-        if not kept:
-            raise RuntimeError(f"every one of the {len(episodes)} episodes of the gateway agent made several "
-                               "training rows (its calls did not continue each other: see rollout/gateway_breaks); "
-                               "the full layout trains one row per episode: set ctx_manager.mode=condensed and "
-                               "algorithm.adv_estimator=grpo_multiturn (docs/gateway.md)")
-        if self.left_out and not self._warned:
-            self._warned = True
-            logger.warning("%d of %d gateway episodes made several training rows and are left out of the full "
-                           "layout's batch (rollout/gateway_left_out; logged once); ctx_manager.mode=condensed with "
-                           "algorithm.adv_estimator=grpo_multiturn trains every row (docs/gateway.md)",
-                           self.left_out, len(episodes))
-        rows = [row for e in kept for row in training_rows(e)]
+        """Every episode's rows: one (merged) or one per call (step-wise, when its calls did not continue each
+        other); the rows of an episode share its ``traj_uid``, so the estimators read them as that one episode
+        (``core_algos.compute_advantage``), in either layout."""
+        rows = [row for e in episodes for row in training_rows(e)]
         return collate_rows(rows, pad_token_id(self.tokenizer), uid_offset)
 
 
 class CondensedGatewayAgent(GatewayAgent):
-    """``ctx_manager.mode=condensed``: the same rows, read by the per-trajectory estimators (grpo_multiturn)."""
+    """``ctx_manager.mode=condensed``: the same rows, for the per-trajectory estimators (grpo_multiturn)."""
 
     layout = "condensed"
 
@@ -476,7 +462,8 @@ class GatewayLoop:
              "calls": sum(e.num_replies for e in episodes),
              "engine_calls": self.batcher.engine_calls, "sampling_overridden": self.batcher.overridden,
              "agent_errors": sum(self.agent_errors.values()), "agent_timeouts": self.agent_timeouts,
-             "left_out": self.rollout.ctx.left_out}
+             "merged": sum(len(e.rows) == 1 for e in episodes),
+             "stepwise": sum(e.row_metrics.stepwise for e in episodes)}
         calls_mean = sum(e.num_replies for e in episodes) / max(1, len(episodes))
         return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()} | {f"{prefix}/num_calls_mean": calls_mean}
 

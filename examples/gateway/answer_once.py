@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
-from examples.gateway.frozenlake_openai import SYSTEM, parse_answer
+from agent_trainer.prompts import SYSTEM_PROMPT as SYSTEM
+from agent_trainer.prompts import parse_response
 
 FORMAT = "Reply exactly as <answer>your answer</answer>."
+
+
+def parse_answer(text: str) -> str | None:
+    """The text of the reply's ``<answer>`` block; None when there is none."""
+    return parse_response(text, enable_think=False).answer or None
 
 
 async def run(task, client: AsyncOpenAI) -> None:

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from openai import OpenAI
 
-from examples.gateway.frozenlake_openai import FORMAT, SYSTEM, parse_answer
+from examples.gateway.frozenlake_openai import after_step, first_messages, parse_answer
 
 
 def run(task, client: OpenAI) -> None:
     """Play one episode; the environment's rewards are the episode's (returns None)."""
-    messages = [{"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{task.instruction.strip()}\nObservation:\n{task.observation.strip()}\n"
-                                            f"{FORMAT}"}]
+    messages = first_messages(task)
     while not task.done:
         reply = client.chat.completions.create(model=task.model, messages=messages)
         text = reply.choices[0].message.content or ""
         step = task.step(parse_answer(text))
-        messages += [{"role": "assistant", "content": text},
-                     {"role": "user", "content": f"Reward: {step.reward:g}\nObservation:\n{step.observation.strip()}\n"
-                                                 f"{FORMAT}"}]
+        messages += after_step(text, step)

@@ -115,8 +115,9 @@ def test_turns_count_env_steps_and_calls_their_own_replies():
     assert m["rollout/format_error_rate"] == 0
     silent = episode([record(0, [1, 2], [10])], steps=[])  # one call, no step (its agent raised): still trained
     assert (silent.num_turns, silent.num_replies) == (0, 1)
-    line = format_metrics({**m, "rollout/num_calls_mean": 3.0, "rollout/gateway_left_out": 2.0}, 1)
-    assert "turns 2.0  calls 3.0  left_out   2" in line, line  # the console tells turns, calls and episodes left out
+    line = format_metrics({**m, "rollout/num_calls_mean": 3.0, "rollout/gateway_merged": 5.0,
+                           "rollout/gateway_stepwise": 2.0}, 1)
+    assert "turns 2.0  calls 3.0  merged   5  stepwise   2" in line, line  # turns, calls, and which path
 
 
 def test_a_returned_reward_replaces_the_env_rewards_on_the_last_reply():
@@ -134,21 +135,22 @@ class _Tokenizer:
     pad_token_id, eos_token_id = 0, 9
 
 
-def test_the_full_layout_leaves_out_an_episode_that_broke_and_condensed_trains_its_rows():
-    broken = [record(0, [1, 2], [10]), record(1, [1, 7, 8], [11])]  # the second prompt does not extend the first
+def test_an_episode_whose_calls_do_not_merge_trains_as_one_row_per_call_in_either_layout():
+    """A re-sent request after an unusable reply: the second call's prompt is the first's again, so it extends no
+    row. The episode trains step-wise, each call a row of its own prompt (mask 0) and exactly its sampled ids
+    (mask 1), its step's reward on the reply that led to it; the episode's rows share its traj_uid."""
+    resent = [record(0, [1, 2], [10]), record(1, [1, 2], [11, 12]), record(2, [1, 2, 11, 12, 5], [13])]
     whole = episode(MERGED, steps=[(2, 1.0, 1)])
-    split = episode(broken, steps=[(2, 1.0, 1)])
+    split = episode(resent, steps=[(2, 0.5, 1), (3, 1.0, 2)])
     split.env_id = 4
-    assert split.row_metrics.breaks == 1 and len(split.rows) == 2
-    full = GatewayAgent(_Tokenizer())
-    batch = full.build_update_batch([whole, split])
-    assert batch["traj_uid"].tolist() == [3] and full.left_out == 1
-    condensed = CondensedGatewayAgent(_Tokenizer())
-    batch = condensed.build_update_batch([whole, split])
-    assert batch["traj_uid"].tolist() == [3, 4, 4] and condensed.left_out == 0
-    assert batch["token_level_rewards"][2].sum() == 1.0 and batch["token_level_rewards"][1].sum() == 0.0
-    with pytest.raises(RuntimeError, match="ctx_manager.mode=condensed"):
-        full.build_update_batch([split])
+    assert split.row_metrics.breaks == 1 and split.row_metrics.stepwise and not whole.row_metrics.stepwise
+    assert [(r.input_ids, r.response_mask) for r in split.rows] == [
+        ([1, 2, 10], [0, 0, 1]), ([1, 2, 11, 12], [0, 0, 1, 1]), ([1, 2, 11, 12, 5, 13], [0, 0, 0, 0, 0, 1])]
+    for agent in (GatewayAgent(_Tokenizer()), CondensedGatewayAgent(_Tokenizer())):
+        batch = agent.build_update_batch([whole, split])
+        assert batch["traj_uid"].tolist() == [3, 4, 4, 4]
+        assert batch["token_level_rewards"][1:].sum(-1).tolist() == [0.0, 0.5, 1.0]
+        assert batch["turn_ids"][3].tolist() == [0, 0, 0, 0, 0, 3]  # the call's number on its reply
 
 
 class _Engines:
@@ -240,6 +242,19 @@ def test_a_local_task_steps_its_env_charges_a_missing_action_and_ends():
     assert task.reward == -0.1 + moved.reward
     with pytest.raises(EpisodeOver, match="is over after 2 steps"):
         asyncio.run(task.step("Left"))
+
+
+def test_a_local_task_starts_with_the_instruction_a_training_episode_of_its_tag_gets():
+    from envs import load_env_tags, make_env
+
+    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+    from agent_trainer.gateway.task import Task
+
+    tag = "FrozenLakeNoDeadEnds"
+    [trained] = EnvStateManager(load_env_tags(), [EpisodeSpec(env_id=0, group_id=0, tag=tag)]).reset({0: 5})
+    task = Task.local(make_env(tag), seed=5, tag=tag, model="m", max_turns=6)
+    assert task.instruction == trained.instruction and task.observation == trained.observation
+    assert "Valid actions:" in task.instruction and task.instruction.endswith("Give exactly one action per turn.")
 
 
 def test_a_local_sync_task_steps_without_await():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from examples.gateway import frozenlake_openai
+from examples.gateway import frozenlake_openai, frozenlake_retry
 
 HANGS: set[int] = set()
 """env_ids whose agent never returns after its first call (the per-episode deadline must end it)."""
@@ -48,3 +48,15 @@ async def recorded_frozenlake(task, client):
             raise ValueError("this agent fails on purpose")
         await asyncio.Event().wait()  # never set
     return await frozenlake_openai.run(task, client)
+
+
+async def recorded_retry(task, client):
+    """examples/gateway/frozenlake_retry.py's agent, its calls recorded; the episode's first reply is taken as one
+    that does not parse (whatever it says), so every episode re-sends its first request once."""
+    replies = []
+
+    def parse(text: str) -> list[str]:
+        replies.append(text)
+        return [] if len(replies) == 1 else frozenlake_openai.parse_answer(text)
+
+    return await frozenlake_retry.run(task, RecordingClient(client, task.env_id), parse=parse)

@@ -4,7 +4,8 @@ config/frozenlake_gateway.yaml on the tiny model. The training rows must hold ex
 gateway returned for every call; an agent that raises, or never returns (the per-episode deadline), ends only
 its own episode; an engine killed in the middle of a gateway rollout is restarted and the calls in flight are
 generated again (step 3), the rows still exactly what each client got; the gateway's own Ray actor killed mid-
-rollout stops the run with a line naming it (step 4)."""
+rollout stops the run with a line naming it (step 4). An agent that re-sends a request after a reply it cannot
+parse trains in the default layout as step-wise rows, each exactly a call as its client received it."""
 
 from __future__ import annotations
 
@@ -91,8 +92,8 @@ def test_the_plain_openai_agent_trains_on_exactly_what_the_engine_returned(tiny_
         assert pids and set(owners) == pids, (listening, owners)  # the gateway's Ray actor listens, not the driver
         assert all("GatewayHost" in cmdline for cmdline in owners.values()), owners
         assert no_key == 401  # no key, no answer
-        trained = set(batch["traj_uid"].tolist())  # an episode whose calls broke into several rows is left out
-        assert trained and trained <= set(calls) and len(calls) - len(trained) == h["rollout/gateway_left_out"]
+        trained = set(batch["traj_uid"].tolist())  # every episode that made a call trains
+        assert trained == set(calls) and h["rollout/gateway_merged"] + h["rollout/gateway_stepwise"] >= len(calls)
         for env_id in trained:
             episode = calls[env_id]
             rows = [r for r in range(len(batch)) if int(batch["traj_uid"][r]) == env_id]
@@ -139,3 +140,42 @@ def test_a_synchronous_openai_agent_calls_batch_as_the_async_agents_do(tiny_mode
     for record in (r for r in read_records(path.parent) if r.metrics["gateway_rows"] == 1):  # trained rows
         assert [(t.call, t.step) for t in record.turns] == [(k, k) for k in range(1, len(record.turns) + 1)]
         assert all(any(t.mask) for t in record.turns) and "gateway_rows" in record.metrics
+
+
+class KeepsRows(AgentTrainer):
+    """Keeps every training rollout's batch with the calls its agents' clients received."""
+
+    def collect(self, step):
+        CALLS.clear()
+        result = super().collect(step)
+        self.seen = getattr(self, "seen", []) + [(result.batch, {k: list(v) for k, v in CALLS.items()})]
+        return result
+
+
+def test_an_agent_that_resends_a_request_trains_step_wise_in_the_default_layout(tiny_model_path, tmp_path):
+    """examples/gateway/frozenlake_retry.py re-sends its request after a reply it cannot parse (here: every
+    episode's first reply), so no episode's calls merge into one row. In the default layout (one row per episode,
+    GiGPO) every episode trains as one row per call: the row is that call's prompt ids (mask 0) and exactly the ids
+    its client received (mask 1, with their logprobs), and the update has a gradient."""
+    groups = ["es_manager.train.env_groups=4", "es_manager.train.group_size=4",
+              "es_manager.train.env_configs.n_groups=[4]"]
+    with started("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL, *groups, "trainer.total_training_steps=2",
+                 "agent_proxy.gateway.agent=gateway_agents.recorded_retry", trainer_cls=KeepsRows) as trainer:
+        assert trainer.cfg.ctx_manager.mode == "full"
+        trainer.fit()
+    history = metrics_records(tmp_path)
+    assert len(history) == 2 and all(h["actor/grad_norm"] > 0 for h in history), history
+    for (batch, calls), h in zip(trainer.seen, history):
+        assert h["rollout/gateway_stepwise"] == 16 and h["rollout/gateway_merged"] == 0, h
+        assert h["rollout/gateway_breaks"] >= 16 and h["rollout/gateway_calls"] == len(batch)
+        assert set(batch["traj_uid"].tolist()) == set(calls) and len(calls) == 16
+        for env_id, episode in calls.items():
+            rows = [r for r in range(len(batch)) if int(batch["traj_uid"][r]) == env_id]
+            assert len(rows) == len(episode) >= 2
+            for row, call in zip(rows, episode):  # call for call, in the order the client made them
+                n, length = len(call["prompt_ids"]), len(call["prompt_ids"]) + len(call["ids"])
+                assert int(batch["attention_mask"][row].sum()) == length
+                assert batch["input_ids"][row][:length].tolist() == call["prompt_ids"] + call["ids"]
+                assert batch["response_mask"][row][:length].tolist() == [0] * n + [1] * len(call["ids"])
+                assert torch.allclose(batch["rollout_log_probs"][row][n:length], torch.tensor(call["logprobs"]),
+                                      atol=1e-6)
