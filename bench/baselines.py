@@ -196,6 +196,12 @@ def _reads(name: str) -> bool:
     return READS_OBSERVATION[name.rsplit(" [", 1)[0]]
 
 
+def baseline_rows(scores: dict[str, Score]) -> list[dict]:
+    """The baselines as data: name, success, whether the policy looks at the observation."""
+    return [{"name": name, "success": round(score.success, 4), "reads_observation": _reads(name)}
+            for name, score in scores.items()]
+
+
 def learning_summary(cfg, records: list[dict], scores: dict[str, Score], wall_s: float | None) -> dict:
     """make train's result as data (``learning_summary.json``): the RL run's first and last held-out greedy
     success, its sampled training success over the first and last 5 steps, and the baselines on the same seeds."""
@@ -209,8 +215,7 @@ def learning_summary(cfg, records: list[dict], scores: dict[str, Score], wall_s:
         "sampled_first5": round(sampled[0], 4) if sampled else None,
         "sampled_last5": round(sampled[1], 4) if sampled else None,
         "wall_s": None if wall_s is None else round(wall_s, 1),
-        "baselines": [{"name": name, "success": round(score.success, 4), "reads_observation": _reads(name)}
-                      for name, score in scores.items()],
+        "baselines": baseline_rows(scores),
     }
 
 
@@ -296,8 +301,8 @@ def check_teacher(sft_dir: Path, target: float = DISTILL_TARGET) -> str | None:
     print(f"Teacher {sft_dir}: held-out greedy success {value:.3f} at step {step}", flush=True)
     if value < target:
         return (f"{sft_dir}: held-out greedy success {value:.3f} at step {step}, below {target}: a teacher that does "
-                f"not read the map cannot show distillation; delete {sft_dir} and rebuild it (another SEED, more "
-                "epochs: train.total_epochs=...)")
+                "not read the map cannot show distillation (docs/distillation.md, \"Pilots\": on make train's "
+                "model the noting reader's SFT did not read)")
     return None
 
 
@@ -326,8 +331,7 @@ def distill_summary(cfg, distill_records: list[dict], rl_records: list[dict], te
         "rl_reached": rl["episodes_to_reach"] is not None,
         "meets": bool(ratio is not None and ratio <= 0.5 and (distill["end"] or 0) >= target),
         "wall_s": None if wall_s is None else round(wall_s, 1),
-        "baselines": [{"name": name, "success": round(score.success, 4), "reads_observation": _reads(name)}
-                      for name, score in scores.items()],
+        "baselines": baseline_rows(scores),
     }
 
 
