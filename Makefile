@@ -8,7 +8,7 @@ RM     := models/tiny-qwen2-rm
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: install install-gpu gpu-model model shellcheck chromium train train-clock train-gpu test test-gpu test-fast bench clean
+.PHONY: install install-gpu gpu-model model shellcheck chromium train train-clock train-gpu distill test test-gpu test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -133,16 +133,44 @@ $(SFT_RUN)/final/config.json: $(TRAIN_MODEL)/build_info.json config/sft_frozenla
 	$(PY) -m agent_trainer.sft --config-name sft_$(TRAIN_CONFIG) model_path=$(TRAIN_MODEL) \
 	  data.seed=$(DEMO_SEED) trainer.seed=$(SEED) trainer.default_local_dir=$(SFT_RUN)
 
+# make train's RL run (make distill runs it too when make train's is not there).
+RL_CMD = $(PY) -m agent_trainer.main --config-name $(TRAIN_CONFIG) model_path=$(SFT_RUN)/final trainer.seed=$(SEED) \
+	  trainer.default_local_dir=$(RL_RUN) trainer.resume_mode=disable trainer.val_before_train=true
+
 # The clock of learning_summary.json's wall_s starts after the venv install (train-clock runs after install).
 train: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/config.json
 	$(PY) -m launch.warm_start_report --config-name $(TRAIN_CONFIG) --model $(SFT_RUN)/final trainer.seed=$(SEED)
-	$(PY) -m agent_trainer.main --config-name $(TRAIN_CONFIG) model_path=$(SFT_RUN)/final trainer.seed=$(SEED) \
-	  trainer.default_local_dir=$(RL_RUN) trainer.resume_mode=disable trainer.val_before_train=true $(ARGS)
+	$(RL_CMD) $(ARGS)
 	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --sft-dir $(SFT_RUN) --rl-dir $(RL_RUN) \
 	  --started-at "$$(cat $(VENV)/.train-started)" model_path=$(SFT_RUN)/final trainer.seed=$(SEED) $(ARGS)
 
 train-clock: install
 	@date +%s > $(VENV)/.train-started
+
+# make distill (docs/distillation.md): on-policy distillation against RL on reward alone, from make train's warm
+# start. The teacher: an SFT on the noting reader (it notes the two tiles, then moves Down unless Down is a hole or
+# a wall) on make train's model, checked to read the map (held-out greedy success >= 0.9) before it teaches;
+# reused once it exists. The student: make train's warm start, trained on the teacher's per-token signal alone
+# (config/frozenlake_distill.yaml). RL: make train's run of the same SEED, reused when make train finished it
+# (its learning_summary.json), run otherwise. Then the table (teacher, student start and end, RL, the baselines
+# of bench/baselines.py on the same seeds; the sampled episodes each run needed to reach 0.9) and
+# distill_summary.json in the distillation run's folder.
+TEACHER_RUN := outputs/agent_trainer/sft_frozenlake_reader_seed$(SEED)
+DISTILL_RUN := outputs/agent_trainer/frozenlake_distill_seed$(SEED)
+
+$(TEACHER_RUN)/final/config.json: $(TRAIN_MODEL)/build_info.json config/sft_frozenlake_reader.yaml \
+  config/sft_frozenlake_nodeadends.yaml config/sft_frozenlake.yaml
+	$(PY) -m agent_trainer.sft --config-name sft_frozenlake_reader model_path=$(TRAIN_MODEL) \
+	  data.seed=$(DEMO_SEED) trainer.seed=$(SEED) trainer.default_local_dir=$(TEACHER_RUN)
+
+distill: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/config.json $(TEACHER_RUN)/final/config.json
+	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --check-teacher $(TEACHER_RUN) trainer.seed=$(SEED)
+	$(PY) -m agent_trainer.main --config-name frozenlake_distill model_path=$(SFT_RUN)/final trainer.seed=$(SEED) \
+	  algorithm.distill.teacher_path=$(TEACHER_RUN)/final trainer.default_local_dir=$(DISTILL_RUN) \
+	  trainer.resume_mode=disable trainer.val_before_train=true $(ARGS)
+	test -f $(RL_RUN)/learning_summary.json || $(RL_CMD)
+	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --distill-dir $(DISTILL_RUN) --teacher-dir $(TEACHER_RUN) \
+	  --rl-dir $(RL_RUN) --started-at "$$(cat $(VENV)/.train-started)" model_path=$(SFT_RUN)/final trainer.seed=$(SEED)
 
 # Two pytest-xdist workers (TEST_WORKERS=1 runs in one process): a module runs whole on one worker, the
 # shared-cluster e2e runs all on one (tests/conftest.py); on 2 cores the suite takes 0.55-0.66 of one process's time.

@@ -196,6 +196,12 @@ def _reads(name: str) -> bool:
     return READS_OBSERVATION[name.rsplit(" [", 1)[0]]
 
 
+def baseline_rows(scores: dict[str, Score]) -> list[dict]:
+    """The baselines as data: name, success, whether the policy looks at the observation."""
+    return [{"name": name, "success": round(score.success, 4), "reads_observation": _reads(name)}
+            for name, score in scores.items()]
+
+
 def learning_summary(cfg, records: list[dict], scores: dict[str, Score], wall_s: float | None) -> dict:
     """make train's result as data (``learning_summary.json``): the RL run's first and last held-out greedy
     success, its sampled training success over the first and last 5 steps, and the baselines on the same seeds."""
@@ -209,8 +215,7 @@ def learning_summary(cfg, records: list[dict], scores: dict[str, Score], wall_s:
         "sampled_first5": round(sampled[0], 4) if sampled else None,
         "sampled_last5": round(sampled[1], 4) if sampled else None,
         "wall_s": None if wall_s is None else round(wall_s, 1),
-        "baselines": [{"name": name, "success": round(score.success, 4), "reads_observation": _reads(name)}
-                      for name, score in scores.items()],
+        "baselines": baseline_rows(scores),
     }
 
 
@@ -258,6 +263,114 @@ def report(cfg, env_tags: dict, sft_dir: Path | None, records: list[dict], repea
     return "\n".join(lines + ([trend] if trend else []) + ([summary_line] if summary_line else []))
 
 
+DISTILL_TARGET = 0.9
+"""make distill's bar: held-out greedy success each method must reach (the teacher is checked against it too)."""
+
+
+def episodes_per_step(cfg) -> int:
+    """Episodes one RL step samples (``es_manager.train``: groups x group size)."""
+    return cfg.es_manager.train.env_groups * cfg.es_manager.train.group_size
+
+
+def reached(records: list[dict], target: float, per_step: int) -> dict:
+    """When a run's held-out greedy success first reached ``target``: the validation step, the sampled episodes
+    up to it (step x ``per_step``) and the validation before it (the step lies after that one: validations are
+    ``trainer.test_freq`` apart); None where it never did. Also the run's start, end and steps run."""
+    points = val_points(records)
+    steps = [int(r["step"]) for r in records if "rollout/success_rate" in r]
+    first = next((i for i, (_, v) in enumerate(points) if v >= target), None)
+    last_step = max(steps, default=points[-1][0] if points else 0)
+    return {
+        "start": points[0][1] if points else None,
+        "end": points[-1][1] if points else None,
+        "best": max((v for _, v in points), default=None),
+        "steps": last_step,
+        "sampled_episodes": last_step * per_step,
+        "reached_at_step": None if first is None else points[first][0],
+        "episodes_to_reach": None if first is None else points[first][0] * per_step,
+        "previous_validation_step": None if not first else points[first - 1][0],
+    }
+
+
+def check_teacher(sft_dir: Path, target: float = DISTILL_TARGET) -> str | None:
+    """None when the SFT run's last evaluation reaches ``target``; else the one line saying why it cannot teach."""
+    points = val_points(read_metrics(sft_dir))
+    if not points:
+        return f"{sft_dir}: no evaluation in metrics.jsonl (val/success_rate); the teacher was not checked"
+    step, value = points[-1]
+    print(f"Teacher {sft_dir}: held-out greedy success {value:.3f} at step {step}", flush=True)
+    if value < target:
+        return (f"{sft_dir}: held-out greedy success {value:.3f} at step {step}, below {target}: a teacher that does "
+                "not read the map cannot show distillation (docs/distillation.md, \"Pilots\": on make train's "
+                "model the noting reader's SFT did not read)")
+    return None
+
+
+def distill_summary(cfg, distill_records: list[dict], rl_records: list[dict], teacher_records: list[dict],
+                    scores: dict[str, Score], wall_s: float | None, target: float = DISTILL_TARGET) -> dict:
+    """make distill's result as data (``distill_summary.json``): the teacher's held-out greedy success (its SFT
+    run's last evaluation, on the same seeds), the student's start, the distillation run and the RL run on reward
+    alone from the same start (each: start, end, and the sampled episodes it needed to reach ``target``), the ratio
+    of the two (RL's whole budget where it never got there) and the baselines on the same seeds."""
+    per_step = episodes_per_step(cfg)
+    teacher = val_points(teacher_records)
+    distill, rl = reached(distill_records, target, per_step), reached(rl_records, target, per_step)
+    rl_needed = rl["episodes_to_reach"] if rl["episodes_to_reach"] is not None else rl["sampled_episodes"]
+    ratio = (distill["episodes_to_reach"] / rl_needed
+             if distill["episodes_to_reach"] is not None and rl_needed else None)
+    return {
+        "task": ", ".join(cfg.es_manager.val.tags),
+        "held_out_episodes": cfg.es_manager.val.env_groups * cfg.es_manager.val.group_size,
+        "target": target,
+        "episodes_per_step": per_step,
+        "teacher": teacher[-1][1] if teacher else None,
+        "student_start": distill["start"],
+        "distill": distill,
+        "rl": rl,
+        "episode_ratio": None if ratio is None else round(ratio, 4),
+        "rl_reached": rl["episodes_to_reach"] is not None,
+        "meets": bool(ratio is not None and ratio <= 0.5 and (distill["end"] or 0) >= target),
+        "wall_s": None if wall_s is None else round(wall_s, 1),
+        "baselines": baseline_rows(scores),
+    }
+
+
+def distill_report(summary: dict, scores: dict[str, Score]) -> str:
+    """make distill's table: teacher, student start, student after distillation, RL on reward alone, baselines
+    (held-out greedy success on the same seeds), with the sampled episodes each run needed to reach the target."""
+    target = summary["target"]
+
+    def needed(run: dict) -> str:
+        if run["reached_at_step"] is None:
+            return f"not within {run['sampled_episodes']} ({run['steps']} steps)"
+        after = run["previous_validation_step"]
+        return (f"{run['episodes_to_reach']} (step {run['reached_at_step']}"
+                + (f"; not yet at step {after}" if after is not None else "") + ")")
+
+    d, rl = summary["distill"], summary["rl"]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    rows = [("teacher (its SFT run's last evaluation)", fmt(summary["teacher"]), ""),
+            ("student start (make train's warm start)", fmt(summary["student_start"]), ""),
+            (f"student after distillation (step {d['steps']})", fmt(d["end"]), needed(d)),
+            (f"RL on reward alone (step {rl['steps']})", fmt(rl["end"]), needed(rl))]
+    rows += [(name, f"{score.success:.3f}", "") for name, score in scores.items()]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"Held-out greedy success on {summary['held_out_episodes']} validation seeds ({summary['task']}); "
+             f"sampled episodes to reach {target} ({summary['episodes_per_step']} per step, measured at each "
+             "validation):",
+             f"{'policy'.ljust(width)}  success  sampled episodes to {target}",
+             f"{'-' * width}  -------  {'-' * 26}"]
+    lines += [f"{name.ljust(width)}  {succ:>7}  {need}".rstrip() for name, succ, need in rows]
+    ratio = summary["episode_ratio"]
+    if ratio is None:
+        lines.append(f"Distillation did not reach {target}: no ratio.")
+    else:
+        of = "what RL needed" if summary["rl_reached"] else "RL's whole budget (RL never reached it)"
+        lines.append(f"Distillation needed {ratio:.2f} of {of}: {'meets' if summary['meets'] else 'short of'} "
+                     f"the goal of at most 0.50 with the student ending at {target} or above.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Compose the RL config (validated like a run), print the table."""
     from agent_trainer.main import compose_and_prepare
@@ -270,12 +383,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=8, help="episodes per seed of the random policies")
     parser.add_argument("--started-at", type=float, default=None,
                         help="Unix time the whole job started (make train passes it): wall_s in the summary")
+    parser.add_argument("--distill-dir", type=Path, default=None,
+                        help="a distillation run folder (make distill): print its comparison with --rl-dir and "
+                             "--teacher-dir instead, and write distill_summary.json there")
+    parser.add_argument("--teacher-dir", type=Path, default=None,
+                        help="the teacher's SFT run folder (its last evaluation is the teacher's held-out success)")
+    parser.add_argument("--check-teacher", type=Path, default=None, metavar="SFT_DIR",
+                        help=f"only check that this SFT run's last evaluation (held-out greedy success) reaches "
+                             f"{DISTILL_TARGET}: exit 1 with the figure when it does not (make distill's teacher)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the RL config")
     args = parser.parse_args(argv)
+    if args.check_teacher is not None:
+        sys.exit(check_teacher(args.check_teacher))
     cfg, env_tags = compose_and_prepare(args.overrides, config_name=args.config_name)
     rl_dir = args.rl_dir or Path(cfg.trainer.default_local_dir)
     scores = baseline_scores(cfg, env_tags, args.repeats)
     records = read_metrics(rl_dir)
+    if args.distill_dir is not None:
+        wall = None if args.started_at is None else time.time() - args.started_at
+        summary = distill_summary(cfg, read_metrics(args.distill_dir), records,
+                                  read_metrics(args.teacher_dir) if args.teacher_dir else [], scores, wall)
+        print(distill_report(summary, scores), flush=True)
+        path = args.distill_dir / "distill_summary.json"
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"Wrote {path}", flush=True)
+        return
     print(report(cfg, env_tags, args.sft_dir, records, args.repeats, scores), flush=True)
     if records:
         wall = None if args.started_at is None else time.time() - args.started_at

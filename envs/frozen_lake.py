@@ -190,6 +190,17 @@ def noting_walker(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
     return careless_walker(env, rng), noted_tiles(env)
 
 
+def noting_reader(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
+    """A walker that notes what lies Down and Right of it and acts on the note's first word: Down when Down is ice
+    or the goal, else Right. On maps without Down/Right dead ends (``no_dead_ends``) it wins every map in the
+    fewest moves. Returns (action, think text) in :func:`noting_walker`'s reply format, so a model trained on it
+    writes the replies make train's warm start writes (``make distill``'s teacher, docs/distillation.md)."""
+    row, col = env.position
+    size = len(env.desc)
+    down_open = row + 1 < size and env.desc[row + 1][col] != "H"
+    return ("Down" if down_open else "Right"), noted_tiles(env)
+
+
 def hole_noting_walker(env: "FrozenLakeEnv", rng) -> tuple[str, str]:
     """A walker that notes what lies Down and Right of it and acts on the note with the wrong aim: half its moves
     onto a noted hole whenever there is one (:func:`step_into_holes`), the other half :func:`careless_walker`'s, so

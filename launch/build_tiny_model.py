@@ -600,13 +600,15 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                      corpus_seeds: int = 32, format_samples: int = 32, threads: int = 1,
                      reading_fraction: float = 0.0, reading_samples: int = 128, noted_weight: float = 1.0,
                      note_answers: bool = False, force: bool = False,
-                     add_envs_configs: tuple[str | Path, ...] = ()) -> Path:
+                     add_envs_configs: tuple[str | Path, ...] = (), tokenizer_from: str | Path | None = None) -> Path:
     """Build (or reuse) the tiny model at ``out_dir`` and return its path.
 
     The build goes to a temporary sibling directory that is renamed into
     place at the end, so an interrupted or concurrent build never leaves a
     half-written model at ``out_dir``. ``threads`` sets torch's thread count
-    for the build (restored afterwards).
+    for the build (restored afterwards). ``tokenizer_from``: a model folder whose tokenizer the build takes
+    instead of training its own on the corpus (the tokenizer depends on the corpus, which ``note_answers`` and
+    the seed change), so the model can score another build's token ids (a distillation teacher of that build).
     """
     from transformers import AutoTokenizer
 
@@ -625,7 +627,9 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
         tmp.mkdir(parents=True)
         try:
             texts = corpus.texts + (reading_corpus.corpus_texts(seed) if reading_fraction > 0 else [])
-            train_tokenizer(texts, vocab_size).save_pretrained(tmp)
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_from) if tokenizer_from else train_tokenizer(
+                texts, vocab_size)
+            tokenizer.save_pretrained(tmp)
             tokenizer = AutoTokenizer.from_pretrained(tmp)  # exactly what every consumer will load
 
             model = make_model(tokenizer, hidden_size=hidden_size, layers=layers, kv_heads=kv_heads,
@@ -649,6 +653,7 @@ def build_tiny_model(out_dir: str | Path = DEFAULT_OUT, *, vocab_size: int = 300
                 "final_warmup_loss": loss, "format_ok_rate": rate, "format_samples": format_samples,
                 "noted_weight": noted_weight, "note_answers": note_answers, "reading_fraction": reading_fraction,
                 "reading_accuracy": reading, "reading_samples": reading_samples,
+                "tokenizer_from": None if tokenizer_from is None else str(tokenizer_from),
                 "corpus": {"source": corpus.source, "tags_used": corpus.tags_used,
                            "noted_tags": sorted({ep.tag for ep in corpus.episodes if ep.noted}),
                            "tags_skipped": corpus.tags_skipped, "n_texts": len(corpus.texts),
@@ -725,6 +730,8 @@ def main(argv: list[str] | None = None) -> Path:
                    help="share of warm-up transcripts that are reading exercises (launch/reading_corpus.py)")
     p.add_argument("--reading-samples", type=int, default=128,
                    help="held-out reading exercises of the probe (build_info.json: reading_accuracy)")
+    p.add_argument("--tokenizer-from", default=None, metavar="MODEL_DIR",
+                   help="take this model's tokenizer instead of training one on the corpus (a teacher of that model)")
     p.add_argument("--force", action="store_true", help="rebuild even when --out holds a complete model")
     p.add_argument("--reward-model-out", default="",
                    help="also build a tiny reward model (the policy's backbone + a score head) at this path")
@@ -741,7 +748,7 @@ def main(argv: list[str] | None = None) -> Path:
         warmup_steps=a.warmup_steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed,
         envs_config=a.envs_config, corpus_seeds=a.corpus_seeds, format_samples=a.format_samples,
         threads=a.threads, reading_fraction=a.reading_fraction, reading_samples=a.reading_samples,
-        noted_weight=a.noted_weight, note_answers=a.note_answers, force=a.force,
+        noted_weight=a.noted_weight, note_answers=a.note_answers, force=a.force, tokenizer_from=a.tokenizer_from,
         add_envs_configs=tuple(a.add_envs_config),
     )
     if a.reward_model_out:

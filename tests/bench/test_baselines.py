@@ -88,3 +88,59 @@ def test_learning_summary_is_the_runs_and_the_baselines_as_data(tmp_path):
     assert [r for r, _ in reads.values()] == [False, False, False, True, True]
     assert reads["safe Down/Right (reads the neighbours)"][1] == reads["expert"][1] == 1.0  # no dead ends
     assert bl.verdict(summary).startswith("RL gain over its start: +0.500 (meets the goal of +0.200)")
+
+
+def write_run(folder: Path, points: list[tuple[int, float]], steps: int = 0) -> Path:
+    """A run folder whose metrics.jsonl holds validations ``points`` and ``steps`` training steps."""
+    folder.mkdir()
+    records = [{"step": s, "rollout/success_rate": 0.5} for s in range(1, steps + 1)]
+    records += [{"step": s, "val/success_rate": v} for s, v in points]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["step"])))
+    return folder
+
+
+def test_reached_counts_the_sampled_episodes_up_to_the_first_validation_at_the_target():
+    records = [{"step": 0, "val/success_rate": 0.1}, *({"step": s, "rollout/success_rate": 0.2} for s in range(1, 21)),
+               {"step": 10, "val/success_rate": 0.85}, {"step": 15, "val/success_rate": 0.9},
+               {"step": 20, "val/success_rate": 0.8}]
+    got = bl.reached(records, 0.9, per_step=64)
+    assert got == {"start": 0.1, "end": 0.8, "best": 0.9, "steps": 20, "sampled_episodes": 1280,
+                   "reached_at_step": 15, "episodes_to_reach": 960, "previous_validation_step": 10}
+    never = bl.reached(records[:-2], 0.9, per_step=64)
+    assert never["reached_at_step"] is None and never["episodes_to_reach"] is None and never["end"] == 0.85
+
+
+def test_distill_summary_and_table_compare_the_episodes_each_run_needed(tmp_path, capsys):
+    teacher = write_run(tmp_path / "teacher", [(58, 0.97), (116, 1.0)])
+    distill = write_run(tmp_path / "distill", [(0, 0.1), (5, 0.6), (10, 0.95), (15, 1.0)], steps=15)
+    rl = write_run(tmp_path / "rl", [(0, 0.1), (15, 0.4), (30, 0.5)], steps=30)
+    overrides = ["es_manager.val.env_groups=16", "es_manager.val.env_configs.n_groups=[16]",
+                 "es_manager.val.env_configs.tags=[FrozenLakeNoDeadEnds]", "es_manager.train.env_groups=8",
+                 "es_manager.train.group_size=8"]
+    bl.main(["--distill-dir", str(distill), "--teacher-dir", str(teacher), "--rl-dir", str(rl), "--repeats", "1",
+             "--started-at", "0", *overrides])
+    out = capsys.readouterr().out.splitlines()
+    summary = json.loads((distill / "distill_summary.json").read_text())
+    assert (summary["teacher"], summary["student_start"], summary["episodes_per_step"]) == (1.0, 0.1, 64)
+    assert summary["distill"]["episodes_to_reach"] == 640 and summary["distill"]["end"] == 1.0
+    assert summary["rl"]["episodes_to_reach"] is None and summary["rl"]["sampled_episodes"] == 1920
+    assert summary["episode_ratio"] == pytest.approx(640 / 1920, abs=1e-4) and summary["meets"]
+    assert not summary["rl_reached"] and summary["wall_s"] > 0
+    assert len(summary["baselines"]) == 5 and not (rl / "learning_summary.json").exists()
+    assert any(line.startswith("teacher") and "1.000" in line for line in out)
+    assert any(line.startswith("student after distillation (step 15)") and "640 (step 10; not yet at step 5)" in line
+               for line in out)
+    assert any(line.startswith("RL on reward alone (step 30)") and "not within 1920 (30 steps)" in line for line in out)
+    assert out[-2] == ("Distillation needed 0.33 of RL's whole budget (RL never reached it): meets the goal of at most "
+                       "0.50 with the student ending at 0.9 or above.")
+
+
+def test_check_teacher_refuses_a_teacher_below_the_target(tmp_path):
+    good = write_run(tmp_path / "good", [(29, 0.5), (58, 0.92)])
+    bad = write_run(tmp_path / "bad", [(29, 0.95), (58, 0.7)])
+    assert bl.check_teacher(good) is None
+    assert "0.700 at step 58, below 0.9" in bl.check_teacher(bad)
+    assert "no evaluation" in bl.check_teacher(write_run(tmp_path / "none", []))
+    with pytest.raises(SystemExit) as stop:
+        bl.main(["--check-teacher", str(bad)])
+    assert "below 0.9" in str(stop.value.code)

@@ -83,6 +83,28 @@ def test_maps_without_dead_ends_are_won_by_safe_down_right_moves():
         FrozenLakeConfig(no_dead_ends="yes")
 
 
+
+def test_noting_reader_notes_the_tiles_and_wins_every_map_without_dead_ends():
+    """make distill's teacher's demonstrator: the note of noting_walker, then the move its first word decides."""
+    import random
+
+    from envs.frozen_lake import noted_tiles, noting_reader
+
+    env = envs.make_env("frozen_lake", size=4, p=0.8, no_dead_ends=True, describe_surroundings=True)
+    rng, moves = random.Random(0), set()
+    for seed in range(100):
+        env.reset(seed=seed)
+        for turn in range(6):
+            action, think = noting_reader(env, rng)
+            assert think == noted_tiles(env) == env.note()
+            assert action == ("Down" if think.startswith(("Down: ice", "Down: goal")) else "Right"), think
+            moves.add((think.split(",")[0], action))
+            _, _, done, info = env.step(action)
+            if done:
+                break
+        assert done and info["success"] and turn == 5, (seed, env.desc)
+    assert moves == {("Down: ice", "Down"), ("Down: goal", "Down"), ("Down: hole", "Right"), ("Down: wall", "Right")}
+
 @pytest.mark.parametrize("size", [3, 4, 6, 8])
 def test_expert_solves_every_map(size):
     env = envs.make_env("frozen_lake", size=size)

@@ -27,3 +27,21 @@ def test_tiny_preset_is_the_builders_default_shape():
     preset = btm.SIZE_PRESETS["tiny"]
     defaults = inspect.signature(btm.build_tiny_model).parameters
     assert {key: defaults[key].default for key in preset} == preset
+
+
+def test_tokenizer_from_takes_another_builds_tokenizer_whose_corpus_differs(tmp_path):
+    """A note-answers build of another seed trains another tokenizer; with --tokenizer-from it reads the first
+    build's token ids exactly (what a distillation teacher of that build needs)."""
+    from transformers import AutoTokenizer
+
+    small = ["--warmup-steps", "0", "--corpus-seeds", "2", "--format-samples", "1"]
+    first = btm.main(["--out", str(tmp_path / "first"), "--seed", "0", *small])
+    own = btm.main(["--out", str(tmp_path / "own"), "--seed", "1", "--note-answers", *small])
+    taken = btm.main(["--out", str(tmp_path / "taken"), "--seed", "1", "--note-answers", "--tokenizer-from", str(first),
+                      *small])
+    vocab = {name: AutoTokenizer.from_pretrained(path).get_vocab() for name, path in
+             (("first", first), ("own", own), ("taken", taken))}
+    assert vocab["own"] != vocab["first"] and vocab["taken"] == vocab["first"]
+    info = json.loads((taken / "build_info.json").read_text())
+    assert info["tokenizer_from"] == str(first) and info["vocab_size"] == len(vocab["first"])
+    assert json.loads((own / "build_info.json").read_text())["tokenizer_from"] is None

@@ -18,18 +18,24 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
-def planned(seed: int) -> dict[str, list[str]]:
-    """The arguments of each python command ``make train SEED=seed`` runs, by module (or script)."""
-    out = subprocess.run(["make", "-n", "-B", "train", f"SEED={seed}"], cwd=REPO, capture_output=True, text=True,
+def python_commands(target: str, seed: int) -> list[tuple[str, list[str]]]:
+    """(module or script, arguments) of each python command ``make <target> SEED=seed`` runs, in order (the command
+    after ``||`` of a ``test ... || command`` line included)."""
+    out = subprocess.run(["make", "-n", "-B", target, f"SEED={seed}"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
-    commands: dict[str, list[str]] = {}
+    commands = []
     for line in out.replace("\\\n", " ").splitlines():
-        words = shlex.split(line.replace('"$(cat .venv/.train-started)"', "0"))
+        words = shlex.split(line.replace('"$(cat .venv/.train-started)"', "0").split(" || ")[-1])
         if not words or not words[0].endswith("python"):
             continue
         name = words[2] if words[1] == "-m" else words[1]
-        commands[name] = words[3:] if words[1] == "-m" else words[2:]
+        commands.append((name, words[3:] if words[1] == "-m" else words[2:]))
     return commands
+
+
+def planned(seed: int) -> dict[str, list[str]]:
+    """The arguments of each python command ``make train SEED=seed`` runs, by module (or script)."""
+    return dict(python_commands("train", seed))
 
 
 def _value(args: list[str], key: str) -> str:
@@ -72,3 +78,38 @@ def test_seeds_never_share_a_folder():
     for key, module in (("trainer.default_local_dir", "agent_trainer.sft"),
                         ("trainer.default_local_dir", "agent_trainer.main"), ("model_path", "agent_trainer.sft")):
         assert _value(zero[module], key) != _value(three[module], key)
+
+
+def test_make_distill_wires_the_teacher_the_student_the_rl_run_and_the_table(tiny_model_path):
+    """make distill SEED=s: the teacher is an SFT of the noting reader on make train's model, checked before it
+    teaches; the student is make train's warm start; RL is make train's own run; the table reads all three."""
+    cmd = python_commands("distill", 5)
+    sfts = {_value(args, "trainer.default_local_dir"): args for name, args in cmd if name == "agent_trainer.sft"}
+    [(student_dir, student), (teacher_dir, teacher)] = sorted(sfts.items(), key=lambda kv: "reader" in kv[0])
+    assert student[student.index("--config-name") + 1] == "sft_frozenlake_nodeadends"
+    assert teacher[teacher.index("--config-name") + 1] == "sft_frozenlake_reader"
+    for args in (student, teacher):
+        assert _value(args, "model_path") == "models/tiny-qwen2-train-seed5" and _value(args, "trainer.seed") == "5"
+    assert student_dir == _value(planned(5)["agent_trainer.sft"], "trainer.default_local_dir")  # make train's start
+    runs = [args for name, args in cmd if name == "agent_trainer.main"]
+    [distill] = [a for a in runs if a[a.index("--config-name") + 1] == "frozenlake_distill"]
+    [rl] = [a for a in runs if a is not distill]
+    assert rl == planned(5)["agent_trainer.main"]  # make train's RL run, the same command
+    assert _value(distill, "model_path") == _value(rl, "model_path") == f"{student_dir}/final"
+    assert _value(distill, "algorithm.distill.teacher_path") == f"{teacher_dir}/final"
+    reports = [args for name, args in cmd if name == "bench/baselines.py"]
+    assert reports[0][reports[0].index("--check-teacher") + 1] == teacher_dir  # checked before the distillation run
+    assert [name for name, _ in cmd].index("bench/baselines.py") < [a for _, a in cmd].index(distill)
+    table = reports[-1]
+    assert table[table.index("--distill-dir") + 1] == _value(distill, "trainer.default_local_dir")
+    assert table[table.index("--teacher-dir") + 1] == teacher_dir
+    assert table[table.index("--rl-dir") + 1] == _value(rl, "trainer.default_local_dir")
+    # The distillation run composes with those arguments, on the pipeline's seed (the held-out maps of the table).
+    args = [a for a in distill if not a.startswith(("--config-name", "frozenlake", "model_path=", "algorithm.distill"))]
+    cfg, _ = compose_and_prepare([*args, f"model_path={tiny_model_path}",
+                                  f"algorithm.distill.teacher_path={tiny_model_path}"], config_name="frozenlake_distill")
+    assert cfg.algorithm.distill.enable and cfg.algorithm.distill.mode == "advantage"
+    assert cfg.trainer.seed == cfg.es_manager.seed == 5
+    rl_cfg, _ = compose_and_prepare([a for a in rl if not a.startswith(("--config-name", "frozenlake", "model_path="))]
+                                    + [f"model_path={tiny_model_path}"], config_name="frozenlake_nodeadends")
+    assert cfg.es_manager.val == rl_cfg.es_manager.val and cfg.es_manager.train == rl_cfg.es_manager.train
