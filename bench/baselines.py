@@ -260,7 +260,7 @@ def report(cfg, env_tags: dict, sft_dir: Path | None, records: list[dict], repea
 
 def main(argv: list[str] | None = None) -> None:
     """Compose the RL config (validated like a run), print the table."""
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-name", default="frozenlake", help="the RL config (config/<name>.yaml)")
