@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+
 import hydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf

@@ -353,7 +353,7 @@ class SFTTrainer:
         the adapter merged in, which ``final`` links instead."""
         import ray
 
-        from agent_trainer.export import export_merged
+        from agent_trainer.model_export import export_merged
 
         tmp = checkpoint.begin_save(self.run_dir, self.global_step)
         ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "agent_trainer.viewer", "agent_trainer.run_logs")),
     ("trainer", ("agent_trainer.trainer", "agent_trainer.reward_model", "agent_trainer.colocation",
                  "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry",
-                 "agent_trainer.trainer_checkpoint")),
+                 "agent_trainer.trainer_checkpoint", "agent_trainer.model_export")),
     ("prepare", ("agent_trainer.checks.prepare", "agent_trainer.checks.memory")),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
              "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
