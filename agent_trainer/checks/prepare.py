@@ -14,8 +14,11 @@ start-up check in the order it runs, all before ``ray.init``.
    * ``trainer.gpu_memory_gib``: the per-GPU memory plan (``checks.memory``);
    * the prompt datasets load and fit ``data.max_prompt_length`` (``checks.datasets``);
    * each split's environments build, reset and step (``checks.preflight``).
-3. ``main`` only: :func:`check_local_placement` (the workers fit the local cluster's CPUs), then the trainer
-   decides where the run starts (``trainer.resume_mode``); ``eval`` only: ``checks.rl.check_eval``.
+3. Per entry point: ``main`` runs :func:`check_local_placement` (the workers fit the local cluster's CPUs), then
+   the trainer decides where the run starts (``trainer.resume_mode``); ``eval`` runs ``checks.rl.check_eval``;
+   ``sft`` checks its own config first (``checks.load.load_sft_config``), prepares the RL config it names
+   (``rl_config``) here, then ``checks.sft.check_against_rl``; ``plan`` prints the plan even when
+   ``trainer.gpu_memory_gib`` would refuse it.
 
 Each check raises ``ValueError`` with one line naming the key, the value and the fix; an entry point turns any of
 :data:`CONFIG_ERRORS` into that line on stderr (:func:`refusal`) and exits non-zero.
