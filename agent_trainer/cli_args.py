@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from agent_trainer.checks.prepare import compose
 
 CONFIG_NAME_FLAGS = ("--config-name", "-cn")
 HELP_FLAGS = ("--help", "-h")
@@ -92,8 +93,7 @@ def usage(prog: str, summary: str, args: Args, default_config: str, config_dir: 
              "  key=value                     override any key of it (as on the command line of agent_trainer.main)",
              "  --help, -h                    this text, then exit", ""]
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            composed = compose(args.config_name, overrides=list(args.overrides))
+        composed = compose(args.config_name, args.overrides, config_dir)
         text = OmegaConf.to_yaml(composed, resolve=False)
         lines += [f"== Config (config/{args.config_name}.yaml with the overrides) ==", text]
     except Exception as err:  # noqa: BLE001 (a help text shows why the config does not compose, never raises)

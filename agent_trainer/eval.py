@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent_trainer import checkpoint, cli_args
+from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, compose, compose_and_prepare, prepare, refusal
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.worker_registry import worker_api
@@ -126,7 +127,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from agent_trainer.main import init_ray
+    from agent_trainer.ray_cluster import init_ray
     build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
 
     out = Path(cfg.eval.output_dir)
@@ -181,13 +182,9 @@ def aliases() -> dict[str, str]:
     A checkpoint's config is resolved; an override of the key an alias follows (``model_path=...``) puts the
     alias's expression back first, so it follows as it did in training (:func:`checkpoint_config`).
     """
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from agent_trainer.main import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        base = OmegaConf.to_container(compose("base"), resolve=False)
+    base = OmegaConf.to_container(compose("base"), resolve=False)
     out: dict[str, str] = {}
 
     def walk(node: dict, prefix: str) -> None:
@@ -233,16 +230,12 @@ def compose_checkpoint(folder: Path, overrides: Sequence[str]) -> tuple[AgentTra
     import tempfile
 
     import yaml
-    from hydra import compose, initialize_config_dir
-
-    from agent_trainer.main import CONFIG_ERRORS, prepare, refusal
 
     raw = {"defaults": ["agent_trainer_schema", "_self_"], **checkpoint_config(folder, overrides)}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "checkpoint.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-            with initialize_config_dir(config_dir=tmp, version_base=None):
-                composed = compose("checkpoint", overrides=list(overrides))
+            composed = compose("checkpoint", overrides, config_dir=tmp)
         return prepare(composed, overrides)
     except CONFIG_ERRORS as err:
         raise SystemExit(refusal(err, overrides)) from None
@@ -284,7 +277,6 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     """Console entry point (``--config-name NAME`` and ``key=value`` overrides, ``--help``; ``agent_trainer.cli_args``);
     a config mistake exits with one line before Ray starts."""
     from agent_trainer.checks.rl import check_eval
-    from agent_trainer.main import CONFIG_DIR, compose_and_prepare, refusal
 
     checkpoint_path, argv = split_checkpoint_flag(list(sys.argv[1:] if argv is None else argv))
     args = cli_args.command_line(argv, "python -m agent_trainer.eval", USAGE, DEFAULT_CONFIG, CONFIG_DIR)

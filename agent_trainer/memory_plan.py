@@ -32,17 +32,16 @@ the trainer's state resident unless offloaded, weight sync with the engine's wei
 beside the trainer's state, one FSDP unit gathered whole and one bucket, training with the engine asleep).
 A GPU's peak is the largest of its phases. A plan *fits* when every GPU's peak stays under ``(1 - MARGIN)``
 of its memory; with ``trainer.gpu_memory_gib`` set,
-the entry points refuse before ``ray.init`` a run whose peak exceeds the GPU's memory (:func:`check_config`,
-called by ``agent_trainer.main.prepare``).
+the entry points refuse before ``ray.init`` a run whose peak exceeds the GPU's memory
+(``agent_trainer.checks.memory``, one of the start-up checks of ``agent_trainer.checks.prepare``).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from agent_trainer import core_algos
 from agent_trainer.config import AgentTrainerConfig
@@ -265,32 +264,50 @@ def _micro_tokens(use_dynamic: bool, budget: int, micro_rows: int, max_len: int)
     return budget if use_dynamic else micro_rows * max_len
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
 def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpus_per_node: int = 8,
                nodes: int = 1) -> Plan:
-    """The per-GPU plan of ``cfg`` on GPUs of ``gpu_memory_gib`` (else trainer.gpu_memory_gib, else 80)."""
+    """The per-GPU plan of ``cfg`` on GPUs of ``gpu_memory_gib`` (else trainer.gpu_memory_gib, else 80): the actor's
+    GPUs first (with a colocated critic, reference or engine on them), then each kind of GPU of its own."""
     from transformers import AutoConfig
 
-    arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    arr = cfg.actor_rollout_ref
     memory_gib = gpu_memory_gib or cfg.trainer.gpu_memory_gib or DEFAULT_GPU_MEMORY_GIB
     gpu_memory = int(memory_gib * GIB)
-    path = arr.model.path
-    mcfg = AutoConfig.from_pretrained(path)
-    hybrid = arr.hybrid_engine
-    world = arr.actor.fsdp.world_size
-    tp = r.tensor_model_parallel_size
+    model_config = AutoConfig.from_pretrained(arr.model.path)
     notes: list[str] = []
+    actor_gpu, actor_shard, actor_act = plan_actor(cfg, model_config, notes)
+    kinds = [actor_gpu]
+    critic_act = plan_critic(cfg, actor_gpu, kinds) if core_algos.critic_enabled(cfg) else 0
+    if cfg.ref_enabled:
+        plan_reference(cfg, actor_gpu, kinds)
+    actor_gpu.add("activations (micro-batch)", "layers" + (" (checkpointed)" if arr.model.enable_gradient_checkpointing
+                                                           else "") + " + logits", train=max(actor_act, critic_act))
+    contexts = 2 if arr.hybrid_engine else 1
+    actor_gpu.add("CUDA context", "trainer rank" + (" + engine process" if arr.hybrid_engine else ""),
+                  **{p: contexts * CUDA_CONTEXT_BYTES for p in actor_gpu.phases})
+    plan_engines(cfg, model_config, actor_gpu, actor_shard, gpu_memory, kinds, notes)
+    if cfg.reward_model.enable:
+        notes.append("reward_model GPUs are not planned")
+    if cfg.algorithm.distill.enable:
+        notes.append("the distillation teacher's GPUs (algorithm.distill.fsdp.world_size) are not planned")
+    return Plan(arr.model.path, "hybrid_engine (engines on the actor's GPUs)" if arr.hybrid_engine
+                else "separate engines", gpu_memory, gpus_per_node, nodes, kinds, notes, actor_shard.method)
 
+
+def plan_actor(cfg: AgentTrainerConfig, model_config: Any, notes: list[str]) -> tuple[GpuKind, ShardCount, int]:
+    """The actor's GPUs (phases rollout, sync and train under hybrid_engine, else train) with the actor's sharded
+    state and unsharded buffers; also its shard count and one micro-batch's activation bytes (added later, beside
+    a colocated critic's)."""
+    arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    hybrid, world = arr.hybrid_engine, arr.actor.fsdp.world_size
     train_phases = ["rollout", "sync", "train"] if hybrid else ["train"]
     actor_gpu = GpuKind("actor rank" + (" + engine (hybrid_engine)" if hybrid else ""), world, train_phases)
-    kinds = [actor_gpu]
-
-    # actor
     prec = precision(arr.model, arr.actor.fsdp)
-    actor_shard = shard_count(path, "causal", world)
+    actor_shard = shard_count(arr.model.path, "causal", world)
     offload_params = arr.actor.fsdp.param_offload
     offload_optim = arr.actor.fsdp.optimizer_offload
     ckpt = arr.model.enable_gradient_checkpointing
@@ -308,68 +325,77 @@ def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpu
                   train=gathered)
     tokens = _micro_tokens(arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu,
                            arr.actor.ppo_micro_batch_size_per_gpu, r.max_model_len)
-    act = activation_bytes(mcfg, tokens, prec.compute, ckpt, "causal")
-    actor_act = act["layers"] + act["logits"]
+    act = activation_bytes(model_config, tokens, prec.compute, ckpt, "causal")
     notes.append(f"actor micro-batch: {tokens:,} tokens, gradient checkpointing {'on' if ckpt else 'off'}, "
                  f"compute {prec.compute} B")
+    return actor_gpu, actor_shard, act["layers"] + act["logits"]
 
-    # critic (colocated on the actor's ranks, or a group of its own)
-    critic_act = 0
-    if core_algos.critic_enabled(cfg):
-        c_fsdp = arr.actor.fsdp if cfg.critic.colocate else cfg.critic.fsdp  # a colocated critic runs with the actor's
-        c_offload, c_optim_off = c_fsdp.param_offload, c_fsdp.optimizer_offload
-        cprec = precision(cfg.critic.model, c_fsdp)
-        cworld = world if cfg.critic.colocate else cfg.critic.fsdp.world_size
-        cshard = shard_count(cfg.critic.model.path, "value", cworld)
-        cparams = cshard.per_rank * cprec.master
-        ctokens = _micro_tokens(cfg.critic.use_dynamic_bsz, cfg.critic.ppo_max_token_len_per_gpu,
-                                cfg.critic.ppo_micro_batch_size_per_gpu, r.max_model_len)
-        critic_act = activation_bytes(AutoConfig.from_pretrained(cfg.critic.model.path), ctokens, cprec.compute,
-                                      cfg.critic.model.enable_gradient_checkpointing, "value")["layers"]
-        target = actor_gpu if cfg.critic.colocate else GpuKind("critic rank", cworld, ["train"])
-        if target is not actor_gpu:
-            kinds.append(target)
-        phases = {p: cparams for p in target.phases}
-        if hybrid and target is actor_gpu and c_offload:
-            phases["rollout"] = 0
-        target.add("critic parameters + gradients", f"value model {cshard.total:,} params, sharded x {cprec.master} B",
-                   **{**phases, "train": 2 * cparams})
-        target.add("critic optimizer (AdamW m, v)", "",
-                   **{p: (0 if (hybrid and target is actor_gpu and c_optim_off and p == "rollout") else 2 * cparams)
-                      for p in target.phases})
-        if target is not actor_gpu:
-            target.add("FSDP unsharded buffers", "", train=cshard.root * cprec.compute
-                       + cshard.largest_layer * (3 * cprec.compute + 4))
-            target.add("activations (critic micro-batch)", "", train=critic_act)
-            target.add("CUDA context", "1 process", train=CUDA_CONTEXT_BYTES)
-            critic_act = 0
 
-    # reference (frozen: parameters only)
-    if cfg.ref_enabled:
-        ref_dtype = arr.ref.dtype or arr.model.dtype
-        ref_bytes = DTYPE_BYTES[ref_dtype]
-        rworld = world if arr.ref.colocate else arr.ref.fsdp.world_size
-        rshard = shard_count(path, "causal", rworld)
-        ref_off = arr.ref.fsdp.param_offload
-        target = actor_gpu if arr.ref.colocate else GpuKind("reference rank", rworld, ["train"])
-        if target is not actor_gpu:
-            kinds.append(target)
-            target.add("CUDA context", "1 process", train=CUDA_CONTEXT_BYTES)
-        on_gpu = 0 if ref_off else rshard.per_rank * ref_bytes
-        target.add("reference parameters", f"{ref_dtype}" + (", param_offload: on CPU, gathered per layer" if ref_off
-                                                            else ""),
-                   **{p: on_gpu for p in target.phases})
-        if ref_off:
-            target.add("reference gathered layers", "offloaded units streamed in", train=2 * rshard.largest_layer
-                       * ref_bytes + rshard.root * ref_bytes)
+def plan_critic(cfg: AgentTrainerConfig, actor_gpu: GpuKind, kinds: list[GpuKind]) -> int:
+    """The critic's state on the actor's GPUs (``critic.colocate``) or on a kind of its own (appended to ``kinds``,
+    with its own buffers, activations and CUDA context). Returns a colocated critic's activation bytes (the actor's
+    GPUs hold the larger of the two micro-batches), 0 for a critic of its own."""
+    from transformers import AutoConfig
 
-    actor_gpu.add("activations (micro-batch)", "layers" + (" (checkpointed)" if ckpt else "") + " + logits",
-                  train=max(actor_act, critic_act))
-    contexts = 2 if hybrid else 1
-    actor_gpu.add("CUDA context", "trainer rank" + (" + engine process" if hybrid else ""),
-                  **{p: contexts * CUDA_CONTEXT_BYTES for p in actor_gpu.phases})
+    arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    hybrid, world = arr.hybrid_engine, arr.actor.fsdp.world_size
+    c_fsdp = arr.actor.fsdp if cfg.critic.colocate else cfg.critic.fsdp  # a colocated critic runs with the actor's
+    c_offload, c_optim_off = c_fsdp.param_offload, c_fsdp.optimizer_offload
+    cprec = precision(cfg.critic.model, c_fsdp)
+    cworld = world if cfg.critic.colocate else cfg.critic.fsdp.world_size
+    cshard = shard_count(cfg.critic.model.path, "value", cworld)
+    cparams = cshard.per_rank * cprec.master
+    ctokens = _micro_tokens(cfg.critic.use_dynamic_bsz, cfg.critic.ppo_max_token_len_per_gpu,
+                            cfg.critic.ppo_micro_batch_size_per_gpu, r.max_model_len)
+    critic_act = activation_bytes(AutoConfig.from_pretrained(cfg.critic.model.path), ctokens, cprec.compute,
+                                  cfg.critic.model.enable_gradient_checkpointing, "value")["layers"]
+    target = actor_gpu if cfg.critic.colocate else GpuKind("critic rank", cworld, ["train"])
+    if target is not actor_gpu:
+        kinds.append(target)
+    phases = {p: cparams for p in target.phases}
+    if hybrid and target is actor_gpu and c_offload:
+        phases["rollout"] = 0
+    target.add("critic parameters + gradients", f"value model {cshard.total:,} params, sharded x {cprec.master} B",
+               **{**phases, "train": 2 * cparams})
+    target.add("critic optimizer (AdamW m, v)", "",
+               **{p: (0 if (hybrid and target is actor_gpu and c_optim_off and p == "rollout") else 2 * cparams)
+                  for p in target.phases})
+    if target is actor_gpu:
+        return critic_act
+    target.add("FSDP unsharded buffers", "", train=cshard.root * cprec.compute
+               + cshard.largest_layer * (3 * cprec.compute + 4))
+    target.add("activations (critic micro-batch)", "", train=critic_act)
+    target.add("CUDA context", "1 process", train=CUDA_CONTEXT_BYTES)
+    return 0
 
-    # engines
+
+def plan_reference(cfg: AgentTrainerConfig, actor_gpu: GpuKind, kinds: list[GpuKind]) -> None:
+    """The frozen reference's parameters (only) on the actor's GPUs (``ref.colocate``) or on a kind of its own."""
+    arr = cfg.actor_rollout_ref
+    ref_dtype = arr.ref.dtype or arr.model.dtype
+    ref_bytes = DTYPE_BYTES[ref_dtype]
+    rworld = arr.actor.fsdp.world_size if arr.ref.colocate else arr.ref.fsdp.world_size
+    rshard = shard_count(arr.model.path, "causal", rworld)
+    ref_off = arr.ref.fsdp.param_offload
+    target = actor_gpu if arr.ref.colocate else GpuKind("reference rank", rworld, ["train"])
+    if target is not actor_gpu:
+        kinds.append(target)
+        target.add("CUDA context", "1 process", train=CUDA_CONTEXT_BYTES)
+    on_gpu = 0 if ref_off else rshard.per_rank * ref_bytes
+    target.add("reference parameters", f"{ref_dtype}" + (", param_offload: on CPU, gathered per layer" if ref_off
+                                                        else ""),
+               **{p: on_gpu for p in target.phases})
+    if ref_off:
+        target.add("reference gathered layers", "offloaded units streamed in", train=2 * rshard.largest_layer
+                   * ref_bytes + rshard.root * ref_bytes)
+
+
+def plan_engines(cfg: AgentTrainerConfig, model_config: Any, actor_gpu: GpuKind, actor_shard: ShardCount,
+                 gpu_memory: int, kinds: list[GpuKind], notes: list[str]) -> None:
+    """The rollout engines: on the actor's GPUs under hybrid_engine (awake in the rollout, woken weights in the sync,
+    asleep in the update), else a kind of their own; notes on the KV cache the batch needs."""
+    arr, r = cfg.actor_rollout_ref, cfg.actor_rollout_ref.rollout
+    hybrid, world, tp = arr.hybrid_engine, arr.actor.fsdp.world_size, r.tensor_model_parallel_size
     rollout_dtype = r.dtype or arr.model.dtype
     rbytes = DTYPE_BYTES[rollout_dtype]
     weights = actor_shard.total * rbytes // tp
@@ -379,10 +405,10 @@ def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpu
     if cfg.trainer.test_freq > 0 or cfg.trainer.val_before_train:
         rows = max(rows, cfg.es_manager.val.env_groups * cfg.es_manager.val.group_size)
     engines = r.num_workers
-    kv_needed = math.ceil(rows / engines) * r.max_model_len * kv_bytes_per_token(mcfg, rbytes) // tp
+    kv_needed = math.ceil(rows / engines) * r.max_model_len * kv_bytes_per_token(model_config, rbytes) // tp
     if hybrid:
         bucket = int(r.update_weights_bucket_megabytes * MIB)
-        unit = max(actor_shard.root, actor_shard.largest_layer) * prec.master
+        unit = max(actor_shard.root, actor_shard.largest_layer) * precision(arr.model, arr.actor.fsdp).master
         if r.enable_sleep_mode is False:  # None = on under hybrid_engine on GPUs
             actor_gpu.add("engine (awake: weights + KV cache)", f"rollout.gpu_memory_utilization "
                           f"{r.gpu_memory_utilization} of the GPU, never asleep (enable_sleep_mode=false)",
@@ -401,7 +427,7 @@ def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpu
                        rollout=share - weights)
         engine_gpu.add("CUDA context", "engine process", rollout=CUDA_CONTEXT_BYTES)
         kinds.append(engine_gpu)
-    notes.append(f"engine KV cache: {_gib(max(0, kv_available))} GiB available per GPU, {_gib(kv_needed)} GiB needed "
+    notes.append(f"engine KV cache: {gib(max(0, kv_available))} GiB available per GPU, {gib(kv_needed)} GiB needed "
                  f"for {math.ceil(rows / engines)} sequences x {r.max_model_len} tokens per engine")
     if kv_available < 0:
         notes.append("the engine's weights do not fit its share: raise "
@@ -411,12 +437,6 @@ def build_plan(cfg: AgentTrainerConfig, gpu_memory_gib: float | None = None, gpu
                      "memory); raise gpu_memory_utilization or num_workers to generate all at once")
     if hybrid and engines < world:
         notes.append(f"{engines} of the {world} actor GPUs host an engine; the others peak lower")
-    if cfg.reward_model.enable:
-        notes.append("reward_model GPUs are not planned")
-    if cfg.algorithm.distill.enable:
-        notes.append("the distillation teacher's GPUs (algorithm.distill.fsdp.world_size) are not planned")
-    return Plan(path, "hybrid_engine (engines on the actor's GPUs)" if hybrid else "separate engines", gpu_memory,
-                gpus_per_node, nodes, kinds, notes, actor_shard.method)
 
 
 def render(plan: Plan) -> str:
@@ -429,14 +449,14 @@ def render(plan: Plan) -> str:
         width = max(len(line.what) for line in kind.lines + [Line("peak", {})])
         out.append(f"  {'':{width}}  " + "  ".join(f"{p:>8}" for p in kind.phases) + "  note")
         for line in kind.lines:
-            cells = "  ".join(f"{_gib(line.bytes.get(p, 0)) if line.bytes.get(p) else '-':>8}" for p in kind.phases)
+            cells = "  ".join(f"{gib(line.bytes.get(p, 0)) if line.bytes.get(p) else '-':>8}" for p in kind.phases)
             out.append(f"  {line.what:{width}}  {cells}  {line.note}")
-        out.append(f"  {'total':{width}}  " + "  ".join(f"{_gib(kind.total(p)):>8}" for p in kind.phases))
+        out.append(f"  {'total':{width}}  " + "  ".join(f"{gib(kind.total(p)):>8}" for p in kind.phases))
         phase, peak = kind.peak()
         used = peak / plan.gpu_memory
-        out.append(f"  peak {_gib(peak)} GiB ({phase}) = {used:.0%} of {plan.gpu_memory / GIB:g} GiB; "
+        out.append(f"  peak {gib(peak)} GiB ({phase}) = {used:.0%} of {plan.gpu_memory / GIB:g} GiB; "
                    f"{'fits' if used <= 1 - MARGIN else 'over'} the {1 - MARGIN:.0%} line "
-                   f"(margin {_gib(plan.gpu_memory - peak)} GiB)")
+                   f"(margin {gib(plan.gpu_memory - peak)} GiB)")
     out.append("")
     have = plan.gpus_per_node * plan.nodes
     out.append(f"GPUs: {plan.gpus_needed} needed, {have} in the cluster")
@@ -449,72 +469,3 @@ def render(plan: Plan) -> str:
     out.append(f"verdict: {'FITS' if plan.fits() else 'DOES NOT FIT'} (every GPU under {1 - MARGIN:.0%} of its memory"
                f"{', and not enough GPUs' if short else ''})")
     return "\n".join(line.rstrip() for line in out)
-
-
-# -- the config check -----------------------------------------------------------------------
-
-def knob(plan: Plan, cfg: AgentTrainerConfig) -> str:
-    """The setting to turn first for the worst GPU's peak."""
-    kind, phase, _ = plan.worst()
-    arr = cfg.actor_rollout_ref
-    biggest = max(kind.lines, key=lambda line: line.bytes.get(phase, 0)).what
-    if biggest.startswith("activations"):
-        if not arr.model.enable_gradient_checkpointing:
-            return "set actor_rollout_ref.model.enable_gradient_checkpointing=true"
-        return (f"lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now "
-                f"{arr.actor.ppo_micro_batch_size_per_gpu}) or rollout.max_model_len")
-    if biggest.startswith("engine") and phase == "rollout":
-        if not arr.actor.fsdp.optimizer_offload and kind.total(phase) > plan.gpu_memory:
-            return ("set actor_rollout_ref.actor.fsdp.optimizer_offload=true and param_offload=true, or lower "
-                    f"actor_rollout_ref.rollout.gpu_memory_utilization (now {arr.rollout.gpu_memory_utilization})")
-        return f"lower actor_rollout_ref.rollout.gpu_memory_utilization (now {arr.rollout.gpu_memory_utilization})"
-    if biggest.startswith("engine (awake"):  # under hybrid_engine, awake outside the rollout: sleep mode off
-        return ("set actor_rollout_ref.rollout.enable_sleep_mode=null (on under hybrid_engine) or lower "
-                f"actor_rollout_ref.rollout.gpu_memory_utilization (now {arr.rollout.gpu_memory_utilization})")
-    if phase == "rollout" and not arr.actor.fsdp.optimizer_offload:
-        return "set actor_rollout_ref.actor.fsdp.optimizer_offload=true and param_offload=true"
-    if kind.name.startswith("engine"):
-        return ("raise actor_rollout_ref.rollout.tensor_model_parallel_size "
-                f"(now {arr.rollout.tensor_model_parallel_size})")
-    if kind.name.startswith("critic"):
-        return f"more GPUs: raise critic.fsdp.world_size (now {cfg.critic.fsdp.world_size})"
-    if kind.name.startswith("reference"):
-        return "set actor_rollout_ref.ref.fsdp.param_offload=true or actor_rollout_ref.ref.dtype=bfloat16"
-    return f"more GPUs: raise actor_rollout_ref.actor.fsdp.world_size (now {arr.actor.fsdp.world_size})"
-
-
-def check_config(cfg: AgentTrainerConfig) -> None:
-    """With ``trainer.gpu_memory_gib`` set: refuse, in one line naming the knob, a run whose plan exceeds it.
-
-    Needs the model's config.json; when it cannot be read the check is left to
-    ``agent_trainer.main.check_inputs``, which refuses the model path itself.
-    """
-    memory = cfg.trainer.gpu_memory_gib
-    if memory is None:
-        return
-    if not (isinstance(memory, (int, float)) and math.isfinite(memory) and memory > 0):
-        raise ValueError(f"trainer.gpu_memory_gib = {memory!r} must be > 0 (GiB per GPU) or null; "
-                         "e.g. trainer.gpu_memory_gib=80")
-    if cfg.trainer.device == "cpu":
-        raise ValueError(f"trainer.gpu_memory_gib = {memory} plans GPU memory, but trainer.device = 'cpu'; drop "
-                         "trainer.gpu_memory_gib or set trainer.device=auto (or cuda)")
-    try:
-        plan = build_plan(cfg, memory)
-    except (OSError, ValueError) as err:
-        if "config.json" in str(err) or isinstance(err, OSError):
-            return  # the model path is refused by check_inputs
-        raise
-    kind, phase, peak = plan.worst()
-    if peak <= plan.gpu_memory:
-        return
-    top = sorted(kind.lines, key=lambda line: -line.bytes.get(phase, 0))[:3]
-    parts = ", ".join(f"{line.what} {_gib(line.bytes.get(phase, 0))}" for line in top)
-    state = sum(line.bytes.get(phase, 0) for line in kind.lines
-                if line.what.split()[0] in ("actor", "critic", "reference") and "activations" not in line.what)
-    fix = knob(plan, cfg)
-    if state > plan.gpu_memory and not fix.startswith("more GPUs"):
-        fix += (f"; the sharded model state alone is {_gib(state)} GiB, so also more GPUs "
-                f"(actor_rollout_ref.actor.fsdp.world_size, now {cfg.actor_rollout_ref.actor.fsdp.world_size})")
-    raise ValueError(f"trainer.gpu_memory_gib = {memory:g}: the plan's peak per GPU of the {kind.name} is "
-                     f"{_gib(peak)} GiB in the {phase} phase (largest: {parts} GiB); {fix} "
-                     "(python -m agent_trainer.plan prints every GPU's table)")

@@ -15,8 +15,7 @@ import logging
 import sys
 from typing import Sequence
 
-from agent_trainer import main
-from agent_trainer.config import compat
+from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.memory_plan import build_plan, render
 
@@ -24,8 +23,8 @@ from agent_trainer.memory_plan import build_plan, render
 # -- command line ---------------------------------------------------------------------------
 
 def load(argv: Sequence[str]) -> tuple[AgentTrainerConfig, argparse.Namespace]:
-    """Compose and check the config as agent_trainer.main does; the plan's own flags apart."""
-    from hydra import compose, initialize_config_dir
+    """Compose and check the config as agent_trainer.main does (``agent_trainer.checks.prepare``); the plan's own
+    flags apart."""
     from omegaconf import open_dict
 
     parser = argparse.ArgumentParser(prog="python -m agent_trainer.plan", description=__doc__.split("\n\n")[0])
@@ -38,20 +37,15 @@ def load(argv: Sequence[str]) -> tuple[AgentTrainerConfig, argparse.Namespace]:
     bad = [o for o in overrides if "=" not in o]
     if bad:
         parser.error(f"not a key=value override: {' '.join(bad)}")
-    try:
-        overrides, notices = compat.rewrite_overrides(overrides)
-        for notice in notices:
-            logging.getLogger(__name__).warning(notice)
-        with initialize_config_dir(config_dir=str(main.CONFIG_DIR), version_base=None):
-            raw = compose(args.config_name, overrides=list(overrides))
+
+    def plan_any_memory(raw) -> None:
         if args.gpu_memory_gib is None:
             args.gpu_memory_gib = raw.trainer.get("gpu_memory_gib", None)
         if "gpu_memory_gib" in raw.trainer:
             with open_dict(raw):
                 raw.trainer.gpu_memory_gib = None  # the plan is printed even when it would be refused
-        cfg, _ = main.prepare(raw, overrides)
-    except main.CONFIG_ERRORS as err:
-        raise SystemExit(main.refusal(err, overrides)) from None
+
+    cfg, _ = compose_and_prepare(overrides, args.config_name, edit=plan_any_memory)
     return cfg, args
 
 

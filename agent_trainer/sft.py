@@ -35,13 +35,12 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from agent_trainer import checkpoint, cli_args
 from agent_trainer.batch import TensorBatch
 from agent_trainer.checks.load import load_sft_config
+from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, compose, prepare
 from agent_trainer.checks.sft import check_against_rl
 from agent_trainer.config import ActorConfig, AgentTrainerConfig
 from agent_trainer.config import config_schema
@@ -53,7 +52,7 @@ from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo
                                           play_demonstrations, read_jsonl, resolve_demonstrator,
                                           write_jsonl)
 from agent_trainer.es_manager import VAL_SEED_OFFSET
-from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
+from agent_trainer.ray_cluster import init_ray
 from agent_trainer.tracking import Tracking, timer
 from agent_trainer.worker_registry import worker_api
 from envs.registry import normalize_tags
@@ -63,7 +62,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONFIG = "sft_frozenlake"
 """The config ``--config-name`` names when it is not given."""
 
-ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
 SFT_SETS = ("model_path", "actor_rollout_ref.model.path", "actor_rollout_ref.rollout.val_kwargs.temperature",
             "trainer.experiment_name", "trainer.seed")
 """RL keys the SFT run sets itself (from model_path, eval.temperature, trainer.experiment_name, trainer.seed);
@@ -107,7 +105,7 @@ class SFTRun:
 
 
 def compose_rl(cfg: SFTConfig) -> tuple[AgentTrainerConfig, dict]:
-    """Compose and validate the RL config (``agent_trainer.main.prepare``); errors name rl_config."""
+    """Compose and validate the RL config (``agent_trainer.checks.prepare``, as for RL); errors name rl_config."""
     for override in cfg.rl_overrides:
         key = override.lstrip("+~").partition("=")[0]
         if key in SFT_SETS:
@@ -117,9 +115,7 @@ def compose_rl(cfg: SFTConfig) -> tuple[AgentTrainerConfig, dict]:
                  f"actor_rollout_ref.rollout.val_kwargs.temperature={cfg.eval.temperature}",
                  f"trainer.experiment_name={cfg.trainer.experiment_name}", f"trainer.seed={cfg.trainer.seed}"]
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            raw = compose(cfg.rl_config, overrides=overrides)
-        return prepare(raw)
+        return prepare(compose(cfg.rl_config, overrides))
     except CONFIG_ERRORS as err:
         reason = config_errors.one_line(err, config_schema(), overrides)
         where = f"rl_config = {cfg.rl_config!r} with rl_overrides {list(cfg.rl_overrides)}"
@@ -357,7 +353,7 @@ class SFTTrainer:
         the adapter merged in, which ``final`` links instead."""
         import ray
 
-        from agent_trainer.export import export_merged
+        from agent_trainer.model_export import export_merged
 
         tmp = checkpoint.begin_save(self.run_dir, self.global_step)
         ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))
@@ -391,9 +387,7 @@ def token_metrics(per_rank: list[dict[str, float]], prefix: str) -> dict[str, fl
 def compose_sft(config_name: str, overrides: Sequence[str] = ()) -> SFTRun:
     """Compose ``config/<config_name>.yaml`` with overrides and prepare the run (a mistake: SystemExit, one line)."""
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            raw = compose(config_name, overrides=list(overrides))
-        return prepare_run(raw)
+        return prepare_run(compose(config_name, overrides))
     except CONFIG_ERRORS as err:
         raise SystemExit(f"agent-trainer sft: {config_errors.one_line(err, sft_schema(), overrides)}") from None
 

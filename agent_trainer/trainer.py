@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-import ray
 import torch
 from ray.exceptions import RayActorError
 from tqdm import tqdm
 
-from agent_trainer import checkpoint, core_algos, lifecycle, reward_model
+from agent_trainer import checkpoint, core_algos, lifecycle, reward_model, trainer_checkpoint
 from agent_trainer.colocation import ColocatedMemory
 from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
 from agent_trainer.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
@@ -556,66 +554,12 @@ class AgentTrainer:
         return result.metrics
 
     def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
-        """Save everything a resume needs into ``global_step_N/``, atomically; return that folder.
-
-        Actor and critic ranks write their shards concurrently into a temporary folder (and,
-        with ``trainer.save_hf_model``, rank 0 of each the HF weights); the driver adds the
-        tokenizer, the resolved config and ``trainer_state.json``, then renames the folder into
-        place and updates ``latest_checkpointed_iteration.txt`` (``agent_trainer.checkpoint``).
-        ``metrics`` (this step's) are kept so a resume can re-log them if the run died before logging.
-        """
-        from omegaconf import OmegaConf
-
-        tmp = checkpoint.begin_save(self.run_dir, self.global_step)
-        groups = {"actor": self.actor_wg, "critic": self.critic_wg}
-        hf_model = self.cfg.trainer.save_hf_model
-        ray.get([ref for part in self.checkpoint_parts
-                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part), role=part,
-                                                           hf_model=hf_model)])
-        self.tokenizer.save_pretrained(str(tmp / "actor"))
-        OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "config.yaml")
-        checkpoint.TrainerState(
-            global_step=self.global_step,
-            env_resets=self.env_resets(),
-            kl_coef=self.kl_ctrl.value if self.kl_ctrl is not None else None,
-            rng=checkpoint.rng_state(), parts=list(self.checkpoint_parts), metrics=dict(metrics or {}),
-            saved_at=time.time(),
-        ).save(tmp)
-        final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
-        if len(self.prefetch):  # trainer.max_off_policy_steps: a resumed run generates them again
-            logger.info("%s holds none of the %d buffered rollouts (steps %s); a run resumed from it generates "
-                        "them again", final, len(self.prefetch), [p.step for p in self.prefetch.pending])
-        trainer_cfg = self.cfg.trainer
-        checkpoint.prune(self.run_dir, "actor", trainer_cfg.max_actor_ckpt_to_keep)
-        checkpoint.prune(self.run_dir, "critic", trainer_cfg.max_critic_ckpt_to_keep)
-        return final
-
-    def env_resets(self) -> dict[Split, int]:
-        """Each split's reset counter as of the steps trained so far: a prefetched rollout's draw is not counted,
-        so a run resumed from here plays that step from the same initial states."""
-        resets = {split: rollout.num_resets for split, rollout in self.rollouts.items()}
-        buffered = self.prefetch.first_resets()
-        if buffered is not None:
-            resets[Split.TRAIN] = buffered
-        return resets
+        """Save everything a resume needs into ``global_step_N/``, atomically (``agent_trainer.trainer_checkpoint``)."""
+        return trainer_checkpoint.save(self, metrics)
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore workers and driver state from a ``global_step_N`` folder; the next step is N + 1."""
-        groups = {"actor": self.actor_wg, "critic": self.critic_wg}
-        ray.get([ref for part in self.checkpoint_parts
-                 for ref in groups[part].execute_all_async("load_checkpoint", str(Path(path) / part), role=part)])
-        state = checkpoint.TrainerState.load(Path(path))
-        self.global_step = state.global_step
-        self.versions.reset(state.global_step)
-        for split, rollout in self.rollouts.items():
-            rollout.num_resets = state.env_resets.get(split, 0)
-        if self.kl_ctrl is not None and state.kl_coef is not None:
-            self.kl_ctrl.value = state.kl_coef
-        checkpoint.set_rng_state(state.rng)
-        if state.metrics:
-            self.tracking.ensure_logged(state.metrics, step=state.global_step)
-        logger.info("resumed from %s: step %d done, continuing at step %d of %d", path, state.global_step,
-                    state.global_step + 1, self.cfg.trainer.total_training_steps)
+        """Restore workers and driver state from a ``global_step_N`` folder (``agent_trainer.trainer_checkpoint``)."""
+        trainer_checkpoint.load(self, path)
 
 
 def show_progress_bar(wanted: bool, stream=None) -> bool:

@@ -373,7 +373,7 @@ def distill_report(summary: dict, scores: dict[str, Score]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Compose the RL config (validated like a run), print the table."""
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-name", default="frozenlake", help="the RL config (config/<name>.yaml)")

@@ -30,14 +30,9 @@ SFT = REPO / "outputs" / "agent_trainer" / "sft_frozenlake_nodeadends" / "final"
 
 
 def _config(model: str, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from agent_trainer.checks.prepare import compose, prepare
 
-    from agent_trainer.main import CONFIG_DIR, prepare
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        raw = compose("frozenlake_gateway", overrides=[f"model_path={model}", "agent_proxy.num_env_actors=1",
-                                                       *overrides])
-    return prepare(raw)
+    return prepare(compose("frozenlake_gateway", [f"model_path={model}", "agent_proxy.num_env_actors=1", *overrides]))
 
 
 def _play(rollout, seeds: list[list[int]]) -> dict:

@@ -33,15 +33,11 @@ SLOW_ENV = [f"envs_file={REPO / 'bench' / 'slow_envs.yaml'}", "es_manager.train.
 
 
 def _config(actors: int, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from agent_trainer.checks.prepare import compose, prepare
 
-    from agent_trainer.main import CONFIG_DIR, prepare
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        raw = compose("frozenlake", overrides=[
-            f"model_path={REPO / 'models' / 'tiny-qwen2'}", f"agent_proxy.num_env_actors={actors}",
-            "actor_rollout_ref.rollout.mode=async", *overrides])
-    return prepare(raw)
+    return prepare(compose("frozenlake", [f"model_path={REPO / 'models' / 'tiny-qwen2'}",
+                                          f"agent_proxy.num_env_actors={actors}",
+                                          "actor_rollout_ref.rollout.mode=async", *overrides]))
 
 
 def _release(rollout) -> None:

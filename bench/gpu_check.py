@@ -269,7 +269,8 @@ def lora_check(model_dir: Path, n_params: int, args) -> None:
 
     from workers.actor import ActorWorker
     from workers.rollout import HFRolloutWorker
-    from workers.weight_sync import iter_weight_buckets, unpack_bucket
+    from workers.weight_buckets import unpack_bucket
+    from workers.weight_sync import iter_weight_buckets
 
     gc.collect()
     if on_gpu():

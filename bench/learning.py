@@ -173,12 +173,9 @@ def recorded_seconds(logs: list[Path]) -> tuple[float, int]:
 def own_rl_overrides(sft_config: str, config_dir: Path = REPO / "config") -> list[str]:
     """The ``rl_overrides`` of the SFT config ``sft_config`` (a LoRA adapter, say). A command line's
     ``rl_overrides`` replaces the config's list, so :func:`sft` passes these again before the env's."""
-    from hydra import compose, initialize_config_dir
+    from agent_trainer.checks.prepare import compose  # registers the SFT schema the config's defaults name
 
-    import agent_trainer.sft  # noqa: F401  (registers the SFT schema the config's defaults name)
-
-    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-        return list(compose(sft_config).rl_overrides)
+    return list(compose(sft_config, config_dir=config_dir).rl_overrides)
 
 
 def sft(env_key: str, args) -> Path:
@@ -457,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {DOC}", flush=True)
         return
     from agent_trainer.es_manager import held_out_seeds
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     sections, figures, logs = {}, [], []
     for env_key in args.envs:

@@ -310,7 +310,7 @@ def tags_folder(path: str | Path) -> Path | None:
 def import_beside(path: str | Path) -> None:
     """Put the folder of the tags file ``path`` on ``sys.path`` (after the working directory, before PYTHONPATH's
     folders, as ``make model ENVS=`` puts it first on PYTHONPATH): its tags' modules import from beside it. A
-    training run passes the folder to its Ray workers too (``agent_trainer.main.worker_pythonpath``)."""
+    training run passes the folder to its Ray workers too (``agent_trainer.ray_cluster.worker_pythonpath``)."""
     folder = tags_folder(path)
     if folder is not None and str(folder) not in sys.path:
         sys.path.insert(1 if sys.path else 0, str(folder))

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> list:
     from transformers import AutoTokenizer
 
     from agent_trainer.es_manager import held_out_seeds
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
     from launch.validity_probe import probe_tag
     from workers.rollout import HFRolloutWorker
 

@@ -42,7 +42,7 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
-        from agent_trainer.main import WORKERS_AT_NORMAL_PRIORITY, local_cluster_system_config
+        from agent_trainer.ray_cluster import WORKERS_AT_NORMAL_PRIORITY, local_cluster_system_config
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _system_config=local_cluster_system_config(WORKERS_AT_NORMAL_PRIORITY))

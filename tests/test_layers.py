@@ -36,15 +36,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("observe", ("agent_trainer.tracking", "agent_trainer.metrics_export", "agent_trainer.trajectories",
                  "agent_trainer.viewer", "agent_trainer.run_logs")),
     ("trainer", ("agent_trainer.trainer", "agent_trainer.reward_model", "agent_trainer.colocation",
-                 "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry")),
+                 "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry",
+                 "agent_trainer.trainer_checkpoint", "agent_trainer.model_export")),
+    ("prepare", ("agent_trainer.checks.prepare", "agent_trainer.checks.memory")),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
              "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
-             "agent_trainer.check_env", "agent_trainer.serve_env")),
+             "agent_trainer.check_env", "agent_trainer.serve_env", "agent_trainer.ray_cluster")),
     ("launch", ("launch",)),
 ]
 """Lowest first: (layer, the modules it holds, by dotted prefix; the longest prefix wins; ``=name`` is that module
 alone: the empty ``agent_trainer/__init__.py``)."""
-WORKER_API_LAYERS = ("trainer", "cli")
+WORKER_API_LAYERS = ("trainer", "prepare", "cli")
 """The layers that may reach ``workers`` through ``agent_trainer.worker_registry.worker_api``."""
 
 

@@ -54,12 +54,12 @@ class RolloutWorkerExtension:
             self.model_runner.get_model().load_weights(weights)
 
     def load_packed_bucket(self, specs: list[list], data) -> None:
-        """Load one bucket given as its flat bytes (bytes or a buffer) and specs (``workers.weight_sync.Bucket``).
+        """Load one bucket given as its flat bytes (bytes or a buffer) and specs (``workers.weight_buckets.Bucket``).
 
         Bytes, not tensors: vLLM's multiprocess client decodes a call's arguments without their types, and a
         tensor arrives as a list; bytes and lists arrive as they were sent.
         """
-        from workers.weight_sync import bytes_as_tensor, unpack_bucket
+        from workers.weight_buckets import bytes_as_tensor, unpack_bucket
 
         names, tensors = unpack_bucket(specs, bytes_as_tensor(data))
         self.load_weight_bucket(names, tensors)
@@ -80,7 +80,7 @@ class RolloutWorkerExtension:
     def init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str, name: str,
                           timeout_s: float) -> None:
         """Join the weight-transfer group as rank ``rank_offset + self.rank`` (rank 0 is the actor's rank 0)."""
-        from workers.weight_sync import join_weight_group, node_ip
+        from workers.sync_transports import join_weight_group, node_ip
 
         old = getattr(self, "_weight_group", None)
         self._weight_group = None
@@ -90,7 +90,8 @@ class RolloutWorkerExtension:
 
     def receive_weight_bucket(self, specs: list[list], load: bool = True) -> None:
         """Receive one bucket from rank 0's broadcast and (``load``) load it inside the open session."""
-        from workers.weight_sync import receive_bucket, unpack_bucket
+        from workers.sync_transports import receive_bucket
+        from workers.weight_buckets import unpack_bucket
 
         device = getattr(self, "device", None) or torch.device("cpu")
         flat = receive_bucket(self._weight_group, specs, device)
@@ -99,7 +100,8 @@ class RolloutWorkerExtension:
 
     def load_ipc_weight_bucket(self, specs: list[list], handle: list) -> None:
         """Map the bucket rank 0 holds on this GPU (CUDA IPC) and load it; GPU only, never run on CPU."""
-        from workers.weight_sync import rebuild_ipc_tensor, unpack_bucket
+        from workers.sync_transports import rebuild_ipc_tensor
+        from workers.weight_buckets import unpack_bucket
 
         shared = rebuild_ipc_tensor(handle, torch.cuda.current_device())
         # A copy: the layerwise reload keeps a layer's tensors until the layer is complete, possibly after rank 0

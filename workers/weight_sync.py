@@ -1,21 +1,18 @@
 """Weight sync: the actor's weights into the rollout engines, one bucket at a time.
 
-Three parts, one module (docs/architecture.md, "Weight sync"):
+The actor side and the driver's call; the other parts live beside it (docs/architecture.md, "Weight sync"):
 
-- The actor side (:func:`iter_weight_buckets`, :func:`push_weights`): every FSDP rank walks the model's
+- here, the actor side (:func:`iter_weight_buckets`, :func:`push_weights`): every FSDP rank walks the model's
   FSDP units in step, all-gathering one unit at a time (FSDP2's ``unshard``, one collective per unit, as in
   forward); rank 0 casts each unique parameter to the engine's dtype and packs it into a flat byte buffer of
-  at most ``actor_rollout_ref.rollout.update_weights_bucket_megabytes``, and hands each full bucket to a
-  transport before the next one is packed. Peak transient memory: one FSDP unit's full parameters plus one
-  bucket, not the model.
-- The transports (:class:`ObjectStoreSender`, :class:`CollectiveSender`, :class:`CudaIpcSender`), run on rank 0:
-  ``object_store`` puts each bucket into Ray's object store once and every engine loads it;
-  ``collective`` broadcasts it in a weight-transfer process group of rank 0 and every engine worker (gloo on
-  CPU, NCCL on GPU; a group built from its own TCPStore, not the default process group); ``cuda_ipc`` (engines
-  on the actor's GPUs) sends CUDA IPC handles of the bucket, which the engine maps without a copy.
-- The engine side (:class:`workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync is a
+  at most ``actor_rollout_ref.rollout.update_weights_bucket_megabytes`` (``workers.weight_buckets``), and hands
+  each full bucket to a transport before the next one is packed. Peak transient memory: one FSDP unit's full
+  parameters plus one bucket, not the model.
+- the transports (``workers.sync_transports``: ``object_store``, ``collective``, ``cuda_ipc``), sent from rank 0
+  and received by the engines.
+- the engine side (:class:`workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync is a
   session (``begin_weight_sync``, buckets, ``finish_weight_sync``); the vLLM engine forwards every call by name
-  to its workers (``workers.vllm_ext.RolloutWorkerExtension``). The helpers it uses live here.
+  to its workers (``workers.vllm_ext.RolloutWorkerExtension``).
 
 :func:`sync_weights` is the driver's call, shared by RL (``AgentTrainer``) and SFT (``SFTTrainer``): one sync,
 and on an engine failure a wait for Ray's restart and one more sync.
@@ -25,103 +22,18 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
-import time
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import torch
 
+from workers.sync_transports import EngineFailed, _get, _Sender, make_sender, resolve_transport
+from workers.weight_buckets import DTYPE_NAMES, Bucket, _aligned, _Packer
+
 logger = logging.getLogger(__name__)
 
-TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
-"""``actor_rollout_ref.rollout.weight_sync`` values."""
 
-ALIGN = 16
-"""Byte alignment of every tensor in a bucket's flat buffer (any dtype's view of it is then aligned)."""
-
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-               "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
-               "bool": torch.bool}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"`` (bucket specs carry names: msgpack and Ray both encode strings)."""
-    return str(dtype).removeprefix("torch.")
-
-
-def _aligned(nbytes: int) -> int:
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
-
-
-# --------------------------------------------------------------------------- buckets
-
-
-@dataclass
-class Bucket:
-    """One transfer: tensors packed into ``flat`` (uint8) at 16-byte-aligned offsets.
-
-    ``specs[i] = [name, dtype name, shape, byte offset, bytes]``; plain lists, so they pass through Ray and
-    vLLM's msgpack encoder as they are.
-    """
-
-    specs: list[list]
-    flat: torch.Tensor
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.flat.numel())
-
-    @property
-    def names(self) -> list[str]:
-        return [s[0] for s in self.specs]
-
-
-def unpack_bucket(specs: Sequence[Sequence], flat: torch.Tensor) -> tuple[list[str], list[torch.Tensor]]:
-    """The named tensors of a bucket: views into ``flat`` (no copy)."""
-    names, tensors = [], []
-    for name, dtype, shape, offset, nbytes in specs:
-        names.append(name)
-        tensors.append(flat[offset:offset + nbytes].view(DTYPE_NAMES[dtype]).view(tuple(shape)))
-    return names, tensors
-
-
-def bucket_nbytes(specs: Sequence[Sequence]) -> int:
-    """Bytes of the flat buffer that holds ``specs`` (the last tensor's end)."""
-    return max((int(s[3]) + int(s[4]) for s in specs), default=0)
-
-
-class _Packer:
-    """Fills one reusable flat buffer; a tensor that does not fit closes the bucket first."""
-
-    def __init__(self, limit: int, total: int, device: torch.device):
-        self.limit, self.remaining, self.device = limit, total, device
-        self.buffer: torch.Tensor | None = None
-        self.specs: list[list] = []
-        self.used = 0
-
-    def full_for(self, nbytes: int) -> bool:
-        return bool(self.specs) and self.used + nbytes > self.limit
-
-    def add(self, name: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
-        nbytes = tensor.numel() * dtype.itemsize
-        size = _aligned(nbytes)
-        if self.buffer is None or self.used + size > self.buffer.numel():
-            assert not self.specs  # internal: full_for closed the bucket before a tensor that does not fit
-            # At most the limit (or one tensor larger than it), never more than is left; reused while it fits.
-            self.buffer = torch.empty(max(size, min(self.limit, self.remaining)), dtype=torch.uint8,
-                                      device=self.device)
-        view = self.buffer[self.used:self.used + nbytes].view(dtype).view(tensor.shape)
-        view.copy_(tensor.detach())  # the cast to the engine's dtype and the copy in one
-        self.specs.append([name, dtype_name(dtype), list(tensor.shape), self.used, nbytes])
-        self.used += size
-        self.remaining -= size
-
-    def take(self) -> Bucket:
-        bucket = Bucket(self.specs, self.buffer[:bucket_nbytes(self.specs)])
-        self.specs, self.used = [], 0
-        return bucket
+# --------------------------------------------------------------------------- the actor side
 
 
 def sync_tensor_names(model: torch.nn.Module) -> list[str]:
@@ -214,84 +126,6 @@ def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, d
         yield packer.take()
 
 
-# --------------------------------------------------------------------------- the weight-transfer group
-
-
-def _listening_socket(host: str) -> socket.socket:
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((host, 0))
-    listener.listen()
-    return listener
-
-
-def new_process_group(store, rank: int, world_size: int, backend: str, timeout_s: float, host: str | None = None):
-    """A process group of its own over ``store`` (never the default group): gloo or NCCL."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host
-                        else dist.ProcessGroupGloo.create_default_device()]
-    return dist.ProcessGroupGloo(store, rank, world_size, options)
-
-
-def join_weight_group(host: str, port: int, rank: int, world_size: int, backend: str, name: str,
-                      timeout_s: float, own_host: str | None = None):
-    """An engine worker's side of the weight-transfer group: a TCPStore client of rank 0's store."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
-    return new_process_group(dist.PrefixStore(name, store), rank, world_size, backend, timeout_s, own_host)
-
-
-def broadcast_bucket(group, flat: torch.Tensor) -> None:
-    """Rank 0's bucket into every member's ``flat`` (same size) over ``group``."""
-    import torch.distributed as dist
-
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    group.broadcast([flat], options).wait()
-
-
-def receive_bucket(group, specs: Sequence[Sequence], device: torch.device) -> torch.Tensor:
-    """A member's receive of one bucket: a fresh flat buffer filled by rank 0's broadcast."""
-    flat = torch.empty(bucket_nbytes(specs), dtype=torch.uint8, device=device)
-    broadcast_bucket(group, flat)
-    return flat
-
-
-def node_ip() -> str:
-    """This node's address as Ray sees it (127.0.0.1 in a local run), else the loopback address."""
-    try:
-        import ray
-
-        return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-    except Exception:  # outside Ray (unit tests)
-        return "127.0.0.1"
-
-
-# --------------------------------------------------------------------------- senders (actor rank 0)
-
-
-class EngineFailed(RuntimeError):
-    """An engine failed during a sync (dead, restarting, or its load raised)."""
-
-
-def _get(refs: list, what: str) -> list:
-    import ray
-    from ray.exceptions import ActorUnavailableError, RayActorError
-
-    try:
-        return ray.get(refs)
-    except (RayActorError, ActorUnavailableError) as err:
-        raise EngineFailed(f"{what}: {err}") from err
-
-
 @dataclass
 class SyncStats:
     """What one sync moved (rank 0's view)."""
@@ -309,152 +143,6 @@ class SyncStats:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-class _Sender:
-    transport = ""
-    device: torch.device = torch.device("cpu")
-
-    def __init__(self, engines: list):
-        self.engines = engines
-
-    def begin(self, info: list[dict]) -> None:
-        _get([e.begin_weight_sync.remote() for e in self.engines], "begin_weight_sync")
-
-    def send(self, bucket: Bucket) -> None:
-        raise NotImplementedError
-
-    def finish(self) -> float:
-        return float(_get([e.finish_weight_sync.remote() for e in self.engines], "finish_weight_sync")[0])
-
-    def abort(self) -> None:
-        """After a failure: drop whatever state a later sync must not reuse."""
-
-
-class ObjectStoreSender(_Sender):
-    """Each bucket is put into Ray's object store once; every engine loads it before the next is packed."""
-
-    transport = "object_store"
-
-    def send(self, bucket: Bucket) -> None:
-        import ray
-
-        ref = ray.put((bucket.specs, bucket.flat.numpy()))  # numpy: the engines read it from shared memory
-        _get([e.load_weight_bucket.remote(ref) for e in self.engines], "load_weight_bucket")
-        del ref
-
-
-class CollectiveSender(_Sender):
-    """Rank 0 broadcasts each bucket to every engine worker in a weight-transfer group.
-
-    The group (gloo on CPU, NCCL on GPU) is built from a TCPStore rank 0 hosts on Ray's node address; every
-    engine worker joins as rank ``1 + k``. It is kept between syncs while every engine reports the group's
-    name, and built afresh (a new name on the same store) otherwise: after a failure, or when an engine was
-    restarted by Ray (a restarted engine holds no group).
-    """
-
-    transport = "collective"
-
-    def __init__(self, engines: list, state: dict, backend: str, device: torch.device, timeout_s: float):
-        super().__init__(engines)
-        self.state, self.backend, self.device, self.timeout_s = state, backend, device, timeout_s
-        self.setup_s = 0.0
-
-    def begin(self, info: list[dict]) -> None:
-        name = self.state.get("name")
-        if self.state.get("group") is None or any(i.get("weight_group") != name for i in info):
-            self._build(info)
-        super().begin(info)
-
-    def _build(self, info: list[dict]) -> None:
-        import torch.distributed as dist
-
-        start = time.perf_counter()
-        self.abort()
-        host = node_ip()
-        if self.state.get("store") is None:
-            listener = _listening_socket(host)
-            port = listener.getsockname()[1]
-            self.state["store"] = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                                timeout=timedelta(seconds=self.timeout_s),
-                                                master_listen_fd=listener.detach())
-            self.state["address"] = (host, port)
-        self.state["generation"] = self.state.get("generation", 0) + 1
-        name = f"weights/{self.state['generation']}"
-        world = 1 + sum(int(i["workers"]) for i in info)
-        offsets = [1 + sum(int(i["workers"]) for i in info[:k]) for k in range(len(info))]
-        host, port = self.state["address"]
-        refs = [e.init_weight_group.remote(host, port, offset, world, self.backend, name, self.timeout_s)
-                for e, offset in zip(self.engines, offsets)]
-        group = new_process_group(dist.PrefixStore(name, self.state["store"]), 0, world, self.backend,
-                                  self.timeout_s, host)
-        _get(refs, "init_weight_group")
-        self.state.update(group=group, name=name)
-        self.setup_s = time.perf_counter() - start
-
-    def send(self, bucket: Bucket) -> None:
-        refs = [e.receive_weight_bucket.remote(bucket.specs) for e in self.engines]
-        try:
-            broadcast_bucket(self.state["group"], bucket.flat)
-        except Exception as err:  # a member died mid-broadcast: gloo raises, NCCL times out
-            raise EngineFailed(f"weight broadcast: {err}") from err
-        _get(refs, "receive_weight_bucket")
-
-    def abort(self) -> None:
-        self.state.update(group=None, name=None)
-
-
-class CudaIpcSender(_Sender):
-    """Engines on the actor's own GPU (``hybrid_engine``): each bucket's CUDA IPC handle, no copy.
-
-    GPU only; never run on CPU (docs/architecture.md says so). The handle (:func:`ipc_handle`) is a list of
-    numbers, strings and bytes, so it travels through Ray and vLLM's msgpack encoder as data (nothing is
-    pickled); the engine rebuilds the tensor on its own device (the same physical GPU) and loads from it while
-    rank 0 keeps the bucket alive.
-    """
-
-    transport = "cuda_ipc"
-
-    def __init__(self, engines: list, device: torch.device):
-        super().__init__(engines)
-        if device.type != "cuda":
-            raise ValueError("weight_sync=cuda_ipc needs the actor on a GPU (it shares GPU memory with the engine)")
-        if len(engines) != 1:
-            # Rank 0's handle opens only on rank 0's GPU; each rank sending to its own colocated engine is not built.
-            raise ValueError(f"weight_sync=cuda_ipc reaches the one engine on the actor's rank-0 GPU, not "
-                             f"{len(engines)} engines; set actor_rollout_ref.rollout.weight_sync=collective")
-        self.device = device
-
-    def send(self, bucket: Bucket) -> None:
-        torch.cuda.current_stream(self.device).synchronize()  # the packed bytes are written before the engine reads
-        handle = ipc_handle(bucket.flat)
-        _get([e.load_weight_ipc.remote(bucket.specs, handle) for e in self.engines], "load_weight_ipc")
-
-
-def resolve_transport(requested: str, engine_device: str, colocated: bool, engines: int = 1) -> str:
-    """``auto``: ``collective`` to separate GPU engines, ``cuda_ipc`` to colocated GPU engines, ``object_store``
-    on CPU. An explicit choice is kept, except ``cuda_ipc`` without a GPU (refused).
-
-    Colocated GPU engines: ``cuda_ipc`` reaches the one engine on the actor's rank-0 GPU (the one-GPU layout).
-    Several colocated engines are refused: rank 0's handle opens only on its own GPU, and NCCL refuses two
-    ranks on one GPU; each rank sending to its own engine is not built.
-    """
-    if requested not in TRANSPORTS:
-        raise ValueError(f"actor_rollout_ref.rollout.weight_sync must be one of {TRANSPORTS} (got {requested!r})")
-    if requested == "auto":
-        if engine_device != "cuda":
-            return "object_store"
-        if not colocated:
-            return "collective"
-        if engines != 1:
-            raise ValueError(f"weight sync to {engines} engines colocated with the actor (hybrid_engine) is not "
-                             "built: cuda_ipc reaches the one engine on the actor's rank-0 GPU; use one engine "
-                             "(rollout.num_workers=1) or set actor_rollout_ref.rollout.weight_sync=object_store")
-        return "cuda_ipc"
-    if requested == "cuda_ipc" and engine_device != "cuda":
-        raise ValueError("actor_rollout_ref.rollout.weight_sync=cuda_ipc needs GPU engines colocated with the actor "
-                         "(actor_rollout_ref.hybrid_engine=true); use object_store or collective on CPU")
-    return requested
 
 
 @dataclass
@@ -489,14 +177,7 @@ def push_weights(model: torch.nn.Module, rank: int, plan: SyncPlan, engines: lis
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
             transport = resolve_transport(plan.weight_sync, info[0]["device"], plan.colocated, len(engines))
             stats.transport = transport
-            if transport == "object_store":
-                sender = ObjectStoreSender(engines)
-            elif transport == "collective":
-                on_gpu = device.type == "cuda" and info[0]["device"] == "cuda"
-                sender = CollectiveSender(engines, state, "nccl" if on_gpu else "gloo",
-                                          device if on_gpu else torch.device("cpu"), plan.timeout_s)
-            else:
-                sender = CudaIpcSender(engines, device)
+            sender = make_sender(transport, engines, state, device, info[0]["device"], plan.timeout_s)
             sender.begin(info)
             stats.group_setup_s = getattr(sender, "setup_s", 0.0)
         except Exception as err:  # noqa: BLE001 - recorded, then raised after the walk (the ranks are in step)
@@ -572,46 +253,3 @@ def sync_weights(actor_wg, engines: list, plan: SyncPlan, on_stats: Callable[[di
 def _sync_once(actor_wg, engines: list, plan: SyncPlan) -> dict:
     refs = actor_wg.execute_all_async("push_weights", plan, engines)
     return actor_wg.get(refs)[0]
-
-
-def bytes_as_tensor(data) -> torch.Tensor:
-    """A uint8 tensor over a bytes-like buffer (bytes, memoryview, numpy array), without a copy."""
-    import warnings
-
-    if isinstance(data, torch.Tensor):
-        return data
-    view = memoryview(data).cast("B")
-    if len(view) == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    with warnings.catch_warnings():  # read-only buffers (Ray's shared memory, msgpack's bytes): only read here
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(view, dtype=torch.uint8)
-
-
-def ipc_handle(tensor: torch.Tensor) -> list:
-    """A CUDA tensor's IPC handle as plain data: ``reduce_tensor``'s arguments without their classes and dtype
-    objects (size, stride, offset, dtype name, device index, storage handle bytes, storage bytes and offset,
-    requires_grad, ref-counter handle and offset, event handle, event sync flag). Read back by
-    :func:`rebuild_ipc_tensor`, which chooses the rebuild function itself: nothing is pickled or sent as code."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    _rebuild, args = reduce_tensor(tensor)
-    (_cls, size, stride, offset, _storage_cls, dtype, device, handle, nbytes, offset_bytes, requires_grad,
-     counter_handle, counter_offset, event_handle, event_sync) = args
-    return [list(size), list(stride), int(offset), str(dtype).removeprefix("torch."), int(device), bytes(handle),
-            int(nbytes), int(offset_bytes), bool(requires_grad), bytes(counter_handle), int(counter_offset),
-            bytes(event_handle) if event_handle is not None else None, bool(event_sync)]
-
-
-def rebuild_ipc_tensor(handle: list, device: torch.device | int) -> torch.Tensor:
-    """The tensor an :func:`ipc_handle` points at, on this process's ``device`` (the sender's GPU seen from here:
-    colocated engines share the physical GPU)."""
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    (size, stride, offset, dtype, _device, storage, nbytes, offset_bytes, requires_grad, counter_handle,
-     counter_offset, event_handle, event_sync) = handle
-    index = torch.device(device).index if isinstance(device, torch.device) else int(device)
-    return rebuild_cuda_tensor(torch.Tensor, torch.Size(size), tuple(stride), int(offset), torch.storage.TypedStorage,
-                               getattr(torch, dtype), index, bytes(storage), int(nbytes), int(offset_bytes),
-                               bool(requires_grad), bytes(counter_handle), int(counter_offset),
-                               None if event_handle is None else bytes(event_handle), bool(event_sync))

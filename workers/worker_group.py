@@ -50,7 +50,7 @@ class WorkerGroup:
     ``init_distributed(master_addr, master_port, backend)``.
 
     Every rank is a named actor in the driver's Ray namespace (one per run, see
-    ``agent_trainer.main.init_ray``), so the dashboard's Actors page and
+    ``agent_trainer.ray_cluster.init_ray``), so the dashboard's Actors page and
     ``ray list actors`` tell them apart: ``<name>_rank<i>`` for ranks, ``<name>_<i>``
     for independent replicas (``pass_rank=False``, e.g. ``rollout_0``). A rank Ray
     restarts keeps its name.

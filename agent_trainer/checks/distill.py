@@ -1,6 +1,6 @@
 """Start-up checks of ``algorithm.distill`` (``agent_trainer.config.schema.DistillConfig``), before ``ray.init``:
 a teacher to load, no key that would be ignored, no combination whose signal would go unused, and (with the
-file system, from ``agent_trainer.main.check_inputs``) a teacher that shares the student's vocabulary.
+file system, from ``agent_trainer.checks.inputs.check_inputs``) a teacher that shares the student's vocabulary.
 Each refusal is one line naming the key, the value and the fix."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each error is one line naming the key, the value, the rule and the fix, e.g.
 Single-key ranges and choices are tables (``agent_trainer.checks.rules``); rules that
 relate several keys are functions below. Checks that need the file system or the
 model's config.json (model paths, ``envs_file``, ``max_position_embeddings``) run in
-``agent_trainer.main.check_inputs``, still before Ray starts.
+``agent_trainer.checks.inputs.check_inputs``, still before Ray starts.
 """
 
 from __future__ import annotations

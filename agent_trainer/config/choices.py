@@ -23,4 +23,5 @@ LR_SCHEDULERS = ("constant", "cosine")
 DATA_SOURCES = ("demonstrations", "jsonl")
 """SFT data.source."""
 WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
-"""actor_rollout_ref.rollout.weight_sync (the same tuple as workers.weight_sync.TRANSPORTS; a test keeps them equal)."""
+"""actor_rollout_ref.rollout.weight_sync (the same tuple as workers.sync_transports.TRANSPORTS; a test keeps them
+equal)."""

@@ -15,7 +15,7 @@ from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.ctx_manager import ContextManager
 from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.rollout import make_context_manager
 from envs import load_env_tags
 from tests.agent_trainer.agents_example import (

@@ -203,7 +203,8 @@ def test_a_training_run_imports_the_tags_module_from_beside_its_file(user_projec
                                                                       tiny_model_path):
     """``agent_trainer.main``'s checks (tags loaded, preflight) from another folder: the tags file's folder is on the
     driver's import path, and on the workers' PYTHONPATH."""
-    from agent_trainer.main import compose_and_prepare, worker_pythonpath
+    from agent_trainer.checks.prepare import compose_and_prepare
+    from agent_trainer.ray_cluster import worker_pythonpath
 
     monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
     monkeypatch.setattr(sys, "path", list(sys.path))

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from agent_trainer.batch import BatchMeta, TensorBatch
 from agent_trainer.checks.load import load_config
 from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch, first_turns
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 
 # full mode, one row per episode: prompt (3), reply 1 (2), observation (1), reply 2 (2), padding (1)
 MASK = [0, 0, 0, 1, 1, 0, 1, 1, 0]

@@ -15,14 +15,14 @@ from agent_trainer import core_algos
 from agent_trainer.checks.load import load_config
 from agent_trainer.config import compat, config_schema
 from agent_trainer.config.errors import all_keys
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 
 SEED_EXAMPLE = ["train_cfgs.multi_turn=true", "train_cfgs.bi_level_gae=true", "train_cfgs.high_level_gamma=0.95",
                 "model_cfgs.use_reward_critic=true"]
 
 
 def test_the_issue_example_resolves_with_one_notice_per_key(tiny_model_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="agent_trainer.main"):
+    with caplog.at_level(logging.WARNING, logger="agent_trainer.checks.prepare"):
         cfg, _ = compose_and_prepare([*SEED_EXAMPLE, f"model_path={tiny_model_path}"])
     assert cfg.algorithm.adv_estimator == "bi_level_gae" and cfg.algorithm.high_level_gamma == 0.95
     assert core_algos.estimator(cfg.algorithm) == "bi_level_gae" and cfg.algorithm.bi_level_gae is False

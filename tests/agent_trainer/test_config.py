@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer import core_algos
 from agent_trainer.checks.load import load_config
-from agent_trainer.main import CONFIG_DIR, prepare
+from agent_trainer.checks.prepare import CONFIG_DIR, prepare
 
 
 def _compose(*overrides: str, name: str = "frozenlake"):

@@ -19,8 +19,7 @@ import pytest
 import ray
 import torch
 
-from agent_trainer.main import compose_and_prepare
-
+from agent_trainer.checks.prepare import compose_and_prepare
 REPO = Path(__file__).resolve().parents[2]
 GROUP = ["es_manager.train.group_size=1", "ppo_mini_batch_size=8"]  # 8 groups x 1 episode = 8 rows
 
@@ -369,7 +368,7 @@ def test_a_cached_hub_id_resolves_without_the_network(tmp_path, tiny_model_path)
     (tmp_path / "models--fake-org--fake-model" / "refs").mkdir()
     (tmp_path / "models--fake-org--fake-model" / "refs" / "main").write_text("abc123")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path))
-    code = ("from agent_trainer.main import resolve_model; "
+    code = ("from agent_trainer.checks.inputs import resolve_model; "
             "print(resolve_model('actor_rollout_ref.model.path', 'fake-org/fake-model').max_position_embeddings)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "2048", proc.stderr

@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from agent_trainer.checks.load import load_config
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 from agent_trainer.trainer import needs_old_log_probs
 
 

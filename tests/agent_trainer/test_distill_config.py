@@ -10,7 +10,7 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 
 D = "algorithm.distill"
 

@@ -20,7 +20,7 @@ from agent_trainer.checks.load import load_config
 from agent_trainer.config.splits import Split
 from agent_trainer.es_manager import EnvInput, EnvStateManager, EpisodeSpec
 from agent_trainer.eval import summarize
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 from agent_trainer.metrics_export import tag_gauges
 from agent_trainer.rollout import EnvFailure, SyncMultiTurnRollout, check_env_errors
 from agent_trainer.tracking import format_metrics

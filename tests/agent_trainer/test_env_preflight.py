@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 from envs import BaseEnv, make_info
 
 HERE = "tests.agent_trainer.test_env_preflight"

@@ -20,7 +20,7 @@ from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.config.splits import Split
 from agent_trainer.ctx_manager import ContextManager
 from agent_trainer.eval import summarize
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 from agent_trainer.metrics_export import tag_gauges
 from agent_trainer.rollout import RolloutFaults
 from agent_trainer.rollout.results import assemble

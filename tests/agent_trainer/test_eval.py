@@ -9,7 +9,7 @@ import pytest
 
 from agent_trainer.es_manager import EnvTurn, EpisodeState
 from agent_trainer.eval import greedy_config, sampled_config, summarize
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 
 
 def test_the_sampled_config(tiny_model_path):

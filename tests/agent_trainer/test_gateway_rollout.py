@@ -13,7 +13,7 @@ import pytest
 from agent_trainer.config.splits import Split
 from agent_trainer.gateway.sessions import CallRecord
 from agent_trainer.gateway.task import is_sync_agent, resolve_agent_fn
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.rollout.results import rollout_metrics
 from agent_trainer.tracking import format_metrics
 from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,

@@ -208,7 +208,7 @@ def test_the_example_config_runs_against_the_example_judge(tiny_model_path, monk
     """config/arith_grpo_judge.yaml passes the start-up checks with its key set, and examples/judge/rule_judge.py
     answers its ranking calls (docs/rewards.md, "Judges")."""
     from agent_trainer.gateway.server import GatewayServer
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
     from examples.judge.rule_judge import make_app
 
     monkeypatch.delenv("JUDGE_API_KEY", raising=False)

@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from agent_trainer.checks.load import load_config
-from agent_trainer.main import CONFIG_DIR, compose_and_prepare
+from agent_trainer.checks.prepare import CONFIG_DIR, compose_and_prepare
 
 M = "actor_rollout_ref.model"
 

@@ -55,7 +55,7 @@ def test_hydra_record_of_a_run_goes_in_the_run_folder():
     """hydra's run folder (its .hydra record) is <trainer.default_local_dir>/hydra/<date>_<time>/."""
     from hydra import compose, initialize_config_dir
 
-    from agent_trainer.main import CONFIG_DIR  # registers the schema the configs build on
+    from agent_trainer.checks.prepare import CONFIG_DIR  # registers the schema the configs build on
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose("frozenlake", overrides=["trainer.default_local_dir=run"], return_hydra_config=True)

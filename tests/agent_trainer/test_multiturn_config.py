@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from agent_trainer import core_algos
 from agent_trainer.checks.load import load_config
 from agent_trainer.config import condenser_config, keep_last_n
-from agent_trainer.main import CONFIG_DIR, prepare
+from agent_trainer.checks.prepare import CONFIG_DIR, prepare
 
 SEED_CONFIGS = ("multiturn_grpo_trainer", "multiturn_grpo_math", "multiturn_grpo_coding")
 CONDENSED = {"algorithm": {"adv_estimator": "grpo_multiturn"}, "ctx_manager": {"mode": "condensed"}}

@@ -130,7 +130,7 @@ def test_gradient_checkpointing_and_micro_batch_shrink_activations():
 
 
 def test_oversized_plan_is_refused_in_one_line_naming_a_knob():
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     with pytest.raises(SystemExit) as err:  # Qwen2.5-7B on one 24 GB GPU
         compose_and_prepare([f"model_path={QWEN_7B}", "actor_rollout_ref.actor.fsdp.world_size=1",
@@ -142,7 +142,7 @@ def test_oversized_plan_is_refused_in_one_line_naming_a_knob():
 
 
 def test_a_plan_over_memory_names_offload_for_the_rollout_phase():
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     with pytest.raises(SystemExit) as err:  # the 8-GPU recipe without offload, engines at 70% of 48 GB
         compose_and_prepare([f"model_path={QWEN_7B}", "trainer.gpu_memory_gib=48",
@@ -153,7 +153,7 @@ def test_a_plan_over_memory_names_offload_for_the_rollout_phase():
 
 
 def test_gpu_memory_gib_unset_or_fitting_passes_and_is_refused_on_cpu():
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     cfg, _ = compose_and_prepare([f"model_path={QWEN_05B}"], "gpu_qwen0.5b_1gpu")
     assert cfg.trainer.gpu_memory_gib == 80
@@ -198,7 +198,7 @@ def test_hand_count_when_a_process_group_exists(monkeypatch):
      "lower actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (now 16)"),
 ])
 def test_the_refusal_names_the_knob_for_what_dominates(config_name, overrides, knob):
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     model = QWEN_05B if "0.5b" in config_name else QWEN_7B
     with pytest.raises(SystemExit) as err:

@@ -17,7 +17,7 @@ from agent_trainer.batch import BatchMeta, TensorBatch
 from agent_trainer.condensed_ctx import CondensedContextManager
 from agent_trainer.checks.load import load_config
 from agent_trainer.ctx_manager import EpisodeContext
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 from agent_trainer.rollout import SyncMultiTurnRollout, screen_nonfinite
 from agent_trainer.trainer import AgentTrainer
 from envs import load_env_tags

@@ -189,7 +189,7 @@ def test_batch_computes_in_parallel_in_order_with_per_item_timing():
 
 def test_a_user_computer_by_import_path_loads_through_the_config_and_an_unknown_name_is_refused_before_ray(
         tiny_model_path):
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     base = [f"model_path={tiny_model_path}"]
     cfg, _ = compose_and_prepare([*base, f"reward_computation.type={__name__}:AlwaysHalf"], "multiturn_grpo_trainer")

@@ -42,7 +42,7 @@ def test_sokoban_gets_the_generic_baselines_only():
 
 
 def test_report_puts_the_runs_beside_the_baselines(tmp_path):
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     sft, rl = tmp_path / "sft", tmp_path / "rl"
     for folder, points in ((sft, [(0, 0.0), (58, 0.2)]), (rl, [(0, 0.25), (20, 0.4), (40, 0.6)])):
@@ -67,7 +67,7 @@ def test_report_puts_the_runs_beside_the_baselines(tmp_path):
 
 
 def test_learning_summary_is_the_runs_and_the_baselines_as_data(tmp_path):
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     rl = tmp_path / "rl"
     rl.mkdir()

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from agent_trainer.main import compose_and_prepare, init_ray
+from agent_trainer.checks.prepare import compose_and_prepare
+from agent_trainer.ray_cluster import init_ray
 from agent_trainer.trainer import AgentTrainer
 from workers.build import build_workers
 

@@ -12,7 +12,7 @@ import os
 import pytest
 import yaml
 
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 from e2e_runs import metrics_records, train_here
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_trainer.ctx_manager import ContextManager
 from agent_trainer.demonstrations import encode_conversation, read_jsonl
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

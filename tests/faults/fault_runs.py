@@ -35,7 +35,7 @@ def write_fault_envs(path, extra_tags: dict | None = None) -> str:
     file's path."""
     import yaml
 
-    from agent_trainer.main import CONFIG_DIR
+    from agent_trainer.checks.prepare import CONFIG_DIR
 
     tags = yaml.safe_load((CONFIG_DIR / "envs.yaml").read_text())
     tags = tags.get("custom_envs", tags)
@@ -54,7 +54,7 @@ def fault_config(model_path: str, run_dir, train_tags: list[str], *overrides: st
     (``es_manager.preflight``); ``extra_tags`` join the envs file; returns (cfg, env_tags)."""
     from hydra import compose, initialize_config_dir
 
-    from agent_trainer.main import CONFIG_DIR, prepare
+    from agent_trainer.checks.prepare import CONFIG_DIR, prepare
 
     n = len(train_tags)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):

@@ -20,7 +20,7 @@ from ray.exceptions import RayActorError
 from transformers import AutoTokenizer
 
 from agent_trainer.es_manager import EnvStateManager
-from agent_trainer.main import init_ray
+from agent_trainer.ray_cluster import init_ray
 from agent_trainer.rollout import make_context_manager, wait_until_ready
 from agent_trainer.trainer import AgentTrainer
 from workers.build import build_workers

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from agent_trainer import lifecycle, watchdog
-from agent_trainer.main import compose_and_prepare, worker_pythonpath
+from agent_trainer.checks.prepare import compose_and_prepare
+from agent_trainer.ray_cluster import worker_pythonpath
 from workers.build import Demand, check_placement, resource_demands
 from workers.worker_group import PlacementError, death_cause
 

@@ -12,7 +12,7 @@ import pytest
 import ray
 from transformers import AutoTokenizer
 
-from agent_trainer.main import init_ray
+from agent_trainer.ray_cluster import init_ray
 from agent_trainer.trainer import AgentTrainer
 from workers.build import build_workers
 from fault_runs import fault_config

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.sft import compose_sft
 
 REPO = Path(__file__).resolve().parents[2]

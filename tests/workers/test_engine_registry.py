@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from agent_trainer.checks import engines as registry
 from agent_trainer.checks.engines import engine_class, engine_names, register_engine
 from agent_trainer.checks.load import load_config
-from agent_trainer.main import CONFIG_DIR
+from agent_trainer.checks.prepare import CONFIG_DIR
 from workers.engines.base import GenerationOutput, RolloutEngine
 from workers.engines.hf import HFEngine
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agent_trainer.colocation import ColocatedMemory
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 from workers import build
 from workers.build import (Demand, check_device, check_placement, engine_env_vars, engine_gpus, resolve_device,
                            resource_demands, sleep_mode_on)
@@ -323,7 +323,7 @@ def test_a_trainer_handed_sleep_mode_workers_sleeps_and_wakes_their_engines(tiny
 
 def test_weight_sync_keys_are_refused_before_ray_starts(tiny_model_path):
     from agent_trainer.config.choices import WEIGHT_SYNC_TRANSPORTS
-    from workers.weight_sync import TRANSPORTS
+    from workers.sync_transports import TRANSPORTS
 
     assert WEIGHT_SYNC_TRANSPORTS == TRANSPORTS  # the config layer's copy of the sync's choices
     with pytest.raises(SystemExit, match=r"actor_rollout_ref.rollout.weight_sync = 'nccl'"):

@@ -267,7 +267,7 @@ REFUSED = [  # overrides, what the one line must name
 def test_precision_and_offload_mistakes_are_refused_in_one_line(overrides, named, tiny_model_path):
     """bfloat16 master weights with an optimizer (old code trained them silently), float16 training, offload keys
     with nothing to offload to: each refused before Ray in one line that names the key and the fix."""
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     with pytest.raises(SystemExit) as refused:
         compose_and_prepare([*overrides, f"model_path={tiny_model_path}"])
@@ -276,7 +276,7 @@ def test_precision_and_offload_mistakes_are_refused_in_one_line(overrides, named
 
 
 def test_low_precision_master_weights_and_gpu_offload_pass_when_asked_for(tiny_model_path):
-    from agent_trainer.main import compose_and_prepare
+    from agent_trainer.checks.prepare import compose_and_prepare
 
     cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "actor_rollout_ref.model.dtype=bfloat16",
                                   "actor_rollout_ref.actor.allow_low_precision_master=true",

@@ -13,7 +13,8 @@ from agent_trainer.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
 from tests.workers.test_fsdp_workers import _ragged_batch
 from workers.actor import ActorWorker, ReferenceWorker
-from workers.weight_sync import iter_weight_buckets, sync_tensor_names, unpack_bucket
+from workers.weight_buckets import unpack_bucket
+from workers.weight_sync import iter_weight_buckets, sync_tensor_names
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from agent_trainer import export
+from agent_trainer import export, model_export
 from agent_trainer.batch import TensorBatch
 from tests.workers.test_lora import TARGETS, _actor, _batch, _train
 
@@ -84,7 +84,7 @@ def test_merge_casts_with_dtype(trained, tmp_path):
 
     _, steps = trained
     out = tmp_path / "bf16"
-    export.export(steps["shards"], out, dtype="bfloat16", merge=True)
+    model_export.export(steps["shards"], out, dtype="bfloat16", merge=True)
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
@@ -115,13 +115,14 @@ def test_an_unknown_base_model_is_refused_naming_base(trained, tmp_path):
     shutil.copytree(steps["shards"], moved)
     (moved / "config.yaml").write_text(yaml.safe_dump(_run_config(str(tmp_path / "gone"))))
     with pytest.raises(ValueError, match=r"is not a model folder here: pass --base PATH"):
-        export.export(moved, tmp_path / "out", merge=True)
+        model_export.export(moved, tmp_path / "out", merge=True)
     with pytest.raises(ValueError, match=r"config.yaml is missing.*pass --base PATH"):
-        export.export(_alone(moved, tmp_path), tmp_path / "out", merge=True)
+        model_export.export(_alone(moved, tmp_path), tmp_path / "out", merge=True)
     with pytest.raises(ValueError, match=r"--base .* is not a Hugging Face model folder"):
-        export.export(moved, tmp_path / "out", merge=True, base=tmp_path / "gone")
+        model_export.export(moved, tmp_path / "out", merge=True, base=tmp_path / "gone")
     # a Hub id is a base too (the SFT's trainer.merge_lora passes its model_path, which may be one)
-    assert export.base_model_path(moved, None, Path("Qwen/Qwen2.5-0.5B-Instruct")) == Path("Qwen/Qwen2.5-0.5B-Instruct")
+    hub_id = Path("Qwen/Qwen2.5-0.5B-Instruct")
+    assert model_export.base_model_path(moved, None, hub_id) == hub_id
 
 
 def _alone(step: Path, tmp_path: Path) -> Path:
@@ -135,4 +136,4 @@ def test_shards_only_without_the_run_config_are_refused(trained, tiny_model_path
     """Without peft's adapter_config.json the adapter's lora_alpha comes from the run's config.yaml."""
     _, steps = trained
     with pytest.raises(ValueError, match=r"has no adapter_config.json .* pass the global_step_N folder"):
-        export.export(_alone(steps["shards"], tmp_path), tmp_path / "out", merge=True, base=Path(tiny_model_path))
+        model_export.export(_alone(steps["shards"], tmp_path), tmp_path / "out", merge=True, base=Path(tiny_model_path))

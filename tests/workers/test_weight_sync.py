@@ -15,8 +15,9 @@ from datetime import timedelta
 import pytest
 import torch
 
-from workers.weight_sync import (ALIGN, SyncPlan, bucket_nbytes, iter_weight_buckets,
-                                 resolve_transport, sync_tensor_names, unpack_bucket)
+from workers.sync_transports import resolve_transport
+from workers.weight_buckets import ALIGN, bucket_nbytes, unpack_bucket
+from workers.weight_sync import SyncPlan, iter_weight_buckets, sync_tensor_names
 
 
 def _model(path: str):

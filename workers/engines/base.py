@@ -31,17 +31,8 @@ from typing import Any, Sequence
 
 import torch
 
-from workers.weight_sync import (
-    _aligned,
-    _Packer,
-    bytes_as_tensor,
-    dtype_name,
-    join_weight_group,
-    node_ip,
-    rebuild_ipc_tensor,
-    receive_bucket,
-    unpack_bucket,
-)
+from workers.sync_transports import join_weight_group, node_ip, rebuild_ipc_tensor, receive_bucket
+from workers.weight_buckets import _aligned, _Packer, bytes_as_tensor, dtype_name, unpack_bucket
 
 DEVICES = ("cpu", "cuda")
 FINISH_STOP, FINISH_LENGTH = "stop", "length"
