@@ -36,13 +36,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent_trainer import checkpoint, cli_args
+from agent_trainer.common import checkpoint
+from agent_trainer import cli_args
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.worker_registry import worker_api
 
 if TYPE_CHECKING:
-    from agent_trainer.es_manager import EpisodeState
+    from agent_trainer.episode.es_manager import EpisodeState
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +103,9 @@ def sampled_config(cfg: AgentTrainerConfig) -> AgentTrainerConfig:
 def run_pass(cfg: AgentTrainerConfig, tokenizer, engines, env_worker_cls, env_tags: dict, name: str,
              pass_key: str | None = None) -> dict:
     """One validation rollout; its summary. Its env actors are killed after (the next pass reuses their names)."""
-    from agent_trainer import lifecycle
+    from agent_trainer.training import lifecycle
     from agent_trainer.rollout import make_rollout
-    from agent_trainer.trajectories import write_step
+    from agent_trainer.observe.trajectories import write_step
 
     rollout = make_rollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split=Split.VAL,
                            num_env_actors=cfg.agent_proxy.num_env_actors)

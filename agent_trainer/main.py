@@ -21,7 +21,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agent_trainer import cli_args, core_algos, memory_plan, run_logs, watchdog
+from agent_trainer import cli_args, core_algos, watchdog
+from agent_trainer.training import memory_plan
+from agent_trainer.observe import run_logs
 from agent_trainer.checks.distill import check_teacher_vocabulary
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.preflight import preflight_envs
@@ -31,7 +33,7 @@ from agent_trainer.config import AgentTrainerConfig, config_schema
 from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
 from agent_trainer.config.splits import CONFIG_SPLITS
-from agent_trainer.prompt_data import check_datasets, dataset_env_tags
+from agent_trainer.episode.prompt_data import check_datasets, dataset_env_tags
 from agent_trainer.worker_registry import worker_api
 from envs import load_env_tags
 from envs.registry import tags_folder
@@ -268,7 +270,7 @@ def check_local_placement(cfg: AgentTrainerConfig) -> None:
     """A local run whose workers need more CPUs than the cluster it would start is refused before Ray starts.
 
     The cluster's CPUs are known in advance: ``trainer.ray_num_cpus``, else what Ray detects (the machine's, or
-    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``workers.build``), GPUs too.
+    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``agent_trainer.workers.build``), GPUs too.
     """
     if os.environ.get("RAY_ADDRESS"):
         return
@@ -288,9 +290,9 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     """Start Ray and the workers, train; return every step's metrics."""
     from transformers import AutoTokenizer
 
-    from agent_trainer import lifecycle
+    from agent_trainer.training import lifecycle
     from agent_trainer.rollout.results import EnvFailure
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
     from agent_trainer.trajectory_rewards.judge import JudgeFailure
     PlacementError, build_workers = worker_api("PlacementError"), worker_api("build_workers")
 

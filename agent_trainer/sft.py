@@ -9,15 +9,15 @@ The run, top to bottom (``SFTTrainer.fit``)::
         both; play expert demonstrations through the rollout's EnvStateManager and
         ContextManager (or read JSONL conversations); encode them by the RL mask rules;
         hold out a validation split
-    start the actor group (workers/actor.py ActorWorker, the RL policy worker) and, for
+    start the actor group (agent_trainer/workers/actor.py ActorWorker, the RL policy worker) and, for
         env success, a rollout engine and env actors (the RL validation rollout)
     evaluate the start: validation loss, and success on the RL config's held-out episodes
     for each optimizer step: a length-bucketed batch -> actor.update_sft (dp_execute)
         evaluate every eval.test_freq steps and after the last; checkpoint (HF folder)
 
 Loss only on assistant tokens, by the RL rules: 1 exactly on each reply's ids and its eos
-(``agent_trainer.demonstrations.encode_conversation``). Checkpoints are written by the
-worker's ``save_checkpoint`` into ``global_step_N/actor`` (``agent_trainer.checkpoint``
+(``agent_trainer.agents.demonstrations.encode_conversation``). Checkpoints are written by the
+worker's ``save_checkpoint`` into ``global_step_N/actor`` (``agent_trainer.common.checkpoint``
 layout); ``<run dir>/final`` links the last one, an HF folder the RL trainer loads as
 ``model_path``. Metrics go to console and JSONL (``sft/``, ``val/``, ``perf/``, ``timing_s/``).
 """
@@ -39,8 +39,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from agent_trainer import checkpoint, cli_args
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common import checkpoint
+from agent_trainer import cli_args
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.checks.load import load_sft_config
 from agent_trainer.checks.sft import check_against_rl
 from agent_trainer.config import ActorConfig, AgentTrainerConfig
@@ -49,12 +50,12 @@ from agent_trainer.config import errors as config_errors
 from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
 from agent_trainer.config.splits import Split
-from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
+from agent_trainer.agents.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
                                           play_demonstrations, read_jsonl, resolve_demonstrator,
                                           write_jsonl)
-from agent_trainer.es_manager import VAL_SEED_OFFSET
+from agent_trainer.episode.es_manager import VAL_SEED_OFFSET
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
-from agent_trainer.tracking import Tracking, timer
+from agent_trainer.observe.tracking import Tracking, timer
 from agent_trainer.worker_registry import worker_api
 from envs.registry import normalize_tags
 
@@ -300,7 +301,7 @@ class SFTTrainer:
 
     def train_step(self, rows: list[SFTRow]) -> dict[str, float]:
         """One optimizer step on ``rows`` (padded with zero-mask rows to a whole batch)."""
-        from agent_trainer.trainer import pad_for_update
+        from agent_trainer.training.trainer import pad_for_update
 
         metrics: dict[str, float] = {}
         with timer("step", metrics):
@@ -331,7 +332,7 @@ class SFTTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """``val/sft_loss`` and ``val/sft_token_acc`` on the held-out rows; env success with ``eval.env_success``."""
-        from agent_trainer.trainer import pad_for_update
+        from agent_trainer.training.trainer import pad_for_update
 
         world = self.rl.actor_rollout_ref.actor.fsdp.world_size
         rows = sorted(self.run.data.val, key=lambda r: len(r.token_ids))
@@ -346,7 +347,7 @@ class SFTTrainer:
         return metrics
 
     def sync_weights(self) -> float:
-        """Ship the actor's weights to every engine (``workers.weight_sync.sync_weights``, as RL does)."""
+        """Ship the actor's weights to every engine (``agent_trainer.workers.weight_sync.sync_weights``, as RL does)."""
         sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
 
         return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))

@@ -1,10 +1,10 @@
 """The worker layer as the trainer and the entry points reach it: a name -> import path table, resolved on use.
 
-``workers/`` sits above most of ``agent_trainer``: its classes import the config, the batch, ``core_algos``,
+``agent_trainer/workers/`` sits above most of ``agent_trainer``: its classes import the config, the batch, ``core_algos``,
 the env-state manager and the rollout. The modules above it (the trainers, ``evaluate``, the entry points,
 the memory plan and ``export``) build or call workers, so they cannot import ``workers`` without closing an
 import cycle between the two packages. They name what they use here instead, the way ``envs/registry.py``
-names environments: ``worker_api("build_workers")`` imports ``workers.build`` on first use (FSDP, vLLM and
+names environments: ``worker_api("build_workers")`` imports ``agent_trainer.workers.build`` on first use (FSDP, vLLM and
 Ray load then, never when ``agent_trainer`` is imported). A test resolves every entry, and the layer test
 allows ``worker_api`` only in the trainer and entry-point layers (docs/architecture.md, "Layers").
 """
@@ -15,22 +15,22 @@ import importlib
 from typing import Any
 
 WORKER_API: dict[str, str] = {
-    "build_workers": "workers.build:build_workers",
-    "build_engines": "workers.build:build_engines",
-    "build_actor_group": "workers.build:build_actor_group",
-    "env_actor_class": "workers.build:env_actor_class",
-    "resolve_device": "workers.build:resolve_device",
-    "check_placement": "workers.build:check_placement",
-    "resource_demands": "workers.build:resource_demands",
-    "ActorWorker": "workers.actor:ActorWorker",
-    "WorkerGroup": "workers.worker_group:WorkerGroup",
-    "WorkerDied": "workers.worker_group:WorkerDied",
-    "PlacementError": "workers.worker_group:PlacementError",
-    "sync_plan": "workers.weight_sync:sync_plan",
-    "sync_weights": "workers.weight_sync:sync_weights",
-    "decoder_layers": "workers.fsdp_base:_decoder_layers",
-    "sharded_checkpoint": "workers.sharded_checkpoint",
-    "lora": "workers.lora",
+    "build_workers": "agent_trainer.workers.build:build_workers",
+    "build_engines": "agent_trainer.workers.build:build_engines",
+    "build_actor_group": "agent_trainer.workers.build:build_actor_group",
+    "env_actor_class": "agent_trainer.workers.build:env_actor_class",
+    "resolve_device": "agent_trainer.workers.build:resolve_device",
+    "check_placement": "agent_trainer.workers.build:check_placement",
+    "resource_demands": "agent_trainer.workers.build:resource_demands",
+    "ActorWorker": "agent_trainer.workers.actor:ActorWorker",
+    "WorkerGroup": "agent_trainer.workers.worker_group:WorkerGroup",
+    "WorkerDied": "agent_trainer.workers.worker_group:WorkerDied",
+    "PlacementError": "agent_trainer.workers.worker_group:PlacementError",
+    "sync_plan": "agent_trainer.workers.weight_sync:sync_plan",
+    "sync_weights": "agent_trainer.workers.weight_sync:sync_weights",
+    "decoder_layers": "agent_trainer.workers.fsdp_base:_decoder_layers",
+    "sharded_checkpoint": "agent_trainer.workers.sharded_checkpoint",
+    "lora": "agent_trainer.workers.lora",
 }
 """Name -> ``"package.module:attribute"`` (or ``"package.module"`` for a whole module)."""
 

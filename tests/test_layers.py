@@ -20,23 +20,23 @@ PACKAGES = ("agent_trainer", "workers", "envs", "launch")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("agent_trainer.config", "=agent_trainer")),
     ("envs", ("envs",)),
-    ("algorithms", ("agent_trainer.core_algos", "agent_trainer.batch", "agent_trainer.checkpoint",
-                    "agent_trainer.plugins", "agent_trainer.prompts", "agent_trainer.profiling")),
-    ("episode", ("agent_trainer.es_manager", "agent_trainer.agents", "agent_trainer.ctx_manager",
-                 "agent_trainer.condensed_ctx", "agent_trainer.condensers", "agent_trainer.trajectory_rewards",
-                 "agent_trainer.demonstrations", "agent_trainer.prompt_data", "agent_trainer.rollout_shaping",
-                 "agent_trainer.collapse_metrics")),
+    ("algorithms", ("agent_trainer.core_algos", "agent_trainer.common.batch", "agent_trainer.common.checkpoint",
+                    "agent_trainer.common.plugins", "agent_trainer.common.prompts", "agent_trainer.common.profiling")),
+    ("episode", ("agent_trainer.episode.es_manager", "agent_trainer.agents", "agent_trainer.agents.ctx_manager",
+                 "agent_trainer.agents.condensed_ctx", "agent_trainer.condensers", "agent_trainer.trajectory_rewards",
+                 "agent_trainer.agents.demonstrations", "agent_trainer.episode.prompt_data", "agent_trainer.episode.rollout_shaping",
+                 "agent_trainer.episode.collapse_metrics")),
     ("gateway", ("agent_trainer.gateway",)),
     ("checks", ("agent_trainer.checks",)),
     ("rollout", ("agent_trainer.rollout", "agent_trainer.rollout.multiturn", "agent_trainer.rollout.splits",
                  "agent_trainer.rollout.resets", "agent_trainer.rollout.turns", "agent_trainer.rollout.lanes",
-                 "agent_trainer.rollout.engines", "agent_trainer.rollout.results", "agent_trainer.env_pool",
-                 "agent_trainer.overlap")),
+                 "agent_trainer.rollout.engines", "agent_trainer.rollout.results", "agent_trainer.rollout.env_pool",
+                 "agent_trainer.rollout.overlap")),
     ("workers", ("workers",)),
-    ("observe", ("agent_trainer.tracking", "agent_trainer.metrics_export", "agent_trainer.trajectories",
-                 "agent_trainer.viewer", "agent_trainer.run_logs")),
-    ("trainer", ("agent_trainer.trainer", "agent_trainer.reward_model", "agent_trainer.colocation",
-                 "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry")),
+    ("observe", ("agent_trainer.observe.tracking", "agent_trainer.observe.metrics_export", "agent_trainer.observe.trajectories",
+                 "agent_trainer.observe.viewer", "agent_trainer.observe.run_logs")),
+    ("trainer", ("agent_trainer.training.trainer", "agent_trainer.training.reward_model", "agent_trainer.training.colocation",
+                 "agent_trainer.training.lifecycle", "agent_trainer.training.memory_plan", "agent_trainer.worker_registry")),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
              "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
              "agent_trainer.check_env", "agent_trainer.serve_env")),
@@ -179,11 +179,11 @@ def test_no_module_cycle_and_no_package_cycle():
 def test_the_checker_sees_an_upward_import_and_a_cycle():
     """The rules above can fail: an import of the trainer from the config layer is upward, two modules that
     import each other are a cycle."""
-    assert layer_of("agent_trainer.trainer") > layer_of("agent_trainer.config.schema")
+    assert layer_of("agent_trainer.training.trainer") > layer_of("agent_trainer.config.schema")
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     tree = ast.parse("from agent_trainer import trainer\nfrom . import loading\n")
     found = [t for node in tree.body for t in imported("agent_trainer.config.schema", node)]
-    assert found == ["agent_trainer.trainer", "agent_trainer.config.loading"]
+    assert found == ["agent_trainer.training.trainer", "agent_trainer.config.loading"]
 
 
 def test_only_the_trainer_and_cli_layers_reach_workers_and_every_entry_resolves():

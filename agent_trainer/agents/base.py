@@ -25,9 +25,9 @@ import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
     from agent_trainer.config import AgentTrainerConfig
-    from agent_trainer.es_manager import EnvInput, EnvOutput
+    from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 
 LAYOUTS = ("full", "condensed")
 """An agent's training rows: one per episode (full) or one per turn (condensed); ``ctx_manager.mode`` must match."""

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 from agent_trainer.condensers.layouts import ConversationLayout
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.plugins import PluginRegistry
+from agent_trainer.common.plugins import PluginRegistry
 
 EMPTY_SUMMARY = "(no summary)"
 """What a context shows for a summary the policy left blank."""

@@ -1,7 +1,7 @@
 """The two context layouts the strategies build on.
 
 - Conversation (``full``, ``truncate``): the episode as ``ctx_manager.mode=full``
-  lays it out, rendered by :class:`agent_trainer.ctx_manager.ContextManager`
+  lays it out, rendered by :class:`agent_trainer.agents.ctx_manager.ContextManager`
   itself: the first prompt (system, instruction, first observation, assistant
   header), then per step its output ids verbatim (plus an eos when cut) and the
   next observation as a user message ending in the assistant header. Each
@@ -18,9 +18,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from agent_trainer import prompts
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.es_manager import EnvOutput
+from agent_trainer.common import prompts
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.episode.es_manager import EnvOutput
 
 NO_ANSWER = "(no <answer> block)"
 """How a recap shows a reply without an answer."""

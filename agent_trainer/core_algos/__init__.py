@@ -14,7 +14,7 @@ normalisation and rollout filtering), estimators
 (``@register_estimator``: each estimator's properties, recorded where it is defined), registry
 (``compute_advantage``, the name tables derived from the specs, the estimator a config section selects).
 A new estimator is one module of this package with a decorated function: every module here is imported with
-the package (``agent_trainer.plugins.import_package_modules``; docs/algorithms.md).
+the package (``agent_trainer.common.plugins.import_package_modules``; docs/algorithms.md).
 See docs/algorithms.md for the table of estimators and losses.
 """
 
@@ -71,7 +71,7 @@ from .shaping import (
     filter_groups,
     normalize_scores,
 )
-from agent_trainer.plugins import import_package_modules
+from agent_trainer.common.plugins import import_package_modules
 
 import_package_modules(__name__, __path__)  # a new estimator is one module here: its @register_estimator runs now
 

@@ -17,8 +17,8 @@ them: each group's next turn goes to the engines as soon as its own env step ret
 (:class:`~agent_trainer.rollout.lanes.BarrierFreeLoop`, docs/architecture.md).
 
 ``ctx_manager.mode`` picks the layout: ``full`` (one growing sequence and one
-row per episode, ``agent_trainer.ctx_manager``) or ``condensed`` (a fresh
-prompt per turn and one row per turn, ``agent_trainer.condensed_ctx``).
+row per episode, ``agent_trainer.agents.ctx_manager``) or ``condensed`` (a fresh
+prompt per turn and one row per turn, ``agent_trainer.agents.condensed_ctx``).
 ``agent_proxy.agent_cls`` (or ``AgentTrainer(agent_cls=...)``) puts another agent in the
 context manager's place (docs/agents.md); every batch an agent builds is checked against the
 token-in/token-out contract before it leaves the rollout (``agent_trainer.agents.contract``).
@@ -28,7 +28,7 @@ Faults end only what they touch (docs/reliability.md):
 - an env actor that dies is reported (``rollout/env_actor_failures``) and its episodes end
   where they are; Ray restarts it (``max_restarts``), so the next reset finds it again;
 - an env actor that misses ``es_manager.env_step_timeout_s`` / ``env_reset_timeout_s`` is
-  killed and replaced (``agent_trainer.env_pool``); its episodes end with an error
+  killed and replaced (``agent_trainer.rollout.env_pool``); its episodes end with an error
   (``env/<tag>/timeouts``, ``rollout/env_timeouts``);
 - an episode whose reset raises or times out is dropped from the step
   (``rollout/reset_failures``); more than ``es_manager.max_failed_reset_fraction`` of the

@@ -36,11 +36,11 @@ import openai
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agent_trainer import profiling
+from agent_trainer.common import profiling
 from agent_trainer.agents.base import Agent
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows, pad_token_id
-from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.agents.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows, pad_token_id
+from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 from agent_trainer.gateway.app import eos_ids
 from agent_trainer.gateway.host import EngineRequest, GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
-from agent_trainer.ctx_manager import EpisodeContext
+from agent_trainer.agents.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
+from agent_trainer.agents.ctx_manager import EpisodeContext
 from agent_trainer.rollout.splits import episode_seed
 from agent_trainer.rollout.turns import TurnLoop
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from agent_trainer import profiling
-from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
-from agent_trainer.ctx_manager import EpisodeContext
-from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.common import profiling
+from agent_trainer.agents.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
+from agent_trainer.agents.ctx_manager import EpisodeContext
+from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 from agent_trainer.rollout.results import RolloutFaults
 from agent_trainer.rollout.splits import SamplingParams, episode_seed, sampling_seed
 

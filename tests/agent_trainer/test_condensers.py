@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_trainer.checks.plugins import check_condenser
-from agent_trainer.condensed_ctx import CondensedContextManager, TurnRow
+from agent_trainer.agents.condensed_ctx import CondensedContextManager, TurnRow
 from agent_trainer.condensers import (
     ContextCondenser,
     Draft,
@@ -20,7 +20,7 @@ from agent_trainer.condensers import (
     make_condenser,
 )
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.agents.ctx_manager import ContextManager
 
 
 class Recording:

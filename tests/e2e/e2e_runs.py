@@ -12,8 +12,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from agent_trainer.main import compose_and_prepare, init_ray
-from agent_trainer.trainer import AgentTrainer
-from workers.build import build_workers
+from agent_trainer.training.trainer import AgentTrainer
+from agent_trainer.workers.build import build_workers
 
 
 @contextmanager
