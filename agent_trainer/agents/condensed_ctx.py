@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
-from agent_trainer.agents.base import agent_options
+from agent_trainer.agents.base import SummaryGenerate, agent_options
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.condensers import (
     SummaryCall,
@@ -55,7 +55,8 @@ from agent_trainer.condensers import (
 from agent_trainer.condensers.layouts import NO_ANSWER, TurnSummary, condensed_user_message  # noqa: F401 (re-exported)
 from agent_trainer.config import condenser_config
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.agents.ctx_manager import ContextManager, EpisodeStatus, TrainingRow, anchor_id, collate_rows
+from agent_trainer.agents.ctx_manager import (ContextManager, EpisodeStatus, FullConversation, TrainingRow, anchor_id,
+                                              collate_rows)
 from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 from agent_trainer.trajectory_rewards import (
     BatchRewards,
@@ -66,10 +67,6 @@ from agent_trainer.trajectory_rewards import (
     TrajectoryReward,
 )
 
-SUMMARY_SEED_SALT = 0x2545F491
-"""XOR-ed into a turn's sampling seed for the summaries written before it (distinct from the turn's own calls)."""
-SummaryGenerate = Callable[[list[list[int]], list[int], float], list[tuple[list[int], list[float]]]]
-"""``generate(prompts, budgets, temperature) -> [(ids, logprobs)]``: the rollout's engines, for summaries."""
 
 
 @dataclass
@@ -176,7 +173,8 @@ class CondensedContextManager(ContextManager):
         if condenser is None:
             condenser = ContextCondenserConfig(type="simple", keep_last_n_steps=keep_last_n_turns,
                                                max_condensed_tokens=max_model_len)
-        self.condenser = make_condenser(condenser, tokenizer, enable_think=enable_think, action_sep=action_sep)
+        self.condenser = make_condenser(condenser, tokenizer, enable_think=enable_think, action_sep=action_sep,
+                                        conversation=FullConversation(tokenizer, enable_think, action_sep))
         self.rewards = BatchTrajectoryRewardComputer.from_config(rewards) if rewards and rewards.enable else None
         self.reward_config = rewards
         self.last_rewards: BatchRewards | None = None

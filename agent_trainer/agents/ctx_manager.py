@@ -24,8 +24,10 @@ agent builds against the token-in/token-out contract (``agents.contract``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -269,7 +271,7 @@ class ContextManager(Agent):
         """
         messages = [{"role": "system", "content": prompts.SYSTEM_PROMPT},
                     {"role": "user", "content": safe_text(user_message)}]
-        return self._cached_ids(json.dumps({"first": messages, "tools": tools}, sort_keys=True), lambda: _as_ids(
+        return self._cached_ids(json.dumps({"first": messages, "tools": tools}, sort_keys=True), lambda: as_ids(
             self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)))
 
     # -- chat-template plumbing ----------------------------------------------------------
@@ -335,7 +337,39 @@ def anchor_id(observation: str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def _as_ids(ids) -> list[int]:
+class FullConversation:
+    """A condenser's trajectory as ``ctx_manager.mode=full`` lays it out (its ``conversation``,
+    :class:`agent_trainer.condensers.layouts.ConversationLayout`): the task prompt and one segment per step, rendered
+    by a :class:`ContextManager` without a length limit (built on first use)."""
+
+    def __init__(self, tokenizer, enable_think: bool = True, action_sep: str = "||"):
+        self.tokenizer, self.enable_think, self.action_sep = tokenizer, enable_think, action_sep
+
+    @functools.cached_property
+    def ctx(self) -> ContextManager:
+        return ContextManager(self.tokenizer, enable_think=self.enable_think, action_sep=self.action_sep,
+                              max_model_len=sys.maxsize)
+
+    def segments(self, traj) -> tuple[list[int], list[list[int]]]:
+        """(first prompt ids, [o_k (+ eos) + observation-after-k ids for every step k])."""
+        ep = self.ctx.start(_env_output(traj.instruction, traj.first_observation, 0.0))
+        task = list(ep.token_ids)
+        segments, mark = [], len(task)
+        for step in traj.steps:
+            self.ctx.append_reply(ep, step.output_ids, [0.0] * len(step.output_ids))
+            self.ctx.append_env_output(ep, _env_output(traj.instruction, step.observation, step.reward),
+                                       response_length=0)
+            segments.append(list(ep.token_ids[mark:]))
+            mark = len(ep.token_ids)
+        return task, segments
+
+
+def _env_output(instruction: str, observation: str, reward: float) -> EnvOutput:
+    return EnvOutput(env_id=0, group_id=0, tag="", observation=observation, instruction=instruction,
+                     reward=reward, done=False, info={})
+
+
+def as_ids(ids) -> list[int]:
     """``apply_chat_template(tokenize=True)`` returns a list or a BatchEncoding depending on the version."""
     if hasattr(ids, "input_ids"):
         ids = ids["input_ids"]

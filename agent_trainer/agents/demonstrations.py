@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from agent_trainer.common import prompts
-from agent_trainer.agents.ctx_manager import ContextManager, EpisodeContext, _as_ids
+from agent_trainer.agents.ctx_manager import ContextManager, EpisodeContext, as_ids
 from agent_trainer.episode.es_manager import EnvInput, EnvOutput, EnvStateManager, EpisodeSpec
 from envs import BaseEnv, make_env
 
@@ -275,7 +275,7 @@ def encode_conversation(ctx_mgr: ContextManager, messages: list[Mapping[str, str
     check_messages(messages)
     first_user = 1 if messages[0]["role"] == "system" else 0
     head = [{"role": m["role"], "content": m["content"]} for m in messages[: first_user + 1]]
-    ids = _as_ids(ctx_mgr.tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=True))
+    ids = as_ids(ctx_mgr.tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=True))
     mask = [0] * len(ids)
     for message in messages[first_user + 1:]:
         if message["role"] == "assistant":

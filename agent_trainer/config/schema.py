@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_trainer.config.envs import EsManagerConfig
+from agent_trainer.config.envs import EnvGroupsConfig, EsManagerConfig
 from agent_trainer.config.multiturn import (
     DEFAULT_KEEP_LAST_N,
     ContextCondenserConfig,
@@ -27,6 +27,7 @@ from agent_trainer.config.multiturn import (
 )
 from agent_trainer.config.rewards import (DataConfig, JudgeConfig, RewardComputationConfig, RewardConfig,
                                           RewardModelConfig)
+from agent_trainer.config.splits import Split
 from agent_trainer.config.workers import ActorRolloutRefConfig, CriticConfig, FSDPConfig, ModelConfig, RefConfig
 
 
@@ -393,6 +394,15 @@ def keep_last_n(cfg: AgentTrainerConfig) -> int:
     steps = cfg.multiturn_trajectory.context_condenser.keep_last_n_steps
     turns = cfg.ctx_manager.keep_last_n_turns
     return next((v for v in (steps, turns) if v is not None), DEFAULT_KEEP_LAST_N)
+
+
+def split_config(cfg: AgentTrainerConfig, split: Split | str) -> EnvGroupsConfig:
+    """The groups a split plays; remax_baseline: the training groups with one episode each."""
+    if split not in tuple(Split):
+        raise ValueError(f"split must be one of {list(Split)}, got {split!r}")
+    if split == Split.REMAX_BASELINE:
+        return dataclasses.replace(cfg.es_manager.train, group_size=1)
+    return cfg.es_manager.train if split == Split.TRAIN else cfg.es_manager.val
 
 
 def condenser_config(cfg: AgentTrainerConfig) -> ContextCondenserConfig:

@@ -54,15 +54,14 @@ The modules, by responsibility:
 - ``results``: the batch, its contract check, the metrics and the faults of one rollout.
 """
 
-from agent_trainer.rollout.engines import get_or_kill, wait_until_ready
+from agent_trainer.rollout.engines import get_or_kill
 from agent_trainer.rollout.gateway import GatewayRollout
 from agent_trainer.rollout.lanes import BarrierFreeLoop, Lane
 from agent_trainer.rollout.multiturn import MultiTurnRollout, make_context_manager
 from agent_trainer.rollout.resets import EnvResets
 from agent_trainer.rollout.results import (EnvFailure, RolloutFaults, RolloutResult, check_env_errors,
                                            episode_rewards, rollout_metrics, screen_nonfinite)
-from agent_trainer.rollout.splits import (SPLITS, SamplingParams, episode_seed, sampling_params, sampling_seed,
-                                          split_config, trainer_splits)
+from agent_trainer.rollout.splits import SPLITS, SamplingParams, episode_seed, sampling_params, sampling_seed
 from agent_trainer.rollout.turns import TurnLoop
 
 SyncMultiTurnRollout = MultiTurnRollout
@@ -80,4 +79,4 @@ def make_rollout(cfg, tokenizer, engines: list, env_worker_cls, env_tags: dict, 
 __all__ = ["BarrierFreeLoop", "EnvFailure", "EnvResets", "GatewayRollout", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult",
            "SPLITS", "SamplingParams", "SyncMultiTurnRollout", "TurnLoop", "check_env_errors", "episode_rewards",
            "episode_seed", "get_or_kill", "make_context_manager", "make_rollout", "rollout_metrics", "sampling_params",
-           "sampling_seed", "screen_nonfinite", "split_config", "trainer_splits", "wait_until_ready"]
+           "sampling_seed", "screen_nonfinite"]

@@ -15,7 +15,7 @@ import numpy as np
 
 from agent_trainer.agents.base import Agent
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config import AgentTrainerConfig, split_config
 from agent_trainer.config.splits import Split
 from agent_trainer.rollout.env_pool import EnvActorPool
 from agent_trainer.episode.es_manager import EpisodeSpec, plan_episodes
@@ -23,7 +23,7 @@ from agent_trainer.rollout.engines import generate
 from agent_trainer.rollout.lanes import BarrierFreeLoop
 from agent_trainer.rollout.resets import EnvResets
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult, assemble, check_env_errors
-from agent_trainer.rollout.splits import SamplingParams, sampling_params, split_config
+from agent_trainer.rollout.splits import SamplingParams, sampling_params
 from agent_trainer.rollout.turns import TurnLoop
 from envs.registry import normalize_tags
 

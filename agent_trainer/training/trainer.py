@@ -34,8 +34,7 @@ from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.rollout import (RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout,
-                                   trainer_splits)
+from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
 from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.observe.tracking import Tracking, timer
 from agent_trainer.trajectory_rewards.judge import JudgeClient
@@ -100,12 +99,13 @@ class AgentTrainer:
             split: make_rollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags, split=split,
                                 num_env_actors=self.cfg.agent_proxy.num_env_actors,
                                 on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls)
-            for split in trainer_splits(self.cfg)
+            for split in core_algos.trainer_splits(self.cfg)
         }
         self.rollouts = rollouts
         """Every split's rollout; their env seed counters go into checkpoints."""
         self.train_rollout, self.val_rollout = rollouts[Split.TRAIN], rollouts.get(Split.VAL)
-        """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0, :func:`trainer_splits`)."""
+        """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0,
+        :func:`~agent_trainer.core_algos.trainer_splits`)."""
         self.remax_rollout = rollouts.get(Split.REMAX_BASELINE)
         """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
         if self.resume_from is not None:

@@ -553,12 +553,12 @@ def sync_weights(actor_wg, engines: list, plan: SyncPlan, on_stats: Callable[[di
     sends the weights once more (a restarted engine joins a fresh weight-transfer group); a second failure
     raises with Ray's error. ``on_stats`` gets rank 0's :class:`SyncStats` of the sync that succeeded.
     """
-    from agent_trainer.rollout import wait_until_ready
-
     stats = _sync_once(actor_wg, engines, plan)
     if stats.get("error") is not None:
         logger.error("rollout engine failed during weight sync (%s); waiting for its restart to resend",
                      stats["error"])
+        from agent_trainer.workers.worker_group import wait_until_ready  # ray, only when an engine failed
+
         wait_until_ready(engines)
         stats = _sync_once(actor_wg, engines, plan)
         if stats.get("error") is not None:

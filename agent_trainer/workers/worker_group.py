@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -220,6 +220,19 @@ class WorkerDied(RuntimeError):
     def __init__(self, group: str, rank: int, err: BaseException):
         self.group, self.rank = group, rank
         super().__init__(f"{group} rank {rank} (Ray actor {actor_name(group, rank)}) died: {death_cause(err)}")
+
+
+def wait_until_ready(actors: list, timeout_s: float = 600.0) -> None:
+    """Block until every actor answers (a restarting actor raises ActorUnavailableError until then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get([a.__ray_ready__.remote() for a in actors])
+            return
+        except (ActorUnavailableError, RayActorError):  # restarting (a killed actor may still be dying)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def death_cause(err: BaseException, limit: int = 600) -> str:

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer import core_algos
 from agent_trainer.common import prompts
-from agent_trainer.agents.ctx_manager import ContextManager, _as_ids, anchor_id
+from agent_trainer.agents.ctx_manager import ContextManager, as_ids, anchor_id
 from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from envs import load_env_tags
 
@@ -183,7 +183,7 @@ def test_first_prompts_are_rendered_once_per_distinct_text_and_tools(tokenizer, 
     first, second = ctx_mgr.start(outs[0]), ctx_mgr.start(outs[1])
     assert len(calls) == 1 and first.token_ids == second.token_ids and first.token_ids is not second.token_ids
     tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    assert ctx_mgr._chat_prompt_ids("x", tools=tool) == _as_ids(apply(
+    assert ctx_mgr._chat_prompt_ids("x", tools=tool) == as_ids(apply(
         [{"role": "system", "content": prompts.SYSTEM_PROMPT}, {"role": "user", "content": "x"}], tools=tool,
         add_generation_prompt=True, tokenize=True))
     ctx_mgr._chat_prompt_ids("x")

@@ -128,7 +128,7 @@ def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path,
 
     from agent_trainer.episode.es_manager import EnvStateManager
     from agent_trainer.training.lifecycle import kill_actors
-    from agent_trainer.rollout import wait_until_ready
+    from agent_trainer.workers.worker_group import wait_until_ready
     from agent_trainer.workers.rollout import HFRolloutWorker
 
     env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)  # as agent_trainer.workers.build starts them

@@ -21,7 +21,8 @@ from transformers import AutoTokenizer
 
 from agent_trainer.episode.es_manager import EnvStateManager
 from agent_trainer.main import init_ray
-from agent_trainer.rollout import make_context_manager, wait_until_ready
+from agent_trainer.rollout import make_context_manager
+from agent_trainer.workers.worker_group import wait_until_ready
 from agent_trainer.training.trainer import AgentTrainer
 from agent_trainer.workers.build import build_workers
 from fault_runs import fault_config
