@@ -126,7 +126,7 @@ def _gateway_step(tokenizer, tmp_path: Path) -> tuple[Path, list[list[int]]]:
     has no action, the agent asks again (call 2, which leads to step 1), then call 3 leads to step 2."""
     from agent_trainer.episode.es_manager import EnvTurn
     from agent_trainer.gateway.sessions import CallRecord
-    from agent_trainer.rollout.gateway import GatewayAgent, GatewayEpisode
+    from agent_trainer.agents.gateway import GatewayAgent, GatewayEpisode
 
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     replies = [ids("I am not sure.") + [tokenizer.eos_token_id], ids("<answer>Left</answer>"),
