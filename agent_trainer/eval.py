@@ -40,7 +40,6 @@ from agent_trainer.common import checkpoint
 from agent_trainer import cli_args
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
-from agent_trainer.worker_registry import worker_api
 
 if TYPE_CHECKING:
     from agent_trainer.episode.es_manager import EpisodeState
@@ -128,7 +127,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     from transformers import AutoTokenizer
 
     from agent_trainer.main import init_ray
-    build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
+    from agent_trainer.workers.build import build_engines, env_actor_class, resolve_device
 
     out = Path(cfg.eval.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +135,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     init_ray(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, default_local_dir=str(out))))
     engine_group = build_engines(cfg, resolve_device(cfg.trainer.device))
-    env_worker_cls = worker_api("env_actor_class")(cfg)
+    env_worker_cls = env_actor_class(cfg)
     try:
         report = {"model_path": cfg.actor_rollout_ref.model.path, "seeds": cfg.es_manager.val.env_groups,
                   "greedy": run_pass(greedy_config(cfg), tokenizer, engine_group.workers, env_worker_cls, env_tags, "greedy")}

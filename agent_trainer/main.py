@@ -34,7 +34,6 @@ from agent_trainer.config import compat
 from agent_trainer.config import errors as config_errors
 from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.episode.prompt_data import check_datasets, dataset_env_tags
-from agent_trainer.worker_registry import worker_api
 from envs import load_env_tags
 from envs.registry import tags_folder
 
@@ -281,7 +280,7 @@ def check_local_placement(cfg: AgentTrainerConfig) -> None:
         except ImportError:  # another Ray version: the check after ray.init still runs
             return
         cpus = get_num_cpus()
-    check_placement, resource_demands = worker_api("check_placement"), worker_api("resource_demands")
+    from agent_trainer.workers.build import check_placement, resource_demands  # the worker classes: torch, ray
 
     check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device
 
@@ -294,7 +293,8 @@ def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     from agent_trainer.rollout.results import EnvFailure
     from agent_trainer.training.trainer import AgentTrainer
     from agent_trainer.trajectory_rewards.judge import JudgeFailure
-    PlacementError, build_workers = worker_api("PlacementError"), worker_api("build_workers")
+    from agent_trainer.workers.build import build_workers
+    from agent_trainer.workers.worker_group import PlacementError
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -56,8 +56,10 @@ from agent_trainer.agents.demonstrations import (DemoEpisode, Demonstration, che
 from agent_trainer.episode.es_manager import VAL_SEED_OFFSET
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
 from agent_trainer.observe.tracking import Tracking, timer
-from agent_trainer.worker_registry import worker_api
 from envs.registry import normalize_tags
+
+if TYPE_CHECKING:
+    from agent_trainer.workers.build import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -253,22 +255,20 @@ class SFTTrainer:
         tok = run.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.val_rollout = None
+        self.workers: Workers | None = None
+        """The started workers (:meth:`init_workers`)."""
         self.engines: list = []
 
-    def init_workers(self) -> None:
-        """The actor group (every rank loads and shards the model); engine and env actors for env success."""
+    def init_workers(self, workers: Workers) -> None:
+        """Take the started workers (:func:`~agent_trainer.workers.build.build_sft_workers`: the actor group, models
+        loaded; engines and the env actor class for env success) and build the validation rollout."""
         from agent_trainer.rollout import make_rollout
-        build_actor_group, build_engines = worker_api("build_actor_group"), worker_api("build_engines")
-        resolve_device = worker_api("resolve_device")
 
-        device = resolve_device(self.rl.trainer.device)
-        self.actor_wg = build_actor_group(self.rl, device, sft_actor_config(self.cfg, self.rl), self.cfg.trainer.seed)
-        self.actor_wg.execute_all("init_model")
+        self.workers, self.actor_wg, self.engines = workers, workers.actor, workers.engines
         if self.cfg.eval.env_success:
-            self.engines = build_engines(self.rl, device).workers
-            env_cls = worker_api("env_actor_class")(self.rl)
-            self.val_rollout = make_rollout(self.rl, self.run.tokenizer, self.engines, env_cls, self.run.env_tags,
-                                            split=Split.VAL, num_env_actors=self.rl.agent_proxy.num_env_actors,
+            self.val_rollout = make_rollout(self.rl, self.run.tokenizer, self.engines, workers.env_worker_cls,
+                                            self.run.env_tags, split=Split.VAL,
+                                            num_env_actors=self.rl.agent_proxy.num_env_actors,
                                             on_engine_restart=self.sync_weights)
 
     def total_steps(self) -> int:
@@ -347,10 +347,8 @@ class SFTTrainer:
         return metrics
 
     def sync_weights(self) -> float:
-        """Ship the actor's weights to every engine (``agent_trainer.workers.weight_sync.sync_weights``, as RL does)."""
-        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
-
-        return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))
+        """Ship the actor's weights to every engine (the workers' own sync, as RL does)."""
+        return self.workers.sync_weights()
 
     def save_checkpoint(self, metrics: dict[str, float], merge: bool = False) -> Path:
         """``global_step_N/actor``: the worker's HF folder plus the tokenizer; ``<run dir>/final`` links it. With
@@ -401,9 +399,12 @@ def compose_sft(config_name: str, overrides: Sequence[str] = ()) -> SFTRun:
 
 def train(run: SFTRun) -> list[dict[str, float]]:
     """Start Ray and the workers, run SFT, print the before/after summary; return the logged metrics."""
+    from agent_trainer.workers.build import build_sft_workers  # the worker classes: torch, ray
+
     init_ray(run.rl)
     trainer = SFTTrainer(run)
-    trainer.init_workers()
+    trainer.init_workers(build_sft_workers(run.rl, sft_actor_config(run.cfg, run.rl), run.cfg.trainer.seed,
+                                           engines=run.cfg.eval.env_success))
     history = trainer.fit()
     model = None if run.cfg.trainer.merge_lora else run.rl.actor_rollout_ref.model
     print(summary(history, trainer.run_dir, model), flush=True)

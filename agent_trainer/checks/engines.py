@@ -1,10 +1,10 @@
 """The rollout engines by name: ``actor_rollout_ref.rollout.name`` is a registered name or an engine class's import
 path ``package.module:ClassName``, looked up once before ``ray.init``.
 
-The engine classes live in ``workers/engines/`` (above this layer), so the built-in engines are registered by
-import path and loaded with importlib on first use, the shape of ``envs/registry.py`` and
-``agent_trainer/worker_registry.py``; the engine modules import no vLLM or transformers at import time, so looking
-one up costs torch only. A class registered with :func:`register_engine` (a class or an import path) is found by
+The engine classes live in ``agent_trainer/workers/engines/`` (above this layer: the builder runs these checks), so
+the built-in engines are registered by import path and loaded with importlib on first use, the shape of
+``envs/registry.py``; the engine modules import no vLLM or transformers at import time, so looking one up costs
+torch only. A class registered with :func:`register_engine` (a class or an import path) is found by
 its name; an import path in the config needs no registration. Every refusal is one line naming the key.
 
 What the checks read from an engine class (:class:`agent_trainer.workers.engines.base.RolloutEngine`): ``name``, ``only_keys``

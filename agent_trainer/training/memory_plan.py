@@ -46,7 +46,6 @@ from typing import Any, Sequence
 
 from agent_trainer import core_algos
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.worker_registry import worker_api
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -101,9 +100,11 @@ def build_meta_model(model_config: Any, role: str):
 
 
 def decoder_layers(model) -> list:
-    """The units agent_trainer/workers/fsdp_base.py shards one by one (its ``_decoder_layers``, else the usual places)."""
+    """The units agent_trainer/workers/fsdp_base.py shards one by one (its ``decoder_layers``, else the usual places)."""
     try:
-        return list(worker_api("decoder_layers")(model))
+        from agent_trainer.workers import fsdp_base  # FSDP and transformers, loaded on use
+
+        return list(fsdp_base.decoder_layers(model))
     except (ImportError, ValueError):
         for attr in ("model", "transformer"):
             base = getattr(model, attr, None)

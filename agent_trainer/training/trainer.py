@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import ray
 import torch
@@ -38,13 +38,16 @@ from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_cont
 from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.observe.tracking import Tracking, timer
 from agent_trainer.trajectory_rewards.judge import JudgeClient
-from agent_trainer.worker_registry import worker_api
+from agent_trainer.workers.worker_group import WorkerDied
+
+if TYPE_CHECKING:
+    from agent_trainer.workers.build import Workers
 
 logger = logging.getLogger(__name__)
 
 
 class AgentTrainer:
-    """Builds the worker groups and runs ``fit()``.
+    """Runs ``fit()`` on the workers it is handed (:meth:`init_workers`).
 
     Workers: an FSDP2 actor group, an optional FSDP2 critic group (GAE
     estimators), an optional reference group (KL terms), rollout engines
@@ -52,13 +55,13 @@ class AgentTrainer:
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict, agent_cls: type | None = None, *,
-                 build_workers: Callable[[AgentTrainerConfig], Any]):
+                 build_workers: Callable[[AgentTrainerConfig], Workers]):
         """Decide where the run starts (``trainer.resume_mode``) and open the metric sinks; no worker starts.
 
         ``agent_cls`` (an ``agents.base.Agent`` subclass) replaces ``agent_proxy.agent_cls`` (docs/agents.md).
-        ``build_workers``: the cli layer's builder (``agent_trainer.workers.build.build_workers``: config -> ``Workers``), which
-        the caller runs once Ray is up and hands the result to :meth:`init_workers`; the trainer calls it itself
-        only to start the workers again after a restart.
+        ``build_workers``: the cli layer's builder (``agent_trainer.workers.build.build_workers``: config ->
+        :class:`~agent_trainer.workers.build.Workers`), which the caller runs once Ray is up and hands the result to
+        :meth:`init_workers`; the trainer calls it itself only to start the workers again after a restart.
         """
         self.cfg = cfg
         self.build_workers = build_workers
@@ -79,6 +82,8 @@ class AgentTrainer:
         self.kl_ctrl = make_kl_ctrl(cfg)
         self.judge = JudgeClient(cfg.judge) if cfg.judge.enable else None
         """judge.enable: the client of the LLM judge scoring every episode (docs/rewards.md, "Judges")."""
+        self.workers: Workers | None = None
+        """The started workers (:meth:`init_workers`); None before and after :meth:`shutdown`."""
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
         self.prefetch: RolloutBuffer[RolloutResult] = RolloutBuffer(depth=max(1, cfg.trainer.max_off_policy_steps))
@@ -90,9 +95,9 @@ class AgentTrainer:
         inactive until the workers start, and on CPU."""
 
     # -- set-up --------------------------------------------------------------------------
-    def init_workers(self, workers: Any = None) -> None:
-        """Take the started worker groups (a ``agent_trainer.workers.build.Workers``, models loaded), or build them with
-        ``build_workers`` when none are handed over (a restart); then build the rollouts and sync the engines."""
+    def init_workers(self, workers: Workers | None = None) -> None:
+        """Take the started workers (models loaded), or build them with ``build_workers`` when none are handed over
+        (a restart); then build the rollouts and sync the engines."""
         w = self.build_workers(self.cfg) if workers is None else workers
         self.take_workers(w)
         rollouts = {
@@ -113,9 +118,10 @@ class AgentTrainer:
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
         self.memory.to_rollout(self.sync_weights)
 
-    def take_workers(self, w: Any) -> None:
-        """Keep the handles of a ``agent_trainer.workers.build.Workers`` and drive its engines' colocation: sleep/wake when the
-        builder created them with sleep mode (``w.sleep_mode``), actor offload when ``w.actor_offload``."""
+    def take_workers(self, w: Workers) -> None:
+        """Keep the workers' handles and drive the engines' colocation: sleep/wake when the builder created them with
+        sleep mode (``w.sleep_mode``), actor offload when ``w.actor_offload``."""
+        self.workers = w
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
         self.engine_group = w.engine_group
         self.memory = ColocatedMemory(w.engines, w.actor, sleep=w.sleep_mode, offload=w.actor_offload)
@@ -135,6 +141,7 @@ class AgentTrainer:
         for group in self.worker_groups():
             group.shutdown()
             lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
+        self.workers = None
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
 
     def restart(self) -> None:
@@ -159,8 +166,6 @@ class AgentTrainer:
         the error propagates. ``stop`` (SIGINT/SIGTERM) ends the loop at the next step boundary,
         after a checkpoint when ``trainer.save_on_signal``, by raising ``lifecycle.Interrupted``.
         """
-        WorkerDied = worker_api("WorkerDied")
-
         restarts = 0
         while True:
             try:
@@ -179,8 +184,7 @@ class AgentTrainer:
 
     def worker_groups(self) -> list:
         """Every started group, each once (a colocated reference is the actor's group in a second role)."""
-        groups = [self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg, self.teacher_wg]
-        return [g for i, g in enumerate(groups) if g is not None and all(g is not seen for seen in groups[:i])]
+        return self.workers.groups() if self.workers is not None else []
 
     def named_workers(self) -> dict[str, list]:
         """Every worker's name (as in the Ray namespace) -> its actor handle, for error messages."""
@@ -500,14 +504,13 @@ class AgentTrainer:
     def ship_weights(self) -> float:
         """Ship the actor's weights to every engine, bucket by bucket; returns engine 0's reload seconds.
 
-        ``agent_trainer.workers.weight_sync.sync_weights`` (shared with SFT): every actor rank takes part in the per-unit
-        all-gathers, rank 0 sends (object store, collective group or CUDA IPC: ``rollout.weight_sync``). An
-        engine that dies while loading (or is found dead) is restarted by Ray from the checkpoint on disk: the
-        sync waits for it and sends the weights once more; a second failure raises with Ray's error.
+        The workers' own sync (:meth:`~agent_trainer.workers.build.Workers.sync_weights`, shared with SFT): every
+        actor rank takes part in the per-unit all-gathers, rank 0 sends (object store, collective group or CUDA
+        IPC: ``rollout.weight_sync``). An engine that dies while loading (or is found dead) is restarted by Ray from
+        the checkpoint on disk: the sync waits for it and sends the weights once more; a second failure raises with
+        Ray's error.
         """
-        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
-
-        return sync_weights(self.actor_wg, self.engines, sync_plan(self.cfg))
+        return self.workers.sync_weights()
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on the held-out validation seeds, scored by the judge and the reward model when on."""

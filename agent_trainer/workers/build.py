@@ -1,10 +1,14 @@
-"""Where the worker groups are built: the one place ``ray.remote`` meets the worker classes."""
+"""Where the worker groups are built: the one place ``ray.remote`` meets the worker classes.
+
+The entry points (``agent_trainer.main``, ``.sft``, ``.eval``) call a builder once Ray is up and hand what it returns
+to their trainer: :class:`Workers`, the started groups and the weight sync between the actor and the engines. The
+trainers never build workers, apart from calling again, after a restart, the builder they were handed."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import ray
 
@@ -15,23 +19,28 @@ from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, 
 from agent_trainer.episode.es_manager import EnvStateManager
 from agent_trainer.workers.actor import ActorWorker, ReferenceWorker
 from agent_trainer.workers.critic import CriticWorker
+from agent_trainer.workers import weight_sync
+from agent_trainer.workers.weight_sync import SyncPlan, sync_plan
 from agent_trainer.workers.worker_group import PlacementError, WorkerGroup
 
 
 @dataclass
 class Workers:
-    """Handles to everything the trainer drives."""
+    """Handles to everything a trainer drives, and the weight sync between the actor and the engines."""
 
     actor: WorkerGroup
-    critic: WorkerGroup | None
+    sync_plan: SyncPlan
+    """How :meth:`sync_weights` ships the actor's weights (``actor_rollout_ref.rollout.weight_sync`` and its
+    bucket size, colocation, the collective timeout)."""
+    critic: WorkerGroup | None = None
     """The critic group: the actor's group itself when colocated (critic.colocate)."""
-    ref: WorkerGroup | None
+    ref: WorkerGroup | None = None
     """The reference group: the actor's group itself when colocated (actor_rollout_ref.ref.colocate)."""
-    engines: list[Any]
-    """Ray actor handles of the rollout engines."""
-    engine_group: WorkerGroup
+    engines: list[Any] = field(default_factory=list)
+    """Ray actor handles of the rollout engines (none for an SFT run that does not evaluate env success)."""
+    engine_group: WorkerGroup | None = None
     """The engines' group (its placement group is freed on shutdown)."""
-    env_worker_cls: Any
+    env_worker_cls: Any = None
     """The ``ray.remote`` env-state manager class (the rollout starts and names its own env actors)."""
     reward_model: WorkerGroup | None = None
     """The reward-model group (``reward_model.enable``), else None."""
@@ -43,6 +52,17 @@ class Workers:
     """The engines were created with vLLM's sleep mode (:func:`sleep_mode_on`): the fit loop puts them to sleep."""
     actor_offload: bool = False
     """The actor gives its GPU memory to the engines during rollouts (:func:`actor_offloads`, GPU runs only)."""
+
+    def sync_weights(self, on_stats: Callable[[dict], None] | None = None) -> float:
+        """Ship the actor's weights to every engine, bucket by bucket; returns engine 0's reload seconds
+        (:func:`agent_trainer.workers.weight_sync.sync_weights`: an engine that dies while loading is waited for and
+        sent the weights once more)."""
+        return weight_sync.sync_weights(self.actor, self.engines, self.sync_plan, on_stats)
+
+    def groups(self) -> list[WorkerGroup]:
+        """Every started group, each once (a colocated critic, reference or teacher is the actor's group)."""
+        groups = [self.actor, self.critic, self.ref, self.engine_group, self.reward_model, self.teacher]
+        return [g for i, g in enumerate(groups) if g is not None and all(g is not seen for seen in groups[:i])]
 
 
 def resolve_device(device: str, cluster: dict[str, float] | None = None) -> str:
@@ -150,10 +170,22 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
                           reward_model, teacher if teacher is not actor else None) if g is not None]
     for group, refs in [(g, g.execute_all_async("init_model")) for g in groups]:
         group.get(refs)
-    return Workers(actor=actor, critic=critic, ref=ref, engines=engines.workers, engine_group=engines,
-                   env_worker_cls=env_actor_class(cfg), reward_model=reward_model, teacher=teacher, device=device,
+    return Workers(actor=actor, sync_plan=sync_plan(cfg), critic=critic, ref=ref, engines=engines.workers,
+                   engine_group=engines, env_worker_cls=env_actor_class(cfg), reward_model=reward_model,
+                   teacher=teacher, device=device,
                    sleep_mode=device == "cuda" and sleep_mode_on(cfg, device),
                    actor_offload=device == "cuda" and actor_offloads(cfg))
+
+
+def build_sft_workers(rl: AgentTrainerConfig, actor: ActorConfig, seed: int, *, engines: bool) -> Workers:
+    """SFT's workers: the actor group of ``actor`` (the RL actor with SFT's optimizer), models loaded; with
+    ``engines`` also the rollout engines and the env actor class of the validation rollout (``eval.env_success``)."""
+    device = resolve_device(rl.trainer.device)
+    group = build_actor_group(rl, device, actor, seed)
+    group.execute_all("init_model")
+    engine_group = build_engines(rl, device) if engines else None
+    return Workers(actor=group, sync_plan=sync_plan(rl), engines=engine_group.workers if engine_group else [],
+                   engine_group=engine_group, env_worker_cls=env_actor_class(rl) if engines else None, device=device)
 
 
 def reference_group(name: str, model: ModelConfig, ref: RefConfig, device: str, gpus: float, seed: int,

@@ -241,7 +241,7 @@ class FSDPWorker:
                 kwargs["mp_policy"] = policy
             if cpu_offload:
                 kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-            for layer in _decoder_layers(model):
+            for layer in decoder_layers(model):
                 fully_shard(layer, **kwargs)
             fully_shard(model, **kwargs)
         return model
@@ -915,7 +915,7 @@ def _add_adapter(model: torch.nn.Module, lora_cfg) -> None:
         model.enable_input_require_grads()
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face causal LM / token classifier (inside a ``peft.PeftModel`` too)."""
     if hasattr(model, "get_base_model"):  # peft's wrapper: PeftModel -> LoraModel -> the HF model
         model = model.get_base_model()

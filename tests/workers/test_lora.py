@@ -195,17 +195,17 @@ def test_the_adapter_trains_with_gradient_checkpointing_and_under_bf16(tiny_mode
 
 def test_the_decoder_layers_are_found_in_place_and_inside_a_peft_wrapper(tiny_model_path):
     """FSDP2's units: the actor's in-place adapter leaves the layers where they were; a ``PeftModel`` hides them
-    two levels down (``base_model.model``), where ``_decoder_layers`` looks too."""
+    two levels down (``base_model.model``), where ``decoder_layers`` looks too."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from agent_trainer.workers.fsdp_base import _decoder_layers
+    from agent_trainer.workers.fsdp_base import decoder_layers
 
     worker = _actor(tiny_model_path)
-    assert len(_decoder_layers(worker.model)) == 2
+    assert len(decoder_layers(worker.model)) == 2
     wrapped = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_path),
                              LoraConfig(r=2, target_modules=["q_proj"]))
-    layers = _decoder_layers(wrapped)
+    layers = decoder_layers(wrapped)
     assert len(layers) == 2 and layers[0] is wrapped.get_base_model().model.layers[0]
 
 
