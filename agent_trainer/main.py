@@ -269,7 +269,8 @@ def check_local_placement(cfg: AgentTrainerConfig) -> None:
     """A local run whose workers need more CPUs than the cluster it would start is refused before Ray starts.
 
     The cluster's CPUs are known in advance: ``trainer.ray_num_cpus``, else what Ray detects (the machine's, or
-    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``agent_trainer.workers.build``), GPUs too.
+    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``agent_trainer.workers.build``), GPUs
+    too.
     """
     if os.environ.get("RAY_ADDRESS"):
         return

@@ -51,8 +51,7 @@ from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.agents.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
-                                          play_demonstrations, read_jsonl, resolve_demonstrator,
-                                          write_jsonl)
+                                                 play_demonstrations, read_jsonl, resolve_demonstrator, write_jsonl)
 from agent_trainer.episode.es_manager import VAL_SEED_OFFSET
 from agent_trainer.main import CONFIG_DIR, CONFIG_ERRORS, init_ray, prepare
 from agent_trainer.observe.tracking import Tracking, timer

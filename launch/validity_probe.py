@@ -4,10 +4,10 @@
 
 Episodes are reset and stepped by ``agent_trainer.episode.es_manager.EnvStateManager`` (the instruction with the env's
 ``Valid actions:`` line, the format penalty, the env's ``action_is_valid``), prompts are built and replies parsed by
-``agent_trainer.agents.ctx_manager.ContextManager``, and replies are sampled by ``agent_trainer.workers.rollout.HFRolloutWorker`` at the
-trainer's default sampling (temperature 1, no top-k/top-p, ``response_length`` 100 capped by the tag's
-``max_tokens``). A turn counts as valid when the env-state manager says so: the reply parsed and the env accepted
-every action in it. No parsing or prompt building is repeated here.
+``agent_trainer.agents.ctx_manager.ContextManager``, and replies are sampled by
+``agent_trainer.workers.rollout.HFRolloutWorker`` at the trainer's default sampling (temperature 1, no top-k/top-p,
+``response_length`` 100 capped by the tag's ``max_tokens``). A turn counts as valid when the env-state manager says so:
+the reply parsed and the env accepted every action in it. No parsing or prompt building is repeated here.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ the built-in engines are registered by import path and loaded with importlib on 
 torch only. A class registered with :func:`register_engine` (a class or an import path) is found by
 its name; an import path in the config needs no registration. Every refusal is one line naming the key.
 
-What the checks read from an engine class (:class:`agent_trainer.workers.engines.base.RolloutEngine`): ``name``, ``only_keys``
-(rollout keys only it reads, and on which device), ``tensor_parallel``, ``request_seeds`` and its own ``check(cfg)``;
-``agent_trainer.workers.build.build_engines`` asks it for ``init_kwargs``.
+What the checks read from an engine class (:class:`agent_trainer.workers.engines.base.RolloutEngine`): ``name``,
+``only_keys`` (rollout keys only it reads, and on which device), ``tensor_parallel``, ``request_seeds`` and its own
+``check(cfg)``; ``agent_trainer.workers.build.build_engines`` asks it for ``init_kwargs``.
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
           "raise max_model_len or lower response_length")
     engine = check_engine(cfg)  # the registered engine (or import path); tensor parallelism needs one that splits
     if r.tensor_model_parallel_size > 1:
-        # trainer.device=auto: checked against the cluster's GPUs once joined (agent_trainer.workers.build.check_device).
+        # trainer.device=auto: checked against the cluster's GPUs once joined
+        # (agent_trainer.workers.build.check_device).
         check(cfg.trainer.device != "cpu", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
                                             f"{r.tensor_model_parallel_size} splits the engine over GPUs, and "
                                             "trainer.device = 'cpu'; set it to 1 (or trainer.device=cuda)")
@@ -199,7 +200,8 @@ def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
     class's ``only_keys``); every other rollout key is read by every engine on both devices.
 
     ``device``: cpu | cuda, or auto before the cluster is known (then only the engine's keys are checked; the
-    device's once joined, ``agent_trainer.workers.build.check_device``). Raises ValueError with one line naming key, value, fix.
+    device's once joined, ``agent_trainer.workers.build.check_device``). Raises ValueError with one line naming key,
+    value, fix.
     """
     r, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
     for key, (engines, on) in engine_only_keys().items():
@@ -217,7 +219,8 @@ def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
 
 
 def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:
-    """actor_rollout_ref.hybrid_engine and rollout.enable_sleep_mode (the device itself: agent_trainer.workers.build.check_device)."""
+    """actor_rollout_ref.hybrid_engine and rollout.enable_sleep_mode (the device itself:
+    agent_trainer.workers.build.check_device)."""
     arr = cfg.actor_rollout_ref
     r, world = arr.rollout, arr.actor.fsdp.world_size
     if arr.hybrid_engine:
@@ -465,7 +468,8 @@ def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
 
 
 def _check_async(cfg: AgentTrainerConfig) -> None:
-    """trainer.max_off_policy_steps >= 2 (``agent_trainer.rollout.overlap``): critic-free estimators, engines and actor awake."""
+    """trainer.max_off_policy_steps >= 2 (``agent_trainer.rollout.overlap``): critic-free estimators, engines and actor
+    awake."""
     k = cfg.trainer.max_off_policy_steps
     if k < 2:
         return

@@ -45,8 +45,8 @@ class BatchMeta:
     """The seed each group (``uid``) of the rollout was reset with, for error messages naming an episode;
     empty for a batch no rollout built."""
     seq_len: int | None = None
-    """A micro-batch's uncut width (``agent_trainer.workers.fsdp_base.plan_micro_batches``): the sequence length the loss
-    normalises by (``seq-mean-token-sum-norm``); None on a whole batch."""
+    """A micro-batch's uncut width (``agent_trainer.workers.fsdp_base.plan_micro_batches``): the sequence length the
+    loss normalises by (``seq-mean-token-sum-norm``); None on a whole batch."""
     progress: float | None = None
     """The run's progress at the update this batch feeds, in [0, 1): (step - 1) / total steps (the trainer's, or
     the SFT's optimizer steps); a ``cosine`` learning-rate schedule follows it (``OptimConfig``). None: the

@@ -5,7 +5,8 @@ Layout under ``trainer.default_local_dir`` (verl's names)::
     latest_checkpointed_iteration.txt      the step of the newest complete checkpoint (written last)
     global_step_N/
         actor/        config.json, tokenizer; model.safetensors with trainer.save_hf_model -> an HF folder
-            shards/   each rank's shards of weights and optimizer state + index.json (agent_trainer/workers/sharded_checkpoint.py)
+            shards/   each rank's shards of weights and optimizer state + index.json
+                      (agent_trainer/workers/sharded_checkpoint.py)
             optim/    lr_scheduler.json
             rng/      rank_<r>.json (python, numpy, torch RNG of each rank)
         critic/       the same for the value model (AutoModelForTokenClassification)

@@ -2,8 +2,8 @@
 
 - Conversation (``full``, ``truncate``): the episode as ``ctx_manager.mode=full``
   lays it out, rendered by :class:`agent_trainer.agents.ctx_manager.ContextManager`
-  itself (the condenser is handed that rendering, :class:`ConversationLayout`): the first prompt (system, instruction, first observation, assistant
-  header), then per step its output ids verbatim (plus an eos when cut) and the
+  itself (the condenser is handed that rendering, :class:`ConversationLayout`): the first prompt (system, instruction,
+  first observation, assistant header), then per step its output ids verbatim (plus an eos when cut) and the
   next observation as a user message ending in the assistant header. Each
   step's (output, observation) segment starts right after an assistant header,
   so whole segments can be dropped and the rest stays a well-formed chat.

@@ -11,7 +11,8 @@ RECOMPUTE_OLD_LOG_PROB = ("auto", "always")
 ROLLOUT_MODES = ("sync", "async")
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 MIXED_PRECISIONS = ("none", "bf16")
-"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (agent_trainer.workers.fsdp_base)."""
+"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16
+(agent_trainer.workers.fsdp_base)."""
 CTX_MODES = ("full", "condensed")
 """ctx_manager.mode: one row per episode, or one row per turn with a condensed prompt."""
 LR_SCHEDULERS = ("constant", "cosine")
@@ -19,4 +20,5 @@ LR_SCHEDULERS = ("constant", "cosine")
 DATA_SOURCES = ("demonstrations", "jsonl")
 """SFT data.source."""
 WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
-"""actor_rollout_ref.rollout.weight_sync (the same tuple as agent_trainer.workers.weight_sync.TRANSPORTS; a test keeps them equal)."""
+"""actor_rollout_ref.rollout.weight_sync (the same tuple as agent_trainer.workers.weight_sync.TRANSPORTS; a test keeps
+them equal)."""

@@ -110,7 +110,8 @@ class DistillConfig:
                                    lora_rank=0, lora_adapter_path=None, enable_gradient_checkpointing=False)
 
     def teacher_forward(self) -> RefConfig:
-        """The reference-worker settings the teacher group runs with (``agent_trainer.workers.actor.ReferenceWorker``)."""
+        """The reference-worker settings the teacher group runs with
+        (``agent_trainer.workers.actor.ReferenceWorker``)."""
         return RefConfig(log_prob_micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu, colocate=False,
                          fsdp=self.fsdp, dtype=self.dtype)
 

@@ -88,7 +88,8 @@ __all__ = [
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
     "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
     "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "critic_enabled", "trainer_splits", "estimator", "estimator_options", "EstimatorSpec", "estimator_names", "estimator_spec",
+    "critic_enabled", "trainer_splits", "estimator", "estimator_options", "EstimatorSpec", "estimator_names",
+    "estimator_spec",
     "register_estimator", "mutual_information_estimates", "normalize_scores", "resolve_adv_estimator", "turn_segments",
 ]
 

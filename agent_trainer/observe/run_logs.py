@@ -52,7 +52,8 @@ QUIET = (
     QuietWarning("arg_utils.py:", "The global random seed is set to",
                  "the engine is seeded from trainer.seed on purpose, in a Ray worker process of its own"),
     QuietWarning("arg_utils.py:", "does not officially support disabling chunked prefill",
-                 "per-request seeds need whole-prompt prefill on CPU, so the engine turns it off (agent_trainer/workers/rollout.py)"),
+                 "per-request seeds need whole-prompt prefill on CPU, so the engine turns it off "
+                 "(agent_trainer/workers/rollout.py)"),
     QuietWarning("vllm.py:", "Enforce eager set, disabling torch.compile",
                  "eager mode is the project's choice for the CPU engine (no compile time per start)"),
     QuietWarning("vllm.py:", "Inductor compilation was disabled by user settings",

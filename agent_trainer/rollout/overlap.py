@@ -20,8 +20,8 @@ old log-probs are then always recomputed, and ``algorithm.rollout_correction`` r
 pi_old / pi_rollout (truncated IS, docs/algorithms.md).
 
 Plain driver-side threading: the rollouts issue their Ray calls from the producer thread while the main
-thread issues the training phases' calls; ``agent_trainer.workers.worker_group.WorkerGroup`` submits each call to all ranks
-under one lock, so the ranks of a group see the two threads' calls in the same order. The version counters
+thread issues the training phases' calls; ``agent_trainer.workers.worker_group.WorkerGroup`` submits each call to all
+ranks under one lock, so the ranks of a group see the two threads' calls in the same order. The version counters
 take one more lock: the actor's update and a weight sync never overlap, so a sync ships exactly one version.
 """
 

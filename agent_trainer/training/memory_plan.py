@@ -100,7 +100,8 @@ def build_meta_model(model_config: Any, role: str):
 
 
 def decoder_layers(model) -> list:
-    """The units agent_trainer/workers/fsdp_base.py shards one by one (its ``decoder_layers``, else the usual places)."""
+    """The units agent_trainer/workers/fsdp_base.py shards one by one (its ``decoder_layers``, else the usual
+    places)."""
     try:
         from agent_trainer.workers import fsdp_base  # FSDP and transformers, loaded on use
 
@@ -123,8 +124,8 @@ def hand_count(model, world_size: int) -> int:
 @lru_cache(maxsize=32)
 def shard_count(model_path: str, role: str, world_size: int) -> ShardCount:
     """Build the role's architecture on the meta device, ``fully_shard`` every decoder layer then the root
-    (as agent_trainer/workers/fsdp_base.py does) under torch's fake process group of ``world_size`` ranks, and count rank
-    0's local shard. Where this process already has a process group, the shard is counted by hand instead."""
+    (as agent_trainer/workers/fsdp_base.py does) under torch's fake process group of ``world_size`` ranks, and count
+    rank 0's local shard. Where this process already has a process group, the shard is counted by hand instead."""
     import torch.distributed as dist
     from transformers import AutoConfig
 

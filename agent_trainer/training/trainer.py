@@ -246,7 +246,7 @@ class AgentTrainer:
         with timer("step", metrics):
             result = self.take_experience(metrics)
             if self.memory.active:
-                with timer("engine_sleep", metrics):  # the GPU goes back to the trainer (agent_trainer.training.colocation)
+                with timer("engine_sleep", metrics):  # the GPU goes back to the trainer (training.colocation)
                     self.memory.to_training()
             self.start_prefetch()
             with timer("shape", metrics):
@@ -368,8 +368,9 @@ class AgentTrainer:
 
     def score_with_judge(self, result: RolloutResult, split: Split = Split.TRAIN) -> dict[str, float]:
         """The judge's ``reward_weight x score`` on every scored episode's last generated token (the environment's
-        rewards times ``env_reward_weight``); unscored episodes leave ``result.batch`` (``agent_trainer.training.reward_model
-        .add_judge_scores``). The verdicts go to ``result.judge``, and from there into the trajectories."""
+        rewards times ``env_reward_weight``); unscored episodes leave ``result.batch``
+        (``agent_trainer.training.reward_model.add_judge_scores``). The verdicts go to ``result.judge``, and from there
+        into the trajectories."""
         items = reward_model.judge_items(result.batch, self.tokenizer, self.cfg.judge.input)
         verdicts, stats = self.judge.judge(items)
         result.batch, metrics = reward_model.add_judge_scores(result.batch, verdicts, self.cfg.judge, split)

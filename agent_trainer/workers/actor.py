@@ -21,8 +21,8 @@ from agent_trainer import core_algos
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from agent_trainer.workers.critic import CriticWorker
-from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, TargetLogits, micro_batches, micro_weight, scalar,
-                                scored_mask, target_logits)
+from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, TargetLogits, micro_batches,
+                                             micro_weight, scalar, scored_mask, target_logits)
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
@@ -137,7 +137,8 @@ class ActorWorker(ReferenceWorker):
         self.ref_batching = ref_batching(ref) if ref is not None else None
         self.hosts_ref = ref is not None
         self.lora = model.lora_rank > 0
-        """A LoRA adapter is trained (``agent_trainer/workers/lora.py``): the reference is this model with it switched off."""
+        """A LoRA adapter is trained (``agent_trainer/workers/lora.py``): the reference is this model with it switched
+        off."""
         self.lora_seed = seed
         self.critic = None if critic is None else CriticWorker(
             rank=rank, world_size=world_size, critic=dataclasses.replace(critic, fsdp=actor.fsdp), device=device,

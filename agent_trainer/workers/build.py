@@ -264,9 +264,9 @@ def engine_gpus(cfg: AgentTrainerConfig, device: str, colocated: bool) -> float:
 
 
 def engine_env_vars(cfg: AgentTrainerConfig, device: str) -> dict[str, str]:
-    """The engine processes' environment: their threads, and on CPU ``agent_trainer.workers.engines.vllm.CPU_ENGINE_ENV``
-    (in-process vLLM, no thread pinning), where a value set in the driver's environment wins. GPU engines keep vLLM's
-    defaults."""
+    """The engine processes' environment: their threads, and on CPU
+    ``agent_trainer.workers.engines.vllm.CPU_ENGINE_ENV`` (in-process vLLM, no thread pinning), where a value set in the
+    driver's environment wins. GPU engines keep vLLM's defaults."""
     from agent_trainer.workers.engines.vllm import CPU_ENGINE_ENV
 
     env = {"OMP_NUM_THREADS": str(engine_threads(cfg))}

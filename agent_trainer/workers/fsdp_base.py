@@ -269,10 +269,10 @@ class FSDPWorker:
         Without a process group: ``from_pretrained`` then ``prepare`` and a move to the device, as before.
 
         ``lora`` (a ``ModelConfig`` with ``lora_rank`` > 0): a LoRA adapter is injected after ``prepare``, before
-        sharding (``agent_trainer/workers/lora.py``): each adapted layer's FSDP unit holds its frozen base weight and its adapter
-        together. The files' weights then load under their ``base_layer`` names and rank 0 broadcasts fresh adapter
-        weights (:func:`agent_trainer.workers.lora.initial_adapter_weights`, seeded with ``lora_seed``), so every rank starts
-        from the same adapter.
+        sharding (``agent_trainer/workers/lora.py``): each adapted layer's FSDP unit holds its frozen base weight and
+        its adapter together. The files' weights then load under their ``base_layer`` names and rank 0 broadcasts fresh
+        adapter weights (:func:`agent_trainer.workers.lora.initial_adapter_weights`, seeded with ``lora_seed``), so
+        every rank starts from the same adapter.
         """
         torch_dtype = DTYPES[dtype]
         if not dist.is_initialized():
@@ -394,8 +394,8 @@ class FSDPWorker:
     def push_weights(self, plan, engines: list) -> dict:
         """This rank's part of a weight sync (every rank calls it concurrently; rank 0 sends the buckets).
 
-        ``agent_trainer.workers.weight_sync.push_weights``: FSDP units are all-gathered one at a time, rank 0 packs buckets
-        in the engines' dtype and sends each before the next; returns rank 0's stats (``{}`` elsewhere).
+        ``agent_trainer.workers.weight_sync.push_weights``: FSDP units are all-gathered one at a time, rank 0 packs
+        buckets in the engines' dtype and sends each before the next; returns rank 0's stats (``{}`` elsewhere).
         """
         from agent_trainer.workers.weight_sync import push_weights
 
@@ -419,8 +419,8 @@ class FSDPWorker:
         weights (``model.safetensors``; loadable by ``from_pretrained`` and vLLM) from the shard
         files, one tensor at a time, after a barrier.
 
-        With a LoRA adapter (``agent_trainer/workers/lora.py``) the shards hold the adapter and its optimizer state only (the
-        base weights are ``model_path``'s, which a resume loads again), and ``hf_model`` writes peft's adapter
+        With a LoRA adapter (``agent_trainer/workers/lora.py``) the shards hold the adapter and its optimizer state only
+        (the base weights are ``model_path``'s, which a resume loads again), and ``hf_model`` writes peft's adapter
         folder instead of the model's weights (``adapter_config.json``, ``adapter_model.safetensors``:
         ``peft.PeftModel.from_pretrained(base, path)`` loads it).
         """
@@ -906,8 +906,9 @@ def _output_head_input(model: torch.nn.Module, select: Callable[[torch.Tensor], 
 
 
 def _add_adapter(model: torch.nn.Module, lora_cfg) -> None:
-    """A LoRA adapter in ``model`` (``agent_trainer/workers/lora.py``); with gradient checkpointing the input embeddings' output
-    requires grad, so the checkpointed layers' adapters get gradients though the embeddings are frozen."""
+    """A LoRA adapter in ``model`` (``agent_trainer/workers/lora.py``); with gradient checkpointing the input
+    embeddings' output requires grad, so the checkpointed layers' adapters get gradients though the embeddings are
+    frozen."""
     from agent_trainer.workers import lora
 
     lora.add_adapter(model, lora_cfg)

@@ -1,6 +1,7 @@
 """The rollout engines under their former names: ``agent_trainer.workers.engines`` holds them now (the interface in
-``agent_trainer.workers.engines.base``, one module per engine). ``VLLMRolloutWorker`` is :class:`agent_trainer.workers.engines.vllm.VLLMEngine`
-and ``HFRolloutWorker`` :class:`agent_trainer.workers.engines.hf.HFEngine`; the helpers still imported from here are re-exported."""
+``agent_trainer.workers.engines.base``, one module per engine). ``VLLMRolloutWorker`` is
+:class:`agent_trainer.workers.engines.vllm.VLLMEngine` and ``HFRolloutWorker``
+:class:`agent_trainer.workers.engines.hf.HFEngine`; the helpers still imported from here are re-exported."""
 
 from __future__ import annotations
 

@@ -276,8 +276,8 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, folder
          world_size: int, keep: Callable[[str], bool] | None = None) -> dict[str, int]:
     """Write this rank's shards into ``folder/shards`` (every rank calls; no collective). Returns bytes per file.
 
-    ``keep`` (a LoRA model: ``agent_trainer.workers.lora.is_adapter_tensor``): only the parameters it accepts are saved (the
-    frozen base comes from ``model_path`` again), and ``index.json`` says so (:data:`ADAPTER_KEY`).
+    ``keep`` (a LoRA model: ``agent_trainer.workers.lora.is_adapter_tensor``): only the parameters it accepts are saved
+    (the frozen base comes from ``model_path`` again), and ``index.json`` says so (:data:`ADAPTER_KEY`).
 
     Rank 0 also writes ``index.json``. Each rank holds one tensor at a time beyond the model and optimizer.
     Every FSDP unit is resharded first: FSDP2 leaves the root unit gathered after a forward without backward (a

@@ -54,7 +54,8 @@ class RolloutWorkerExtension:
             self.model_runner.get_model().load_weights(weights)
 
     def load_packed_bucket(self, specs: list[list], data) -> None:
-        """Load one bucket given as its flat bytes (bytes or a buffer) and specs (``agent_trainer.workers.weight_sync.Bucket``).
+        """Load one bucket given as its flat bytes (bytes or a buffer) and specs
+        (``agent_trainer.workers.weight_sync.Bucket``).
 
         Bytes, not tensors: vLLM's multiprocess client decodes a call's arguments without their types, and a
         tensor arrives as a list; bytes and lists arrive as they were sent.

@@ -13,8 +13,8 @@ Three parts, one module (docs/architecture.md, "Weight sync"):
   ``collective`` broadcasts it in a weight-transfer process group of rank 0 and every engine worker (gloo on
   CPU, NCCL on GPU; a group built from its own TCPStore, not the default process group); ``cuda_ipc`` (engines
   on the actor's GPUs) sends CUDA IPC handles of the bucket, which the engine maps without a copy.
-- The engine side (:class:`agent_trainer.workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync is a
-  session (``begin_weight_sync``, buckets, ``finish_weight_sync``); the vLLM engine forwards every call by name
+- The engine side (:class:`agent_trainer.workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync
+  is a session (``begin_weight_sync``, buckets, ``finish_weight_sync``); the vLLM engine forwards every call by name
   to its workers (``agent_trainer.workers.vllm_ext.RolloutWorkerExtension``). The helpers it uses live here.
 
 :func:`sync_weights` is the driver's call, shared by RL (``AgentTrainer``) and SFT (``SFTTrainer``): one sync,
@@ -127,8 +127,8 @@ class _Packer:
 def sync_tensor_names(model: torch.nn.Module) -> list[str]:
     """What a sync sends, in state-dict order: each parameter once (a tied alias such as ``lm_head.weight``
     is left to the engine, as it ties it itself) and every persistent buffer. With a LoRA adapter
-    (``agent_trainer/workers/lora.py``) the names are the plain model's: the adapter's own parameters are left out (they are
-    merged into their base weight) and ``.base_layer`` is dropped (:func:`sync_sources`)."""
+    (``agent_trainer/workers/lora.py``) the names are the plain model's: the adapter's own parameters are left out (they
+    are merged into their base weight) and ``.base_layer`` is dropped (:func:`sync_sources`)."""
     return list(sync_sources(model))
 
 
@@ -154,8 +154,9 @@ def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, d
     alone. The flat buffer is reused: use (send) each bucket before asking for the next.
     Peak: one unit's full parameters plus one bucket.
 
-    A LoRA model (``agent_trainer/workers/lora.py``) sends the plain model's names and shapes: each adapted weight merged,
-    ``W + (alpha / r) B A`` (:func:`agent_trainer.workers.lora.merged_weight`; its adapter is in its FSDP unit, gathered with it).
+    A LoRA model (``agent_trainer/workers/lora.py``) sends the plain model's names and shapes: each adapted weight
+    merged, ``W + (alpha / r) B A`` (:func:`agent_trainer.workers.lora.merged_weight`; its adapter is in its FSDP unit,
+    gathered with it).
     """
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor

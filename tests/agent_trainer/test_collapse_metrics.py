@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer.common.batch import BatchMeta, TensorBatch
 from agent_trainer.checks.load import load_config
-from agent_trainer.episode.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch, first_turns
+from agent_trainer.episode.collapse_metrics import (collapse_metrics, collapse_metrics_due, cross_scoring_batch,
+                                                    first_turns)
 from agent_trainer.main import CONFIG_DIR
 
 # full mode, one row per episode: prompt (3), reply 1 (2), observation (1), reply 2 (2), padding (1)

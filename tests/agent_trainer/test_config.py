@@ -156,7 +156,8 @@ def test_plus_form_and_dicts_are_checked_against_the_schema():
 
 
 def test_the_actor_passes_the_resolved_clip_ratios_to_its_loss(tiny_model_path):
-    """agent_trainer/workers/actor.py hands the policy loss clip_ratios() and loss_agg(), not the raw (possibly null) keys."""
+    """agent_trainer/workers/actor.py hands the policy loss clip_ratios() and loss_agg(), not the raw (possibly null)
+    keys."""
     import torch
 
     from agent_trainer.common.batch import TensorBatch

@@ -75,7 +75,8 @@ def test_bad_values_name_the_key_and_the_fix(overrides, message):
 
 
 def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():
-    """trainer.max_off_policy_steps >= 2 (agent_trainer.rollout.overlap): GRPO loads; a GAE critic is refused in one line."""
+    """trainer.max_off_policy_steps >= 2 (agent_trainer.rollout.overlap): GRPO loads; a GAE critic is refused in one
+    line."""
     assert _load("trainer.max_off_policy_steps=4").trainer.max_off_policy_steps == 4
     assert _load("trainer.max_off_policy_steps=1", name="frozenlake").algorithm.adv_estimator == "gae"
     with pytest.raises(ValueError) as err:

@@ -1,5 +1,5 @@
-"""The judge reward source (``agent_trainer.trajectory_rewards.judge``, ``agent_trainer.training.reward_model``): replies
-parsed or refused, the ranking prompt, the client against a real OpenAI-compatible server on 127.0.0.1 (cache,
+"""The judge reward source (``agent_trainer.trajectory_rewards.judge``, ``agent_trainer.training.reward_model``):
+replies parsed or refused, the ranking prompt, the client against a real OpenAI-compatible server on 127.0.0.1 (cache,
 concurrency, timeouts, HTTP errors, garbage, the key), and the batch: weighted rewards, unscored episodes out of
 their group's statistics, the unscored fraction that stops a run."""
 

@@ -1,4 +1,5 @@
-"""RolloutBuffer and PolicyVersions: the background rollouts of trainer.max_off_policy_steps >= 1 (agent_trainer.rollout.overlap)."""
+"""RolloutBuffer and PolicyVersions: the background rollouts of trainer.max_off_policy_steps >= 1
+(agent_trainer.rollout.overlap)."""
 
 import threading
 

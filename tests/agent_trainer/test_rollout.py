@@ -131,7 +131,8 @@ def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path,
     from agent_trainer.workers.worker_group import wait_until_ready
     from agent_trainer.workers.rollout import HFRolloutWorker
 
-    env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)  # as agent_trainer.workers.build starts them
+    # as agent_trainer.workers.build starts them
+    env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)
     engine = ray_cluster.remote(HFRolloutWorker).options(num_cpus=0.5).remote(tiny_model_path, max_model_len=1536)
     batches = {}
     for prefetch in (False, True):

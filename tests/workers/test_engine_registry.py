@@ -1,7 +1,7 @@
 """The rollout-engine registry (``agent_trainer.checks.engines``): an engine class defined in this file, registered
 by name (and by import path), refused or accepted by the start-up checks before ``ray.init``, built by
-``agent_trainer.workers.build.build_engines`` and played through the real multi-turn rollout; an unknown name is refused in one
-line listing the registered names."""
+``agent_trainer.workers.build.build_engines`` and played through the real multi-turn rollout; an unknown name is refused
+in one line listing the registered names."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ import torch
 from agent_trainer.training.colocation import ColocatedMemory
 from agent_trainer.main import compose_and_prepare
 from agent_trainer.workers import build
-from agent_trainer.workers.build import (Demand, check_device, check_placement, engine_env_vars, engine_gpus, resolve_device,
-                           resource_demands, sleep_mode_on)
+from agent_trainer.workers.build import (Demand, check_device, check_placement, engine_env_vars, engine_gpus,
+                                         resolve_device, resource_demands, sleep_mode_on)
 from agent_trainer.workers.rollout import CPU_ENGINE_ENV, HFRolloutWorker, VLLMRolloutWorker, engine_args
 from agent_trainer.workers.worker_group import PlacementError, bundle_resources
 

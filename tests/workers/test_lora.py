@@ -1,5 +1,5 @@
-"""LoRA on the actor (agent_trainer/workers/lora.py) without Ray: only the adapter trains, the reference is the model with the
-adapter off, the engines get the merged weights under the plain names, the checkpoint is peft's adapter folder.
+"""LoRA on the actor (agent_trainer/workers/lora.py) without Ray: only the adapter trains, the reference is the model
+with the adapter off, the engines get the merged weights under the plain names, the checkpoint is peft's adapter folder.
 
 The sync to a real vLLM engine and a 2-rank FSDP2 group are checked in tests/workers/test_weight_sync.py (e2e) and
 tests/e2e/test_lora_e2e.py."""

@@ -1,5 +1,5 @@
-"""Sharded checkpoints (agent_trainer/workers/sharded_checkpoint.py): every rank writes its own shards, no rank gathers the
-model, nothing is pickled, and a checkpoint loads at its own world size, at another one (2 -> 1, 1 -> 2) and
+"""Sharded checkpoints (agent_trainer/workers/sharded_checkpoint.py): every rank writes its own shards, no rank gathers
+the model, nothing is pickled, and a checkpoint loads at its own world size, at another one (2 -> 1, 1 -> 2) and
 as a Hugging Face folder through ``python -m agent_trainer.export``."""
 
 from __future__ import annotations

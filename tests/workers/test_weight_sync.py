@@ -15,8 +15,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from agent_trainer.workers.weight_sync import (ALIGN, SyncPlan, bucket_nbytes, iter_weight_buckets,
-                                 resolve_transport, sync_tensor_names, unpack_bucket)
+from agent_trainer.workers.weight_sync import (ALIGN, SyncPlan, bucket_nbytes, iter_weight_buckets, resolve_transport,
+                                               sync_tensor_names, unpack_bucket)
 
 
 def _model(path: str):

@@ -1,7 +1,7 @@
 """The rollout-engine interface: what the rollout, the weight sync and the trainer call on an engine.
 
-An engine is a plain class (``ray.remote`` is applied where the engine group is built, ``agent_trainer.workers.build``) that
-turns prompt token ids into sampled token ids and their raw logprobs. :class:`RolloutEngine` holds
+An engine is a plain class (``ray.remote`` is applied where the engine group is built, ``agent_trainer.workers.build``)
+that turns prompt token ids into sampled token ids and their raw logprobs. :class:`RolloutEngine` holds
 
 - the calls every engine answers: ``generate``, ``prompt_logprobs``, ``update_weights``, ``sleep`` / ``wake_up``,
   ``shutdown``, ``intra_op_threads``;
@@ -128,8 +128,8 @@ def checkpoint_parameters(model_path: str) -> int | None:
 def _check_device(device: str, enable_sleep_mode: bool) -> None:
     """An engine's device is cpu or cuda; sleep mode needs a GPU (vLLM has none on CPU: refused, not ignored)."""
     if device not in DEVICES:
-        raise ValueError(f"rollout engine device = {device!r} must be one of {DEVICES} (agent_trainer.workers.build.resolve_device "
-                         "turns trainer.device=auto into one of them)")
+        raise ValueError(f"rollout engine device = {device!r} must be one of {DEVICES} "
+                         "(agent_trainer.workers.build.resolve_device turns trainer.device=auto into one of them)")
     if enable_sleep_mode and device != "cuda":
         raise ValueError("enable_sleep_mode needs a GPU engine (vLLM has no sleep mode on CPU); "
                          "set actor_rollout_ref.rollout.enable_sleep_mode=false on a CPU run")

@@ -23,7 +23,8 @@ from agent_trainer.workers.engines.base import (
 
 
 class HFEngine(RolloutEngine):
-    """Rollout with transformers ``generate`` (the interface of :class:`agent_trainer.workers.engines.base.RolloutEngine`)."""
+    """Rollout with transformers ``generate`` (the interface of
+    :class:`agent_trainer.workers.engines.base.RolloutEngine`)."""
 
     name = "hf"
 

@@ -35,10 +35,10 @@ from agent_trainer.workers.engines.base import (
 
 CPU_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 """Environment of a CPU engine's process: vLLM in-process and without thread pinning (on a few shared cores the
-multi-process engine is ~7x slower, and pinning fights other workers). ``agent_trainer.workers.build`` puts it in the CPU engines'
-Ray ``env_vars`` (a value in the driver's environment wins, e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to run vLLM's
-multiprocess client as on GPUs); a CPU engine created outside Ray sets it with ``setdefault`` before vLLM reads it.
-GPU engines keep vLLM's defaults (the multiprocess client). The device is always the caller's decision
+multi-process engine is ~7x slower, and pinning fights other workers). ``agent_trainer.workers.build`` puts it in the
+CPU engines' Ray ``env_vars`` (a value in the driver's environment wins, e.g. ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to
+run vLLM's multiprocess client as on GPUs); a CPU engine created outside Ray sets it with ``setdefault`` before vLLM
+reads it. GPU engines keep vLLM's defaults (the multiprocess client). The device is always the caller's decision
 (``trainer.device`` resolved against the cluster), never this process's CUDA visibility."""
 
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
@@ -209,7 +209,7 @@ class VLLMEngine(RolloutEngine):
         """
         self.llm.wake_up(tags=tags)
 
-    # -- the weight sync: every call goes by name to the engine's workers (agent_trainer.workers.vllm_ext) ------------------
+    # -- the weight sync: every call goes by name to the engine's workers (agent_trainer.workers.vllm_ext) ------
     def _weight_dtype(self) -> torch.dtype:
         return self.llm.llm_engine.model_config.dtype
 
