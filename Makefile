@@ -66,7 +66,7 @@ test-gpu: gpu-model
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(GPU_PY) -m pytest tests -q -p no:cacheprovider -m "$(GPU_TESTS)" $(ARGS)
 
 # Rebuilt when the builder or what its corpus is made of changes (a model built by older code would stay otherwise).
-MODEL_INPUTS := launch/build_tiny_model.py launch/reading_corpus.py agent_trainer/prompts.py config/envs.yaml $(wildcard envs/*.py)
+MODEL_INPUTS := launch/build_tiny_model.py launch/reading_corpus.py agent_trainer/common/prompts.py config/envs.yaml $(wildcard envs/*.py)
 
 $(MODEL)/build_info.json: $(STAMP) $(MODEL_INPUTS)
 	$(PY) -m launch.build_tiny_model --out $(MODEL) --force

@@ -37,8 +37,8 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent_trainer.es_manager import held_out_seeds  # noqa: E402
-from agent_trainer.demonstrations import has_expert as has_expert_solver, valid_actions  # noqa: E402
+from agent_trainer.episode.es_manager import held_out_seeds  # noqa: E402
+from agent_trainer.agents.demonstrations import has_expert as has_expert_solver, valid_actions  # noqa: E402
 from envs import make_env  # noqa: E402
 from envs.frozen_lake import FrozenLakeEnv, down_right_neighbours  # noqa: E402
 from envs.registry import normalize_tags  # noqa: E402

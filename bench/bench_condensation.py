@@ -34,7 +34,7 @@ def lake_tags(max_turns: int) -> dict:
 
 def play(engine, ctx_mgr, manager, turns: int, max_tokens: int, seed: int) -> dict:
     """One rollout, as ``SyncMultiTurnRollout._play`` runs it (summaries, generate, env step); its measurements."""
-    from agent_trainer import profiling
+    from agent_trainer.common import profiling
 
     start = time.perf_counter()
     episodes = {o.env_id: ctx_mgr.start(o) for o in manager.reset({0: seed, 1: seed + 1})}
@@ -71,10 +71,10 @@ def play(engine, ctx_mgr, manager, turns: int, max_tokens: int, seed: int) -> di
 def run(args) -> dict:
     from transformers import AutoTokenizer
 
-    from agent_trainer.condensed_ctx import CondensedContextManager
+    from agent_trainer.agents.condensed_ctx import CondensedContextManager
     from agent_trainer.config.multiturn import ContextCondenserConfig
-    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
-    from workers.rollout import VLLMRolloutWorker
+    from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engine = VLLMRolloutWorker(args.model, max_model_len=args.max_model_len, kv_cache_space_gib=0.5, seed=0)

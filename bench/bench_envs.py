@@ -4,7 +4,7 @@ Reports, per environment: env steps per second (time inside ``step`` only,
 actions from the expert solver so episodes are realistic), resets per
 second, and the expert's success rate and return (the oracle line). Then the
 env-actor overhead: the time of one turn for N episodes through a Ray actor
-(``workers.env_worker.EnvWorker``) minus the same turn on a local
+(``agent_trainer.workers.env_worker.EnvWorker``) minus the same turn on a local
 ``EnvStateManager``.
 
     python bench/bench_envs.py                 # all envs + Ray round trip
@@ -73,8 +73,8 @@ def bench_actor(tag: str, n_episodes: int, turns: int) -> dict:
     """Per-turn time of a local EnvStateManager vs the same calls through a Ray actor."""
     import ray
 
-    from agent_trainer.es_manager import EnvInput, EnvStateManager, EpisodeSpec
-    from workers.env_worker import EnvWorker
+    from agent_trainer.episode.es_manager import EnvInput, EnvStateManager, EpisodeSpec
+    from agent_trainer.workers.env_worker import EnvWorker
 
     tags = envs.load_env_tags()
     episodes = [EpisodeSpec(i, i, tag) for i in range(n_episodes)]

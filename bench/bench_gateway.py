@@ -70,8 +70,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from agent_trainer.rollout import GatewayRollout, MultiTurnRollout
-    from workers.env_worker import EnvWorker
-    from workers.rollout import VLLMRolloutWorker
+    from agent_trainer.workers.env_worker import EnvWorker
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     cfg, tags = _config(args.model, overrides)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

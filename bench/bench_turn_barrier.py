@@ -58,7 +58,7 @@ def measure(actors: int, rollouts: int, overrides: list[str], engine, tokenizer)
     """Median rollout seconds of each mode on the same seeds, and what the episodes did."""
     from agent_trainer.rollout import SyncMultiTurnRollout
     from envs import load_env_tags
-    from workers.env_worker import EnvWorker
+    from agent_trainer.workers.env_worker import EnvWorker
 
     cfg, tags = _config(actors, overrides)
     rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, tags or load_env_tags(), split="train",
@@ -97,7 +97,7 @@ def main() -> None:
     import ray
     from transformers import AutoTokenizer
 
-    from workers.rollout import VLLMRolloutWorker
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     model = str(REPO / "models" / "tiny-qwen2")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -5,9 +5,9 @@ engine (token ids) and how many tokens it generated for each. The raw engine get
 contexts in the same per-turn batches and generates exactly as many tokens
 (``min_tokens = max_tokens = n``, eos ignored), so both sides do the same work; the
 difference is the rollout's own cost (tokenising, context building, env steps, Ray
-hops). The engine is the project's (``workers.rollout.engine_args``: float32, eager,
+hops). The engine is the project's (``agent_trainer.workers.rollout.engine_args``: float32, eager,
 in-process, the same KV-cache size and seed) and each request asks for what the rollout's
-requests ask for (``workers.rollout.ROLLOUT_OUTPUTS``: the sampled token's logprob, no
+requests ask for (``agent_trainer.workers.rollout.ROLLOUT_OUTPUTS``: the sampled token's logprob, no
 text). For reference it also times vLLM's default outputs (text, no logprobs:
 ``tokens_only_seconds``). Every timed pass starts with an empty prefix cache, as the
 rollout's step does after its weight sync. Writes JSON: per step, the median pass's seconds and tokens.
@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-# As workers/rollout.py: in-process engine, no thread pinning on shared cores.
+# As agent_trainer/workers/rollout.py: in-process engine, no thread pinning on shared cores.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
@@ -42,7 +42,7 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from workers.rollout import ROLLOUT_OUTPUTS, engine_args
+    from agent_trainer.workers.rollout import ROLLOUT_OUTPUTS, engine_args
 
     steps = json.loads(Path(a.turns).read_text())
     llm = LLM(**engine_args(a.model, dtype="float32", max_model_len=a.max_model_len, seed=0,

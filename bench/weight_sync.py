@@ -35,10 +35,10 @@ def main() -> None:
     from safetensors import safe_open
 
     from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig
-    from workers.actor import ActorWorker
-    from workers.rollout import VLLMRolloutWorker
-    from workers.weight_sync import SyncPlan, sync_weights
-    from workers.worker_group import WorkerGroup
+    from agent_trainer.workers.actor import ActorWorker
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
+    from agent_trainer.workers.weight_sync import SyncPlan, sync_weights
+    from agent_trainer.workers.worker_group import WorkerGroup
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,

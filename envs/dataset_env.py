@@ -16,7 +16,7 @@ Every step's info names the row (``question_id``) and carries its ``ground_truth
 multi-turn GRPO trajectory reward computers (``reward_computation``, docs/multiturn_grpo.md)
 can check the trajectory's final answer, e.g. run a coding row's tests.
 
-The training tags are built from the ``data.*`` config section (``agent_trainer.prompt_data``
+The training tags are built from the ``data.*`` config section (``agent_trainer.episode.prompt_data``
 docs, docs/rewards.md); the env can also be used directly in an env tag with ``env_type:
 prompt_dataset``. Like every env it imports neither Ray, torch nor a tokenizer.
 """

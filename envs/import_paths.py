@@ -1,7 +1,7 @@
 """Import paths ``package.module:ClassName``: the hints that make a wrong one fixable from its one-line refusal.
 
 Used where a class is named by import path: an env tag's ``env_type`` (``envs.registry``) and the plug-in
-registries (``agent_trainer.plugins``). A module that is not found gets the close module names (difflib over the
+registries (``agent_trainer.common.plugins``). A module that is not found gets the close module names (difflib over the
 modules of its parent package, or over the top-level modules of the user's folders: never a standard library
 module's name) and where it was looked for; a class that is not in its module gets
 the close class names of that module; ``package.module.ClassName`` (a dot where the colon belongs) gets the

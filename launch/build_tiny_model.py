@@ -14,7 +14,7 @@ Steps:
 1. Corpus: the environments' own text (instructions, legends, action
    descriptions, reset observations for a few dozen seeds and a few random
    steps per tag from ``config/envs.yaml``) plus the prompt strings of
-   ``agent_trainer.prompts``.
+   ``agent_trainer.common.prompts``.
 2. Tokenizer: byte-level BPE trained on that corpus with Qwen2's
    pre-tokenizer, ChatML special tokens (``<|endoftext|>`` pad,
    ``<|im_start|>``, ``<|im_end|>`` eos) and Qwen2's chat template;
@@ -51,7 +51,7 @@ from typing import Callable
 
 import torch
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 from launch import reading_corpus
 
 logger = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ def _collect_tag(tag: str, tags: dict, n_seeds: int, n_steps: int, rng: random.R
 
 
 def _prompt_texts() -> list[str]:
-    """Every fixed string of ``agent_trainer.prompts`` (system prompt, format lines)."""
+    """Every fixed string of ``agent_trainer.common.prompts`` (system prompt, format lines)."""
     return [
         prompts.SYSTEM_PROMPT, prompts.THINK_ANSWER_FORMAT, prompts.ANSWER_ONLY_FORMAT,
         prompts.next_user_message("", 0.0), prompts.next_user_message("", 1.0),

@@ -41,9 +41,9 @@ def fork_states(model, tokenizer, envs_file: str, episodes: int, max_turn: int =
     """(hidden state, Down-minus-Right logit, hole is Down) at every fork the noting walker reaches, and the
     note's copy as (tile words named right, tile words)."""
     from agent_trainer.config.splits import Split
-    from agent_trainer.ctx_manager import ContextManager
-    from agent_trainer.demonstrations import reply_ids, reply_text
-    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec, group_seeds
+    from agent_trainer.agents.ctx_manager import ContextManager
+    from agent_trainer.agents.demonstrations import reply_ids, reply_text
+    from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec, group_seeds
     from envs import load_env_tags
     from envs.frozen_lake import down_right_neighbours, noting_walker
     from launch.validity_probe import walk

@@ -6,7 +6,7 @@ is built from scratch, so its build teaches that skill on lines of random keys a
 that name the value asked for. No environment's policy is in these exercises (no task instruction, no
 reward, no goal): the FrozenLake keys and words appear among others, and the questions ask for any of them.
 
-Each exercise is a one-turn chat in the rollout's own prompt layout (``agent_trainer.prompts``), answered as
+Each exercise is a one-turn chat in the rollout's own prompt layout (``agent_trainer.common.prompts``), answered as
 ``<answer>KEY</answer>`` (or the value). ``launch.build_tiny_model.reading_accuracy`` is the probe: greedy
 exact-match accuracy on exercises the build did not train on (:func:`held_out_exercises`).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 
 KEY_SETS = (
     ("Left", "Down", "Right", "Up"),

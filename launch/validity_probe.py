@@ -2,12 +2,12 @@
 
     python -m launch.validity_probe --model models/tiny-qwen2 [--envs-file my_envs.yaml] [--tag Elevator ...]
 
-Episodes are reset and stepped by ``agent_trainer.es_manager.EnvStateManager`` (the instruction with the env's
+Episodes are reset and stepped by ``agent_trainer.episode.es_manager.EnvStateManager`` (the instruction with the env's
 ``Valid actions:`` line, the format penalty, the env's ``action_is_valid``), prompts are built and replies parsed by
-``agent_trainer.ctx_manager.ContextManager``, and replies are sampled by ``workers.rollout.HFRolloutWorker`` at the
-trainer's default sampling (temperature 1, no top-k/top-p, ``response_length`` 100 capped by the tag's
-``max_tokens``). A turn counts as valid when the env-state manager says so: the reply parsed and the env accepted
-every action in it. No parsing or prompt building is repeated here.
+``agent_trainer.agents.ctx_manager.ContextManager``, and replies are sampled by
+``agent_trainer.workers.rollout.HFRolloutWorker`` at the trainer's default sampling (temperature 1, no top-k/top-p,
+``response_length`` 100 capped by the tag's ``max_tokens``). A turn counts as valid when the env-state manager says so:
+the reply parsed and the env accepted every action in it. No parsing or prompt building is repeated here.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def probe_tag(engine, tokenizer, tags: dict, tag: str, *, episodes: int = 64, tu
     to ``turns`` turns with ``engine`` and count valid turns, successes and the reading diagnostic."""
     reset_seeds = list(reset_seeds) if reset_seeds is not None else [seed + i for i in range(episodes)]
     episodes = len(reset_seeds)
-    from agent_trainer.ctx_manager import ContextManager
-    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+    from agent_trainer.agents.ctx_manager import ContextManager
+    from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 
     ctx_mgr = ContextManager(tokenizer, enable_think=enable_think)
     manager = EnvStateManager(tags, [EpisodeSpec(env_id=i, group_id=i, tag=tag) for i in range(episodes)])
@@ -114,7 +114,7 @@ def probe_model(model_path: str | Path, tags: dict, tag_names: list[str] | None 
     """:func:`probe_tag` for each of ``tag_names`` (default: every tag of ``tags``) with one HF engine."""
     from transformers import AutoTokenizer
 
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     engine = HFRolloutWorker(str(model_path), seed=kwargs.get("seed", 0))

@@ -12,42 +12,35 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent_trainer", "workers", "envs", "launch")
+PACKAGES = ("agent_trainer", "envs", "launch")
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("agent_trainer.config", "=agent_trainer")),
     ("envs", ("envs",)),
-    ("algorithms", ("agent_trainer.core_algos", "agent_trainer.batch", "agent_trainer.checkpoint",
-                    "agent_trainer.plugins", "agent_trainer.prompts", "agent_trainer.profiling")),
-    ("episode", ("agent_trainer.es_manager", "agent_trainer.agents", "agent_trainer.ctx_manager",
-                 "agent_trainer.condensed_ctx", "agent_trainer.condensers", "agent_trainer.trajectory_rewards",
-                 "agent_trainer.demonstrations", "agent_trainer.prompt_data", "agent_trainer.rollout_shaping",
-                 "agent_trainer.collapse_metrics")),
+    ("common", ("agent_trainer.common",)),
+    ("core_algos", ("agent_trainer.core_algos",)),
+    ("episode", ("agent_trainer.episode",)),
+    ("trajectory_rewards", ("agent_trainer.trajectory_rewards",)),
+    ("condensers", ("agent_trainer.condensers",)),
     ("gateway", ("agent_trainer.gateway",)),
+    ("agents", ("agent_trainer.agents",)),
     ("checks", ("agent_trainer.checks",)),
-    ("rollout", ("agent_trainer.rollout", "agent_trainer.rollout.multiturn", "agent_trainer.rollout.splits",
-                 "agent_trainer.rollout.resets", "agent_trainer.rollout.turns", "agent_trainer.rollout.lanes",
-                 "agent_trainer.rollout.engines", "agent_trainer.rollout.results", "agent_trainer.env_pool",
-                 "agent_trainer.overlap")),
-    ("workers", ("workers",)),
-    ("observe", ("agent_trainer.tracking", "agent_trainer.metrics_export", "agent_trainer.trajectories",
-                 "agent_trainer.viewer", "agent_trainer.run_logs")),
-    ("trainer", ("agent_trainer.trainer", "agent_trainer.reward_model", "agent_trainer.colocation",
-                 "agent_trainer.lifecycle", "agent_trainer.memory_plan", "agent_trainer.worker_registry",
-                 "agent_trainer.trainer_checkpoint", "agent_trainer.model_export")),
-    ("prepare", ("agent_trainer.checks.prepare", "agent_trainer.checks.memory")),
+    ("workers", ("agent_trainer.workers",)),
+    ("rollout", ("agent_trainer.rollout",)),
+    ("observe", ("agent_trainer.observe",)),
+    ("training", ("agent_trainer.training",)),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
              "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
-             "agent_trainer.check_env", "agent_trainer.serve_env", "agent_trainer.ray_cluster")),
+             "agent_trainer.check_env", "agent_trainer.serve_env")),
     ("launch", ("launch",)),
 ]
 """Lowest first: (layer, the modules it holds, by dotted prefix; the longest prefix wins; ``=name`` is that module
-alone: the empty ``agent_trainer/__init__.py``)."""
-WORKER_API_LAYERS = ("trainer", "prepare", "cli")
-"""The layers that may reach ``workers`` through ``agent_trainer.worker_registry.worker_api``."""
+alone: the empty ``agent_trainer/__init__.py``). A layer is one folder of ``agent_trainer`` (the entry points are the
+top of the package), so this order is also the allowed direction between folders: a folder imports only the folders
+listed before it."""
+BUILDERS = ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval")
+"""The entry points that build workers (``agent_trainer.workers.build``) and hand them to their trainer."""
 
 
 def project_modules() -> dict[str, Path]:
@@ -181,31 +174,46 @@ def test_no_module_cycle_and_no_package_cycle():
 def test_the_checker_sees_an_upward_import_and_a_cycle():
     """The rules above can fail: an import of the trainer from the config layer is upward, two modules that
     import each other are a cycle."""
-    assert layer_of("agent_trainer.trainer") > layer_of("agent_trainer.config.schema")
+    assert layer_of("agent_trainer.training.trainer") > layer_of("agent_trainer.config.schema")
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
-    tree = ast.parse("from agent_trainer import trainer\nfrom . import loading\n")
+    tree = ast.parse("from agent_trainer.training import trainer\nfrom . import loading\n")
     found = [t for node in tree.body for t in imported("agent_trainer.config.schema", node)]
-    assert found == ["agent_trainer.trainer", "agent_trainer.config.loading"]
+    assert found == ["agent_trainer.training.trainer", "agent_trainer.config.loading"]
 
 
-def test_only_the_trainer_and_cli_layers_reach_workers_and_every_entry_resolves():
-    from agent_trainer.worker_registry import WORKER_API, worker_api
+def folder_of(module: str) -> str:
+    """The folder (``agent_trainer/<folder>/``, or a top-level package) a module sits in; an entry point is its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "agent_trainer" and len(parts) > 1 else parts[0]
 
-    callers = []
+
+def test_no_folder_cycle():
+    """Folders never import each other in a circle, counting every import (inside functions too)."""
+    graph: dict[str, set[str]] = {folder_of(m): set() for m in MODULES}
+    for a, b, _ in import_edges():
+        if folder_of(a) != folder_of(b):
+            graph[folder_of(a)].add(folder_of(b))
+    assert cycles(graph) == [], f"folder cycles: {cycles(graph)}"
+    assert cycles({"agent_trainer.agents": {"agent_trainer.condensers"},
+                   "agent_trainer.condensers": {"agent_trainer.agents"}}) != []  # the check can fail
+
+
+def test_only_the_entry_points_build_workers():
+    """``agent_trainer.workers.build`` is imported by the workers themselves and by the entry points that build
+    workers for their trainer (RL, SFT, evaluation); the trainers are handed a ``Workers`` (a type, under
+    ``TYPE_CHECKING``)."""
+    wrong = []
     for module, path in MODULES.items():
-        if not module.startswith("agent_trainer") or module == "agent_trainer.worker_registry":
+        if module.startswith("agent_trainer.workers") or module in BUILDERS:
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Name) and node.id == "worker_api":
-                callers.append(module)
-    assert callers, "nothing calls worker_api: drop agent_trainer.worker_registry"
-    wrong = sorted({m for m in callers if LAYERS[layer_of(m)][0] not in WORKER_API_LAYERS})
-    assert not wrong, f"{wrong} reach workers through worker_api but sit below the trainer layer"
-    for name, path in WORKER_API.items():
-        assert path.startswith("workers."), (name, path)
-        assert worker_api(name) is not None
-    with pytest.raises(KeyError, match="not in agent_trainer.worker_registry.WORKER_API"):
-        worker_api("no_such_worker")
+            if isinstance(node, ast.ImportFrom) and imported(module, node) == ["agent_trainer.workers.build"] * len(
+                    node.names) and any(alias.name != "Workers" for alias in node.names):
+                wrong.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            elif isinstance(node, ast.Import) and any(a.name == "agent_trainer.workers.build" for a in node.names):
+                wrong.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not wrong, f"only {BUILDERS} build workers; these import the builder: {wrong}"
+    assert any(LAYERS[layer_of(m)][0] == "cli" for m in BUILDERS)
 
 
 def test_importing_the_config_loads_no_runtime():
@@ -217,7 +225,7 @@ def test_importing_the_config_loads_no_runtime():
     loaded = out.stdout.split()
     assert "agent_trainer.config.schema" in loaded  # the probe looks at the right interpreter
     roots = {name.split(".")[0] for name in loaded}
-    heavy = sorted(roots & {"torch", "ray", "vllm", "transformers", "envs", "workers", "numpy"})
+    heavy = sorted(roots & {"torch", "ray", "vllm", "transformers", "envs", "numpy"})
     assert not heavy, f"import agent_trainer.config loads {heavy}"
     project = sorted(m for m in loaded if m.split(".")[0] == "agent_trainer"
                      and m not in ("agent_trainer", "agent_trainer.config")

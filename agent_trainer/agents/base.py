@@ -22,12 +22,17 @@ agent's own; the rollout reads the fields and properties of ``ctx_manager.Episod
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
     from agent_trainer.config import AgentTrainerConfig
-    from agent_trainer.es_manager import EnvInput, EnvOutput
+    from agent_trainer.episode.es_manager import EnvInput, EnvOutput
+
+SummaryGenerate = Callable[[list[list[int]], list[int], float], list[tuple[list[int], list[float]]]]
+"""``generate(prompts, budgets, temperature) -> [(ids, logprobs)]``: the rollout's engines, for text an agent asks
+the policy to write into a context (:meth:`Agent.write_summaries`)."""
 
 LAYOUTS = ("full", "condensed")
 """An agent's training rows: one per episode (full) or one per turn (condensed); ``ctx_manager.mode`` must match."""
@@ -67,6 +72,12 @@ class Agent(abc.ABC):
     @abc.abstractmethod
     def build_update_batch(self, episodes: list, uid_offset: int = 0) -> TensorBatch:
         """The training rows of the played episodes (``ctx_manager.collate_rows`` builds the contract's keys)."""
+
+    def write_summaries(self, episodes: Iterable[Any], generate: SummaryGenerate) -> int:
+        """Write the text the agent asks the policy for before the next turn's prompts (context only, never trained
+        on), through ``generate``, the rollout's engines. The rollout calls it before every turn; returns how many
+        texts were written. The default writes none (the condensed context manager's ``summary`` condenser does)."""
+        return 0
 
 
 def agent_options(cfg: AgentTrainerConfig) -> dict[str, Any]:

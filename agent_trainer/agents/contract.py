@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask", "token_level_rewards",
                  "rollout_log_probs", "uid", "traj_uid")
@@ -54,7 +54,7 @@ def _check_keys(batch: TensorBatch, agent: str) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in batch]
     if missing:
         raise BatchContractError(f"agent {agent} built a batch without {missing}; build it with "
-                                 "agent_trainer.ctx_manager.collate_rows (docs/agents.md)")
+                                 "agent_trainer.agents.ctx_manager.collate_rows (docs/agents.md)")
     shape = tuple(batch["input_ids"].shape)
     wrong = [k for k in PER_TOKEN_KEYS if tuple(batch[k].shape) != shape]
     if wrong:

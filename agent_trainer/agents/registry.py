@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from agent_trainer.agents.base import LAYOUTS, Agent
 from agent_trainer.agents.tool_call import ToolCallAgent
-from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.plugins import PluginRegistry
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.common.plugins import PluginRegistry
 
 if TYPE_CHECKING:
     from agent_trainer.config import AgentTrainerConfig

@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from agent_trainer import prompts
-from agent_trainer.ctx_manager import ContextManager, EpisodeContext, EpisodeStatus, anchor_id
-from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.common import prompts
+from agent_trainer.agents.ctx_manager import ContextManager, EpisodeContext, EpisodeStatus, anchor_id
+from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 
 VALID_ACTIONS = "Valid actions: "
 """The instruction line (``es_manager``) that lists an env's actions (``BaseEnv.action_description``)."""

@@ -1,15 +1,15 @@
 """The rollout engines by name: ``actor_rollout_ref.rollout.name`` is a registered name or an engine class's import
 path ``package.module:ClassName``, looked up once before ``ray.init``.
 
-The engine classes live in ``workers/engines/`` (above this layer), so the built-in engines are registered by
-import path and loaded with importlib on first use, the shape of ``envs/registry.py`` and
-``agent_trainer/worker_registry.py``; the engine modules import no vLLM or transformers at import time, so looking
-one up costs torch only. A class registered with :func:`register_engine` (a class or an import path) is found by
+The engine classes live in ``agent_trainer/workers/engines/`` (above this layer: the builder runs these checks), so
+the built-in engines are registered by import path and loaded with importlib on first use, the shape of
+``envs/registry.py``; the engine modules import no vLLM or transformers at import time, so looking one up costs
+torch only. A class registered with :func:`register_engine` (a class or an import path) is found by
 its name; an import path in the config needs no registration. Every refusal is one line naming the key.
 
-What the checks read from an engine class (:class:`workers.engines.base.RolloutEngine`): ``name``, ``only_keys``
-(rollout keys only it reads, and on which device), ``tensor_parallel``, ``request_seeds`` and its own ``check(cfg)``;
-``workers.build.build_engines`` asks it for ``init_kwargs``.
+What the checks read from an engine class (:class:`agent_trainer.workers.engines.base.RolloutEngine`): ``name``,
+``only_keys`` (rollout keys only it reads, and on which device), ``tensor_parallel``, ``request_seeds`` and its own
+``check(cfg)``; ``agent_trainer.workers.build.build_engines`` asks it for ``init_kwargs``.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agent_trainer.plugins import load_import_path
+from agent_trainer.common.plugins import load_import_path
 from envs.import_paths import name_hint
 
 KEY = "actor_rollout_ref.rollout.name"
-BASE = "workers.engines.base:RolloutEngine"
+BASE = "agent_trainer.workers.engines.base:RolloutEngine"
 """The class every engine subclasses (loaded by path: it sits in the workers layer)."""
 
 _ENGINES: dict[str, Any] = {
-    "vllm": "workers.engines.vllm:VLLMEngine",
-    "hf": "workers.engines.hf:HFEngine",
+    "vllm": "agent_trainer.workers.engines.vllm:VLLMEngine",
+    "hf": "agent_trainer.workers.engines.hf:HFEngine",
 }
 """Name -> engine class or ``"package.module:ClassName"``, in registration order (the built-ins first)."""
 
@@ -60,7 +60,7 @@ def _base() -> type:
 
 def _check_engine_class(cls: Any, shown: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, _base())):
-        raise ValueError(f"{shown}: {cls!r} is not a subclass of workers.engines.base.RolloutEngine "
+        raise ValueError(f"{shown}: {cls!r} is not a subclass of agent_trainer.workers.engines.base.RolloutEngine "
                          "(docs/architecture.md, \"Rollout engines\")")
 
 

@@ -1,6 +1,6 @@
 """Registry-name checks: a config that names a plug-in (a context condenser, a trajectory reward computer, a judge
 format) is looked up in its registry before ``ray.init``; an unknown name or an import path that is not a subclass is
-refused in one line naming the key and the known names (``agent_trainer.plugins.PluginRegistry.get``).
+refused in one line naming the key and the known names (``agent_trainer.common.plugins.PluginRegistry.get``).
 """
 
 from __future__ import annotations

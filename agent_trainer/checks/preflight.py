@@ -18,7 +18,7 @@ tag, the call, what came back and the fix):
 
 An ``info`` without ``action_is_effective`` only costs a metric (``env/<tag>/action_is_effective`` reads 0): it is
 logged as a warning, once per tag. The checks are the env-state manager's own at run time, made before the
-run instead of costing it its episodes (``agent_trainer.es_manager``, ``es_manager.max_env_error_fraction``).
+run instead of costing it its episodes (``agent_trainer.episode.es_manager``, ``es_manager.max_env_error_fraction``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import CONFIG_SPLITS
-from agent_trainer.demonstrations import valid_actions
+from agent_trainer.agents.demonstrations import valid_actions
 from envs import BaseEnv, make_env
 
 logger = logging.getLogger(__name__)

@@ -25,15 +25,14 @@ a ``generate`` callable does the same synchronously.
 from __future__ import annotations
 
 import abc
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 from agent_trainer.condensers.layouts import ConversationLayout
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.plugins import PluginRegistry
+from agent_trainer.common.plugins import PluginRegistry
 
 EMPTY_SUMMARY = "(no summary)"
 """What a context shows for a summary the policy left blank."""
@@ -221,10 +220,20 @@ class ContextCondenser(abc.ABC):
         task, segments = self.conversation.segments(traj)
         return len(task) + sum(len(s) for s in segments)
 
-    @functools.cached_property
+    _conversation: ConversationLayout | None = None
+
+    @property
     def conversation(self) -> ConversationLayout:
-        """The ``full`` layout (built on first use)."""
-        return ConversationLayout(self.tokenizer, self.enable_think, self.action_sep)
+        """The ``full`` layout, rendered by the full context manager; :func:`make_condenser` sets it."""
+        if self._conversation is None:
+            raise RuntimeError(f"{type(self).__name__} has no conversation layout: build it with make_condenser(..., "
+                               "conversation=agent_trainer.agents.ctx_manager.FullConversation(tokenizer, ...)), as "
+                               "the condensed context manager does")
+        return self._conversation
+
+    @conversation.setter
+    def conversation(self, layout: ConversationLayout) -> None:
+        self._conversation = layout
 
     # -- helpers for text layouts --------------------------------------------------------
     def chat_prompt_ids(self, user_message: str) -> list[int]:
@@ -245,11 +254,16 @@ list_condensers = CONDENSERS.names
 get_condenser_cls = CONDENSERS.get
 
 
-def make_condenser(config: ContextCondenserConfig, tokenizer, *, generate: GenerateFn | None = None,
-                   enable_think: bool = True, action_sep: str = "||") -> ContextCondenser:
-    """The condenser ``config.type`` names (``keep_last_n_steps`` and ``max_condensed_tokens`` must be resolved)."""
+def make_condenser(config: ContextCondenserConfig, tokenizer, *, conversation: ConversationLayout | None = None,
+                   generate: GenerateFn | None = None, enable_think: bool = True,
+                   action_sep: str = "||") -> ContextCondenser:
+    """The condenser ``config.type`` names (``keep_last_n_steps`` and ``max_condensed_tokens`` must be resolved),
+    laying out the whole conversation with ``conversation`` (the full context manager's rendering)."""
     if config.keep_last_n_steps is None or config.max_condensed_tokens is None:
         raise ValueError("multiturn_trajectory.context_condenser: keep_last_n_steps and max_condensed_tokens must "
                          "be resolved before a condenser is built (agent_trainer.config.condenser_config does it)")
-    return CONDENSERS.get(config.type)(tokenizer, config, generate=generate, enable_think=enable_think,
-                                          action_sep=action_sep)
+    condenser = CONDENSERS.get(config.type)(tokenizer, config, generate=generate, enable_think=enable_think,
+                                            action_sep=action_sep)
+    if conversation is not None:
+        condenser.conversation = conversation
+    return condenser

@@ -1,9 +1,9 @@
 """The two context layouts the strategies build on.
 
 - Conversation (``full``, ``truncate``): the episode as ``ctx_manager.mode=full``
-  lays it out, rendered by :class:`agent_trainer.ctx_manager.ContextManager`
-  itself: the first prompt (system, instruction, first observation, assistant
-  header), then per step its output ids verbatim (plus an eos when cut) and the
+  lays it out, rendered by :class:`agent_trainer.agents.ctx_manager.ContextManager`
+  itself (the condenser is handed that rendering, :class:`ConversationLayout`): the first prompt (system, instruction,
+  first observation, assistant header), then per step its output ids verbatim (plus an eos when cut) and the
   next observation as a user message ending in the assistant header. Each
   step's (output, observation) segment starts right after an assistant header,
   so whole segments can be dropped and the rest stays a well-formed chat.
@@ -15,12 +15,10 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
+from typing import Protocol
 
-from agent_trainer import prompts
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.es_manager import EnvOutput
+from agent_trainer.common import prompts
 
 NO_ANSWER = "(no <answer> block)"
 """How a recap shows a reply without an answer."""
@@ -53,30 +51,13 @@ def condensed_user_message(instruction: str, history: list[TurnSummary], observa
     return "\n".join(p for p in parts if p)
 
 
-class ConversationLayout:
-    """The full conversation of a trajectory as token ids: the task prompt and one segment per step."""
-
-    def __init__(self, tokenizer, enable_think: bool, action_sep: str):
-        self.ctx = ContextManager(tokenizer, enable_think=enable_think, action_sep=action_sep,
-                                  max_model_len=sys.maxsize)
+class ConversationLayout(Protocol):
+    """The ``full`` layout of a trajectory, as ``ctx_manager.mode=full`` renders it: the condensed context manager
+    hands its condenser one (:class:`agent_trainer.agents.ctx_manager.FullConversation`) through
+    ``make_condenser(..., conversation=...)``."""
 
     def segments(self, traj) -> tuple[list[int], list[list[int]]]:
         """(first prompt ids, [o_k (+ eos) + observation-after-k ids for every step k])."""
-        ep = self.ctx.start(_env_output(traj.instruction, traj.first_observation, 0.0))
-        task = list(ep.token_ids)
-        segments, mark = [], len(task)
-        for step in traj.steps:
-            self.ctx.append_reply(ep, step.output_ids, [0.0] * len(step.output_ids))
-            self.ctx.append_env_output(ep, _env_output(traj.instruction, step.observation, step.reward),
-                                       response_length=0)
-            segments.append(list(ep.token_ids[mark:]))
-            mark = len(ep.token_ids)
-        return task, segments
-
-
-def _env_output(instruction: str, observation: str, reward: float) -> EnvOutput:
-    return EnvOutput(env_id=0, group_id=0, tag="", observation=observation, instruction=instruction,
-                     reward=reward, done=False, info={})
 
 
 def step_recaps(condenser, traj) -> list[TurnSummary]:

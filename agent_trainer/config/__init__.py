@@ -24,6 +24,7 @@ from agent_trainer.config.schema import (
     TrainerConfig,
     condenser_config,
     keep_last_n,
+    split_config,
 )
 from agent_trainer.config.workers import (
     POLICY_LOSS_DEFAULTS,
@@ -42,6 +43,6 @@ __all__ = [
     "POLICY_LOSS_DEFAULTS", "ActorConfig", "ActorRolloutRefConfig", "AgentProxyConfig", "AgentTrainerConfig",
     "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "DistillConfig", "EvalConfig", "FSDPConfig", "GatewayConfig", "GiGPOConfig", "KLCtrlConfig",
     "ModelConfig", "OptimConfig", "RefConfig", "RewardNormalizationConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n", "merge_config",
+    "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n", "split_config", "merge_config",
     "merge_onto_schema", "sft_schema",
 ]

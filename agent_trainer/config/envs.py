@@ -1,7 +1,7 @@
 """The ``es_manager`` section: which env tags each split's groups play, group sizes, seeds, timeouts.
 
 Plain dataclasses (RAGEN's es_manager keys); the env-state manager that runs them is
-:mod:`agent_trainer.es_manager`. The sizes are checked as the dataclasses are built.
+:mod:`agent_trainer.episode.es_manager`. The sizes are checked as the dataclasses are built.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Imported by ``agent_trainer.config`` (the sections of :class:`AgentTrainerConfig`); the
 validation rules live in ``agent_trainer.checks``, the dataset env tags they
-become are built by :func:`agent_trainer.prompt_data.dataset_env_tags`.
+become are built by :func:`agent_trainer.episode.prompt_data.dataset_env_tags`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_trainer.config.envs import EsManagerConfig
+from agent_trainer.config.envs import EnvGroupsConfig, EsManagerConfig
 from agent_trainer.config.multiturn import (
     DEFAULT_KEEP_LAST_N,
     ContextCondenserConfig,
@@ -27,6 +27,7 @@ from agent_trainer.config.multiturn import (
 )
 from agent_trainer.config.rewards import (DataConfig, JudgeConfig, RewardComputationConfig, RewardConfig,
                                           RewardModelConfig)
+from agent_trainer.config.splits import Split
 from agent_trainer.config.workers import ActorRolloutRefConfig, CriticConfig, FSDPConfig, ModelConfig, RefConfig
 
 
@@ -118,7 +119,8 @@ class DistillConfig:
                                    lora_rank=0, lora_adapter_path=None, enable_gradient_checkpointing=False)
 
     def teacher_forward(self) -> RefConfig:
-        """The reference-worker settings the teacher group runs with (``workers.actor.ReferenceWorker``)."""
+        """The reference-worker settings the teacher group runs with
+        (``agent_trainer.workers.actor.ReferenceWorker``)."""
         return RefConfig(log_prob_micro_batch_size_per_gpu=self.log_prob_micro_batch_size_per_gpu, colocate=False,
                          fsdp=self.fsdp, dtype=self.dtype)
 
@@ -419,6 +421,15 @@ def keep_last_n(cfg: AgentTrainerConfig) -> int:
     steps = cfg.multiturn_trajectory.context_condenser.keep_last_n_steps
     turns = cfg.ctx_manager.keep_last_n_turns
     return next((v for v in (steps, turns) if v is not None), DEFAULT_KEEP_LAST_N)
+
+
+def split_config(cfg: AgentTrainerConfig, split: Split | str) -> EnvGroupsConfig:
+    """The groups a split plays; remax_baseline: the training groups with one episode each."""
+    if split not in tuple(Split):
+        raise ValueError(f"split must be one of {list(Split)}, got {split!r}")
+    if split == Split.REMAX_BASELINE:
+        return dataclasses.replace(cfg.es_manager.train, group_size=1)
+    return cfg.es_manager.train if split == Split.TRAIN else cfg.es_manager.val
 
 
 def condenser_config(cfg: AgentTrainerConfig) -> ContextCondenserConfig:

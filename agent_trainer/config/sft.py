@@ -25,7 +25,7 @@ class SFTDataConfig:
     """Where the conversations come from, and the held-out split for the validation loss."""
 
     source: str = "demonstrations"
-    """demonstrations (expert episodes played now, agent_trainer/demonstrations.py) | jsonl (train_files)."""
+    """demonstrations (expert episodes played now, agent_trainer/agents/demonstrations.py) | jsonl (train_files)."""
     train_files: list[str] = field(default_factory=list)
     """jsonl: JSONL files, one {"messages": [...]} conversation per line (docs/sft.md)."""
     val_files: list[str] = field(default_factory=list)

@@ -14,7 +14,7 @@ normalisation and rollout filtering), estimators
 (``@register_estimator``: each estimator's properties, recorded where it is defined), registry
 (``compute_advantage``, the name tables derived from the specs, the estimator a config section selects).
 A new estimator is one module of this package with a decorated function: every module here is imported with
-the package (``agent_trainer.plugins.import_package_modules``; docs/algorithms.md).
+the package (``agent_trainer.common.plugins.import_package_modules``; docs/algorithms.md).
 See docs/algorithms.md for the table of estimators and losses.
 """
 
@@ -63,6 +63,7 @@ from .registry import (
     estimator_options,
     get_adv_estimator_fn,
     resolve_adv_estimator,
+    trainer_splits,
 )
 from .shaping import (
     NONFINITE_REWARD_POLICIES,
@@ -72,7 +73,7 @@ from .shaping import (
     filter_groups,
     normalize_scores,
 )
-from agent_trainer.plugins import import_package_modules
+from agent_trainer.common.plugins import import_package_modules
 
 import_package_modules(__name__, __path__)  # a new estimator is one module here: its @register_estimator runs now
 
@@ -89,7 +90,8 @@ __all__ = [
     "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
     "entropy_from_logits", "filter_groups", "get_adv_estimator_fn", "get_kl_controller",
     "get_policy_loss_fn", "kl_penalty", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "critic_enabled", "estimator", "estimator_options", "EstimatorSpec", "estimator_names", "estimator_spec",
+    "critic_enabled", "trainer_splits", "estimator", "estimator_options", "EstimatorSpec", "estimator_names",
+    "estimator_spec",
     "register_estimator", "mutual_information_estimates", "normalize_scores", "resolve_adv_estimator", "turn_segments",
 ]
 

@@ -32,7 +32,7 @@ BATCH_KEY_DOCS = {
     "turn_ids": "int64 [B, T] turn index",
     "step_rewards": "float [B] per-step reward",
 }
-"""What each batch key holds, for the error messages (agent_trainer/batch.py has the whole contract)."""
+"""What each batch key holds, for the error messages (agent_trainer/common/batch.py has the whole contract)."""
 
 
 @dataclass(frozen=True)

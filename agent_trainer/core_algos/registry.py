@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from agent_trainer.config.schema import AgentTrainerConfig, AlgorithmConfig
+from agent_trainer.config.splits import Split
 
 from ._masked import as_group_index
 from .estimators import ALWAYS_KEYS, ARGUMENT_NAMES, BATCH_KEY_DOCS, ESTIMATOR_SPECS, EstimatorSpec, estimator_spec
@@ -143,6 +144,14 @@ def estimator_options(algorithm: AlgorithmConfig) -> dict:
     """Extra keyword options of the estimator in use, each read from the config key its spec names."""
     options = estimator_spec(estimator(algorithm)).options
     return {name: reduce(getattr, key.split(".")[1:], algorithm) for name, key in options.items()}
+
+
+def trainer_splits(cfg: AgentTrainerConfig) -> tuple[Split, ...]:
+    """The splits a training run plays, each with env actors of its own: train; val only when the run validates
+    (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; the greedy baseline split
+    when the estimator reads ``reward_baselines`` (ReMax)."""
+    return ((Split.TRAIN,) + ((Split.VAL,) if cfg.trainer.test_freq > 0 else ())
+            + ((Split.REMAX_BASELINE,) if estimator_spec(estimator(cfg.algorithm)).greedy_baseline else ()))
 
 
 def critic_enabled(cfg: AgentTrainerConfig) -> bool:

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 class Generation(Protocol):
-    """What an engine returns per prompt (``workers.rollout.GenerationOutput``)."""
+    """What an engine returns per prompt (``agent_trainer.workers.rollout.GenerationOutput``)."""
 
     token_ids: list[int]
     logprobs: list[float]

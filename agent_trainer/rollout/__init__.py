@@ -17,8 +17,8 @@ them: each group's next turn goes to the engines as soon as its own env step ret
 (:class:`~agent_trainer.rollout.lanes.BarrierFreeLoop`, docs/architecture.md).
 
 ``ctx_manager.mode`` picks the layout: ``full`` (one growing sequence and one
-row per episode, ``agent_trainer.ctx_manager``) or ``condensed`` (a fresh
-prompt per turn and one row per turn, ``agent_trainer.condensed_ctx``).
+row per episode, ``agent_trainer.agents.ctx_manager``) or ``condensed`` (a fresh
+prompt per turn and one row per turn, ``agent_trainer.agents.condensed_ctx``).
 ``agent_proxy.agent_cls`` (or ``AgentTrainer(agent_cls=...)``) puts another agent in the
 context manager's place (docs/agents.md); every batch an agent builds is checked against the
 token-in/token-out contract before it leaves the rollout (``agent_trainer.agents.contract``).
@@ -28,7 +28,7 @@ Faults end only what they touch (docs/reliability.md):
 - an env actor that dies is reported (``rollout/env_actor_failures``) and its episodes end
   where they are; Ray restarts it (``max_restarts``), so the next reset finds it again;
 - an env actor that misses ``es_manager.env_step_timeout_s`` / ``env_reset_timeout_s`` is
-  killed and replaced (``agent_trainer.env_pool``); its episodes end with an error
+  killed and replaced (``agent_trainer.rollout.env_pool``); its episodes end with an error
   (``env/<tag>/timeouts``, ``rollout/env_timeouts``);
 - an episode whose reset raises or times out is dropped from the step
   (``rollout/reset_failures``); more than ``es_manager.max_failed_reset_fraction`` of the
@@ -54,15 +54,14 @@ The modules, by responsibility:
 - ``results``: the batch, its contract check, the metrics and the faults of one rollout.
 """
 
-from agent_trainer.rollout.engines import get_or_kill, wait_until_ready
+from agent_trainer.rollout.engines import get_or_kill
 from agent_trainer.rollout.gateway import GatewayRollout
 from agent_trainer.rollout.lanes import BarrierFreeLoop, Lane
 from agent_trainer.rollout.multiturn import MultiTurnRollout, make_context_manager
 from agent_trainer.rollout.resets import EnvResets
 from agent_trainer.rollout.results import (EnvFailure, RolloutFaults, RolloutResult, check_env_errors,
                                            episode_rewards, rollout_metrics, screen_nonfinite)
-from agent_trainer.rollout.splits import (SPLITS, SamplingParams, episode_seed, sampling_params, sampling_seed,
-                                          split_config, trainer_splits)
+from agent_trainer.rollout.splits import SPLITS, SamplingParams, episode_seed, sampling_params, sampling_seed
 from agent_trainer.rollout.turns import TurnLoop
 
 SyncMultiTurnRollout = MultiTurnRollout
@@ -80,4 +79,4 @@ def make_rollout(cfg, tokenizer, engines: list, env_worker_cls, env_tags: dict, 
 __all__ = ["BarrierFreeLoop", "EnvFailure", "EnvResets", "GatewayRollout", "Lane", "MultiTurnRollout", "RolloutFaults", "RolloutResult",
            "SPLITS", "SamplingParams", "SyncMultiTurnRollout", "TurnLoop", "check_env_errors", "episode_rewards",
            "episode_seed", "get_or_kill", "make_context_manager", "make_rollout", "rollout_metrics", "sampling_params",
-           "sampling_seed", "screen_nonfinite", "split_config", "trainer_splits", "wait_until_ready"]
+           "sampling_seed", "screen_nonfinite"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -13,6 +12,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from agent_trainer.rollout.splits import SamplingParams
+from agent_trainer.workers.worker_group import wait_until_ready
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +75,3 @@ def get_or_kill(refs: list, engines: list, timeout_s: float) -> list:
         raise GetTimeoutError(f"{len(stuck)} rollout engine(s) did not finish a turn within {timeout_s:g} s "
                               "(actor_rollout_ref.rollout.generate_timeout_s); killed them for a restart")
     return ray.get(refs)
-
-
-def wait_until_ready(actors: list, timeout_s: float = 600.0) -> None:
-    """Block until every actor answers (a restarting actor raises ActorUnavailableError until then)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            ray.get([a.__ray_ready__.remote() for a in actors])
-            return
-        except (ActorUnavailableError, RayActorError):  # restarting (a killed actor may still be dying)
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)

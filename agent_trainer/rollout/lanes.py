@@ -9,9 +9,9 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
-from agent_trainer.ctx_manager import EpisodeContext
-from agent_trainer.rollout.splits import episode_seed
+from agent_trainer.agents.condensed_ctx import CondensedEpisode
+from agent_trainer.agents.ctx_manager import EpisodeContext
+from agent_trainer.rollout.splits import SUMMARY_SEED_SALT, episode_seed
 from agent_trainer.rollout.turns import TurnLoop
 
 
@@ -84,11 +84,11 @@ class BarrierFreeLoop(TurnLoop):
         r = self.rollout
         if lane.turn >= r.cfg.agent_proxy.max_turn:
             return False
-        if isinstance(r.ctx, CondensedContextManager):  # text a condenser asked the policy for (context only)
-            salt = episode_seed(r.cfg.trainer.seed, r.split, self.step, lane.episodes[0].env_id, lane.turn)
-            r.ctx.write_summaries(lane.episodes, lambda prompts, budgets, temperature: self.generate_alone(
-                prompts, dataclasses.replace(self.sampling, temperature=temperature), salt ^ SUMMARY_SEED_SALT,
-                budgets=budgets, prompt_seeds=[(salt ^ SUMMARY_SEED_SALT) + k for k in range(len(prompts))]))
+        # text the agent asks the policy for (context only; a condenser's summaries)
+        salt = episode_seed(r.cfg.trainer.seed, r.split, self.step, lane.episodes[0].env_id, lane.turn)
+        r.ctx.write_summaries(lane.episodes, lambda prompts, budgets, temperature: self.generate_alone(
+            prompts, dataclasses.replace(self.sampling, temperature=temperature), salt ^ SUMMARY_SEED_SALT,
+            budgets=budgets, prompt_seeds=[(salt ^ SUMMARY_SEED_SALT) + k for k in range(len(prompts))]))
         self.end_overflowing(lane.active())
         return bool(lane.active())
 

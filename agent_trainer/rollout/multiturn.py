@@ -15,15 +15,15 @@ import numpy as np
 
 from agent_trainer.agents.base import Agent
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config import AgentTrainerConfig, split_config
 from agent_trainer.config.splits import Split
-from agent_trainer.env_pool import EnvActorPool
-from agent_trainer.es_manager import EpisodeSpec, plan_episodes
+from agent_trainer.rollout.env_pool import EnvActorPool
+from agent_trainer.episode.es_manager import EpisodeSpec, plan_episodes
 from agent_trainer.rollout.engines import generate
 from agent_trainer.rollout.lanes import BarrierFreeLoop
 from agent_trainer.rollout.resets import EnvResets
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult, assemble, check_env_errors
-from agent_trainer.rollout.splits import SamplingParams, sampling_params, split_config
+from agent_trainer.rollout.splits import SamplingParams, sampling_params
 from agent_trainer.rollout.turns import TurnLoop
 from envs.registry import normalize_tags
 
@@ -36,8 +36,8 @@ class MultiTurnRollout:
     ``rollout.mode=async``, without a barrier between turns (:class:`~agent_trainer.rollout.lanes.BarrierFreeLoop`).
 
     ``engines`` are Ray actor handles exposing ``generate(prompts, **sampling)``
-    (``workers.rollout``); ``env_worker_cls`` is the ``ray.remote`` env-state
-    manager (``workers.env_worker.EnvWorker``), of which ``num_env_actors``
+    (``agent_trainer.workers.rollout``); ``env_worker_cls`` is the ``ray.remote`` env-state
+    manager (``agent_trainer.workers.env_worker.EnvWorker``), of which ``num_env_actors``
     are started, each hosting a contiguous shard of episodes.
 
     Each turn of an episode generates at most ``min(max_tokens of its env tag,

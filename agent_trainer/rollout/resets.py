@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable
 
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
-from agent_trainer.env_pool import EnvActorPool, PendingCall
-from agent_trainer.es_manager import EnvOutput, EpisodeSpec, group_seeds
+from agent_trainer.rollout.env_pool import EnvActorPool, PendingCall
+from agent_trainer.episode.es_manager import EnvOutput, EpisodeSpec, group_seeds
 from agent_trainer.rollout.results import EnvFailure, RolloutFaults
 
 

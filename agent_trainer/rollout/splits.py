@@ -1,19 +1,19 @@
-"""What a split plays and how it samples: its groups (:func:`split_config`), the splits a run plays
-(:func:`trainer_splits`), its sampling (:func:`sampling_params`) and the engines' seeds (:func:`sampling_seed`,
-:func:`episode_seed`)."""
+"""How a split samples: its sampling (:func:`sampling_params`) and the engines' seeds (:func:`sampling_seed`,
+:func:`episode_seed`). The groups a split plays are :func:`agent_trainer.config.split_config`, the splits a run plays
+:func:`agent_trainer.core_algos.trainer_splits`."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from agent_trainer import core_algos
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.config.envs import EnvGroupsConfig
 from agent_trainer.config.splits import Split
 
+SUMMARY_SEED_SALT = 0x2545F491
+"""XOR-ed into a turn's sampling seed for the summaries an agent writes before it (distinct from the turn's own
+calls)."""
 SPLITS: tuple[Split, ...] = tuple(Split)
 """Every :class:`~agent_trainer.config.splits.Split`, in the order :func:`episode_seed` numbers them."""
 
@@ -39,24 +39,6 @@ def sampling_params(cfg: AgentTrainerConfig, split: Split) -> SamplingParams:
         return SamplingParams(max_tokens=r.response_length, temperature=0.0)
     return SamplingParams(max_tokens=r.response_length, temperature=r.val_kwargs.temperature,
                           top_p=r.val_kwargs.top_p)
-
-
-def trainer_splits(cfg: AgentTrainerConfig) -> tuple[Split, ...]:
-    """The splits a training run plays, each with env actors of its own: train; val only when the run validates
-    (``trainer.test_freq`` > 0), so a run that never validates starts no val env actors; the greedy baseline split
-    when the estimator reads ``reward_baselines`` (ReMax)."""
-    return ((Split.TRAIN,) + ((Split.VAL,) if cfg.trainer.test_freq > 0 else ())
-            + ((Split.REMAX_BASELINE,) if core_algos.estimator_spec(core_algos.estimator(cfg.algorithm)).greedy_baseline
-               else ()))
-
-
-def split_config(cfg: AgentTrainerConfig, split: Split | str) -> EnvGroupsConfig:
-    """The groups a split plays; remax_baseline: the training groups with one episode each."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    if split == Split.REMAX_BASELINE:
-        return dataclasses.replace(cfg.es_manager.train, group_size=1)
-    return cfg.es_manager.train if split == Split.TRAIN else cfg.es_manager.val
 
 
 def sampling_seed(base_seed: int, split: Split | str, step: int, turn: int) -> int:

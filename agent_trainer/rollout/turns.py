@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from agent_trainer import profiling
-from agent_trainer.condensed_ctx import SUMMARY_SEED_SALT, CondensedContextManager, CondensedEpisode
-from agent_trainer.ctx_manager import EpisodeContext
-from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.common import profiling
+from agent_trainer.agents.condensed_ctx import CondensedEpisode
+from agent_trainer.agents.ctx_manager import EpisodeContext
+from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 from agent_trainer.rollout.results import RolloutFaults
-from agent_trainer.rollout.splits import SamplingParams, episode_seed, sampling_seed
+from agent_trainer.rollout.splits import SUMMARY_SEED_SALT, SamplingParams, episode_seed, sampling_seed
 
 
 class TurnLoop:
@@ -32,10 +32,10 @@ class TurnLoop:
         r, cfg = self.rollout, self.rollout.cfg
         for turn in range(cfg.agent_proxy.max_turn):
             seed = sampling_seed(cfg.trainer.seed, r.split, self.step, turn)
-            if isinstance(r.ctx, CondensedContextManager):  # text a condenser asked the policy for (context only)
-                r.ctx.write_summaries(ctxs.values(), lambda prompts, budgets, temperature: r._generate(
-                    prompts, dataclasses.replace(self.sampling, temperature=temperature), seed ^ SUMMARY_SEED_SALT,
-                    budgets=budgets))
+            # text the agent asks the policy for (context only; a condenser's summaries)
+            r.ctx.write_summaries(ctxs.values(), lambda prompts, budgets, temperature: r._generate(
+                prompts, dataclasses.replace(self.sampling, temperature=temperature), seed ^ SUMMARY_SEED_SALT,
+                budgets=budgets))
             self.end_overflowing(c for c in ctxs.values() if not c.done)
             active = [c for c in ctxs.values() if not c.done]
             if not active:

@@ -26,7 +26,7 @@ from agent_trainer.trajectory_rewards.computers import (
     make_reward_computer,
 )
 from agent_trainer.trajectory_rewards.sandbox import SandboxResult, run_python
-from agent_trainer.plugins import import_package_modules
+from agent_trainer.common.plugins import import_package_modules
 
 import_package_modules(__name__, __path__)  # a new reward computer is one file here (@register_reward_computer)
 

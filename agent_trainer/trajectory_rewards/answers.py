@@ -11,7 +11,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 from agent_trainer.config.rewards import FormatValidationConfig, SandboxLimits
 from agent_trainer.trajectory_rewards.base import FinishedTrajectory, GroundTruth
 from agent_trainer.trajectory_rewards.sandbox import run_python

@@ -22,7 +22,7 @@ import abc
 from dataclasses import dataclass
 
 from agent_trainer.config.rewards import RewardComputationConfig
-from agent_trainer.plugins import PluginRegistry
+from agent_trainer.common.plugins import PluginRegistry
 
 """``reward_computation.domain`` values."""
 

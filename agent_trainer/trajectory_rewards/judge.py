@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from agent_trainer.config.rewards import JudgeConfig
-from agent_trainer.plugins import PluginRegistry
+from agent_trainer.common.plugins import PluginRegistry
 
 
 class UnparseableReply(ValueError):

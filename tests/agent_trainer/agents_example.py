@@ -7,8 +7,8 @@ must reject them.
 
 from __future__ import annotations
 
-from agent_trainer.ctx_manager import ContextManager, EpisodeContext
-from agent_trainer.es_manager import EnvInput, EnvOutput
+from agent_trainer.agents.ctx_manager import ContextManager, EpisodeContext
+from agent_trainer.episode.es_manager import EnvInput, EnvOutput
 
 
 class CountingAgent(ContextManager):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from transformers import AutoTokenizer
 
-from agent_trainer.es_manager import EnvOutput, EnvStateManager, EpisodeSpec
+from agent_trainer.episode.es_manager import EnvOutput, EnvStateManager, EpisodeSpec
 from envs import load_env_tags
 
 

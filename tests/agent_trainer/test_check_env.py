@@ -168,7 +168,7 @@ def test_wrong_class_paths_are_refused_in_one_line_with_close_names(user_project
     ("envs.frozen_lake.FrozenLakeEnv", "did you mean 'envs.frozen_lake:FrozenLakeEnv'?"),
 ])
 def test_plugin_class_paths_suggest_close_names(path, expected):
-    from agent_trainer.plugins import PluginRegistry
+    from agent_trainer.common.plugins import PluginRegistry
     from envs import BaseEnv
 
     registry = PluginRegistry(BaseEnv, "some.key")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from agent_trainer import checkpoint
-from agent_trainer.checkpoint import TrainerState
-from agent_trainer.tracking import Tracking
+from agent_trainer.common import checkpoint
+from agent_trainer.common.checkpoint import TrainerState
+from agent_trainer.observe.tracking import Tracking
 
 
 def _fake_save(run_dir, step, parts=("actor",)):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from agent_trainer import core_algos
-from agent_trainer.condensed_ctx import NO_ANSWER, CondensedContextManager
+from agent_trainer.agents.condensed_ctx import NO_ANSWER, CondensedContextManager
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.ctx_manager import ContextManager, anchor_id
+from agent_trainer.agents.ctx_manager import ContextManager, anchor_id
 
 
 def _rows_in_order(played):

@@ -11,12 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_trainer import core_algos, profiling
-from agent_trainer.condensed_ctx import CondensedContextManager
+from agent_trainer import core_algos
+from agent_trainer.common import profiling
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
 from agent_trainer.checks.load import load_config
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.prompt_data import dataset_env_tags
-from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from agent_trainer.episode.prompt_data import dataset_env_tags
+from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from agent_trainer.config.rewards import TRAIN_TAG
 from agent_trainer.trajectory_rewards import RewardComputationConfig
 from tests.agent_trainer.conftest import reply_ids

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_trainer.checks.plugins import check_condenser
-from agent_trainer.condensed_ctx import CondensedContextManager, TurnRow
+from agent_trainer.agents.condensed_ctx import CondensedContextManager, TurnRow
 from agent_trainer.condensers import (
     ContextCondenser,
     Draft,
@@ -20,7 +20,7 @@ from agent_trainer.condensers import (
     make_condenser,
 )
 from agent_trainer.config.multiturn import ContextCondenserConfig
-from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.agents.ctx_manager import ContextManager, FullConversation
 
 
 class Recording:
@@ -48,7 +48,8 @@ def played_trajectory(rec: Recording, played, env_id: int, k: int) -> Trajectory
 
 
 def condenser(tokenizer, kind: str, generate=None, **cfg) -> ContextCondenser:
-    return make_condenser(ContextCondenserConfig(type=kind, **cfg), tokenizer, generate=generate)
+    return make_condenser(ContextCondenserConfig(type=kind, **cfg), tokenizer, generate=generate,
+                          conversation=FullConversation(tokenizer))
 
 
 def hand_made(tokenizer, n_steps: int) -> TrajectorySoFar:
@@ -257,6 +258,16 @@ def test_registry_finds_names_and_import_paths_and_names_the_key_on_errors(token
         ContextCondenserConfig(step_view="all")
     with pytest.raises(RuntimeError, match="summary of turns 1-3 that was never generated"):
         SummaryCondenser(tokenizer, ContextCondenserConfig(type="summary")).condense(hand_made(tokenizer, 5))
+
+
+def test_a_condenser_is_handed_its_conversation_layout(tokenizer):
+    """The condensers sit below the agents: the whole conversation's layout is the full context manager's rendering,
+    handed over by whoever builds the condenser; without it, a condenser that needs it says how to get one."""
+    config = ContextCondenserConfig(type="full", keep_last_n_steps=2, max_condensed_tokens=4096)
+    with pytest.raises(RuntimeError, match="has no conversation layout: build it with make_condenser"):
+        make_condenser(config, tokenizer).condense(hand_made(tokenizer, 2))
+    ctx_mgr = CondensedContextManager(tokenizer, condenser=config)
+    assert isinstance(ctx_mgr.condenser.conversation, FullConversation)
 
 
 def test_every_module_of_a_registry_package_is_imported_with_it():

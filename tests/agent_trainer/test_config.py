@@ -156,12 +156,13 @@ def test_plus_form_and_dicts_are_checked_against_the_schema():
 
 
 def test_the_actor_passes_the_resolved_clip_ratios_to_its_loss(tiny_model_path):
-    """workers/actor.py hands the policy loss clip_ratios() and loss_agg(), not the raw (possibly null) keys."""
+    """agent_trainer/workers/actor.py hands the policy loss clip_ratios() and loss_agg(), not the raw (possibly null)
+    keys."""
     import torch
 
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
     from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig
-    from workers.actor import ActorWorker
+    from agent_trainer.workers.actor import ActorWorker
 
     actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, policy_loss_mode="gspo",
                         clip_ratio_high=1e-3, fsdp=FSDPConfig(world_size=1))
@@ -245,8 +246,8 @@ def test_an_engine_key_the_chosen_engine_or_device_ignores_is_refused_in_one_lin
 
 
 def test_engine_keys_of_the_chosen_engine_and_device_are_accepted_and_auto_is_checked_once_joined():
-    from workers.build import check_device
-    from workers.worker_group import PlacementError
+    from agent_trainer.workers.build import check_device
+    from agent_trainer.workers.worker_group import PlacementError
 
     load_config(_compose(f"{R}name=hf"))  # every default is fine for either engine
     load_config(_compose(f"{R}kv_cache_space_gib=1.0", f"{R}num_threads=2", "trainer.device=cpu"))

@@ -313,7 +313,7 @@ def test_a_valid_config_passes(tiny_model_path):
 
 def test_cuda_is_not_refused_because_the_driver_has_no_gpu(tiny_model_path, monkeypatch):
     """A `ray job submit` entrypoint may run on a head node without GPUs: the cluster decides, once joined
-    (workers.build.check_device, tests/workers/test_gpu_path_engine.py)."""
+    (agent_trainer.workers.build.check_device, tests/workers/test_gpu_path_engine.py)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg, _ = compose_and_prepare(["trainer.device=cuda", f"model_path={tiny_model_path}"])
     assert cfg.trainer.device == "cuda"

@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agent_trainer import core_algos, prompts
-from agent_trainer.ctx_manager import ContextManager, _as_ids, anchor_id
-from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from agent_trainer import core_algos
+from agent_trainer.common import prompts
+from agent_trainer.agents.ctx_manager import ContextManager, as_ids, anchor_id
+from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from envs import load_env_tags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,7 +117,7 @@ def test_anchor_ids_are_stable_across_processes_and_tell_texts_apart():
     ids = [anchor_id(t) for t in texts]
     assert len(set(ids)) == len(texts) and all(0 <= i < 2**63 for i in ids)
     assert [anchor_id(t) for t in texts] == ids
-    code = ("import json, sys; from agent_trainer.ctx_manager import anchor_id; "
+    code = ("import json, sys; from agent_trainer.agents.ctx_manager import anchor_id; "
             "print(json.dumps([anchor_id(t) for t in json.loads(sys.argv[1])]))")
     for hash_seed in ("1", "2"):  # python's own str hash differs between these two processes
         proc = subprocess.run([sys.executable, "-c", code, json.dumps(texts)], cwd=REPO, capture_output=True,
@@ -149,7 +150,7 @@ def test_full_rows_carry_each_turns_anchor_on_all_its_tokens(tokenizer, play_mix
 def test_observation_ids_are_rendered_once_per_distinct_message(tokenizer, monkeypatch):
     """The observation cache returns what rendering returns, renders each distinct message once, and a
     caller that changes its copy changes nothing in the cache."""
-    import agent_trainer.ctx_manager as ctx_module
+    import agent_trainer.agents.ctx_manager as ctx_module
 
     ctx_mgr = ContextManager(tokenizer)
     messages = [{"role": "user", "content": "Reward: 0\nYou are at (1, 2)."},
@@ -182,7 +183,7 @@ def test_first_prompts_are_rendered_once_per_distinct_text_and_tools(tokenizer, 
     first, second = ctx_mgr.start(outs[0]), ctx_mgr.start(outs[1])
     assert len(calls) == 1 and first.token_ids == second.token_ids and first.token_ids is not second.token_ids
     tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    assert ctx_mgr._chat_prompt_ids("x", tools=tool) == _as_ids(apply(
+    assert ctx_mgr._chat_prompt_ids("x", tools=tool) == as_ids(apply(
         [{"role": "system", "content": prompts.SYSTEM_PROMPT}, {"role": "user", "content": "x"}], tools=tool,
         add_generation_prompt=True, tokenize=True))
     ctx_mgr._chat_prompt_ids("x")

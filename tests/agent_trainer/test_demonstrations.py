@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.demonstrations import (DemoEpisode, check_demo_tags, check_messages, encode_conversation,
-                                          play_demonstrations, read_jsonl, reply_text, resolve_demonstrator,
-                                          write_jsonl)
-from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.agents.demonstrations import (DemoEpisode, check_demo_tags, check_messages, encode_conversation,
+                                                 play_demonstrations, read_jsonl, reply_text, resolve_demonstrator,
+                                                 write_jsonl)
+from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from envs import load_env_tags, make_env
 from envs.experts import sokoban_solve
 

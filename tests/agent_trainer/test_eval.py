@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent_trainer.es_manager import EnvTurn, EpisodeState
+from agent_trainer.episode.es_manager import EnvTurn, EpisodeState
 from agent_trainer.eval import greedy_config, sampled_config, summarize
 from agent_trainer.checks.prepare import compose_and_prepare
 
@@ -53,7 +53,7 @@ def saved_checkpoint(tmp_path, tiny_model_path, overrides, step=2):
 
     from omegaconf import OmegaConf
 
-    from agent_trainer.checkpoint import LATEST_FILE, TrainerState
+    from agent_trainer.common.checkpoint import LATEST_FILE, TrainerState
 
     run_dir = tmp_path / "run"
     cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", f"trainer.default_local_dir={run_dir}",

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from agent_trainer.gateway.app import Gateway, create_app
 from agent_trainer.gateway.server import GatewayServer, new_api_key
 from agent_trainer.gateway.sessions import SessionStore, build_rows
-from workers.rollout import GenerationOutput, HFRolloutWorker
+from agent_trainer.workers.rollout import GenerationOutput, HFRolloutWorker
 
 MAX_MODEL_LEN = 512
 RESPONSE_LENGTH = 48

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer.gateway.host import GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
-from workers.rollout import GenerationOutput, HFRolloutWorker
+from agent_trainer.workers.rollout import GenerationOutput, HFRolloutWorker
 
 MESSAGES = [{"role": "user", "content": "You are on a frozen lake. Where do you go?"}]
 

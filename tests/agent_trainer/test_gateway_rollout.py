@@ -15,9 +15,9 @@ from agent_trainer.gateway.sessions import CallRecord
 from agent_trainer.gateway.task import is_sync_agent, resolve_agent_fn
 from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.rollout.results import rollout_metrics
-from agent_trainer.tracking import format_metrics
-from agent_trainer.rollout.gateway import (CondensedGatewayAgent, EngineBatcher, GatewayAgent, GatewayEpisode,
-                                           training_rows)
+from agent_trainer.observe.tracking import format_metrics
+from agent_trainer.agents.gateway import CondensedGatewayAgent, GatewayAgent, GatewayEpisode, training_rows
+from agent_trainer.rollout.gateway import EngineBatcher
 from agent_trainer.rollout.splits import SamplingParams
 
 G = "agent_proxy.gateway"

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer.gateway.app import Gateway, create_app
 from agent_trainer.gateway.sessions import SessionStore, build_rows
-from workers.rollout import GenerationOutput
+from agent_trainer.workers.rollout import GenerationOutput
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 KEY = "test-key"

@@ -1,5 +1,5 @@
-"""The judge reward source (``agent_trainer.trajectory_rewards.judge``, ``agent_trainer.reward_model``): replies
-parsed or refused, the ranking prompt, the client against a real OpenAI-compatible server on 127.0.0.1 (cache,
+"""The judge reward source (``agent_trainer.trajectory_rewards.judge``, ``agent_trainer.training.reward_model``):
+replies parsed or refused, the ranking prompt, the client against a real OpenAI-compatible server on 127.0.0.1 (cache,
 concurrency, timeouts, HTTP errors, garbage, the key), and the batch: weighted rewards, unscored episodes out of
 their group's statistics, the unscored fraction that stops a run."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from agent_trainer import core_algos
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config.rewards import JudgeConfig
-from agent_trainer.reward_model import add_judge_scores
+from agent_trainer.training.reward_model import add_judge_scores
 from agent_trainer.trajectory_rewards.judge import (
     JUDGE_FORMATS,
     JudgeClient,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_trainer.condensed_ctx import ground_truth_of
+from agent_trainer.agents.condensed_ctx import ground_truth_of
 from agent_trainer.trajectory_rewards import SandboxLimits, answers, load_ground_truth
 
 DATA = Path(__file__).resolve().parents[2] / "data"

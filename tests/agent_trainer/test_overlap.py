@@ -1,12 +1,13 @@
-"""RolloutBuffer and PolicyVersions: the background rollouts of trainer.max_off_policy_steps >= 1 (agent_trainer.overlap)."""
+"""RolloutBuffer and PolicyVersions: the background rollouts of trainer.max_off_policy_steps >= 1
+(agent_trainer.rollout.overlap)."""
 
 import threading
 
 import pytest
 import torch
 
-from agent_trainer.overlap import PolicyVersions, RolloutBuffer
-from agent_trainer.trainer import staleness_metrics
+from agent_trainer.rollout.overlap import PolicyVersions, RolloutBuffer
+from agent_trainer.training.trainer import staleness_metrics
 
 
 def producer(versions: PolicyVersions, resets: list[int], log: list, ship=lambda: 0.0):

@@ -4,7 +4,7 @@ import random
 import re
 import time
 
-from agent_trainer.prompts import first_user_message, next_user_message, parse_response
+from agent_trainer.common.prompts import first_user_message, next_user_message, parse_response
 
 
 def test_think_answer_with_several_actions():

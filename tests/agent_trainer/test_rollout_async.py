@@ -95,7 +95,7 @@ def _count_engine_calls(rollout) -> list[int]:
 
 @pytest.fixture(scope="module")
 def engine(ray_cluster, model_path):
-    from workers.rollout import VLLMRolloutWorker
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     return ray_cluster.remote(VLLMRolloutWorker).options(num_cpus=0.5).remote(model_path, max_model_len=1536)
 
@@ -107,14 +107,14 @@ _made: list[SyncMultiTurnRollout] = []
 def _kill_env_actors_after_each_test():
     """Each test's env actors are dead (names free) before the next test builds ``env_train_*`` again."""
     yield
-    from agent_trainer.lifecycle import kill_actors
+    from agent_trainer.training.lifecycle import kill_actors
 
     kill_actors([actor for rollout in _made for actor in rollout.env_actors])
     _made.clear()
 
 
 def _rollout(cfg, tokenizer, engine, tags=None) -> SyncMultiTurnRollout:
-    from workers.env_worker import EnvWorker
+    from agent_trainer.workers.env_worker import EnvWorker
 
     rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, tags or _slow_tags(), split="train",
                                    num_env_actors=2)

@@ -4,16 +4,16 @@ import pytest
 import torch
 
 from agent_trainer import core_algos
-from agent_trainer.batch import TensorBatch
-from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.rollout_shaping import (
+from agent_trainer.common.batch import TensorBatch
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
+from agent_trainer.episode.rollout_shaping import (
     attach_reward_baselines,
     episode_scores,
     filter_rollout,
     normalize_episode_rewards,
     shape_rollout,
 )
-from agent_trainer.trainer import pad_for_update
+from agent_trainer.training.trainer import pad_for_update
 
 # One row per episode, two turns each: prompt (2), reply 1 (2), observation (1), reply 2 (2), padding (1).
 MASK = [0, 0, 1, 1, 0, 1, 1, 0]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_trainer.demonstrations import reply_text
+from agent_trainer.agents.demonstrations import reply_text
 from agent_trainer.sft import SFTRow, collate, compose_sft, length_batches, split_held_out
 from agent_trainer.config.docs import DOCS_PAGE, render_docs
 

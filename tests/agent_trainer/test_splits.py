@@ -2,7 +2,7 @@
 
 import json
 
-from agent_trainer.checkpoint import TrainerState
+from agent_trainer.common.checkpoint import TrainerState
 from agent_trainer.config.splits import CONFIG_SPLITS, Split
 from agent_trainer.rollout import SPLITS, episode_seed, sampling_seed
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agent_trainer.tracking import LOW_VALIDITY_STEPS, Tracking, format_metrics, timer
+from agent_trainer.observe.tracking import LOW_VALIDITY_STEPS, Tracking, format_metrics, timer
 
 
 def test_jsonl_and_tensorboard_sinks(tmp_path):
@@ -67,7 +67,7 @@ def test_progress_bar_only_on_a_terminal(tmp_path):
     """The bar is drawn when stderr is a terminal and the key is on; a file or a pipe gets none."""
     import os
 
-    from agent_trainer.trainer import show_progress_bar
+    from agent_trainer.training.trainer import show_progress_bar
 
     primary, secondary = os.openpty()
     try:
@@ -86,7 +86,7 @@ def test_output_to_a_file_gets_one_line_per_step_and_no_bar(tmp_path, capfd):
     from types import SimpleNamespace
 
     from agent_trainer.config import AgentTrainerConfig
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
 
     cfg = AgentTrainerConfig()
     cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.trainer.save_freq = 3, 0, 0
@@ -112,7 +112,7 @@ def test_the_valid_action_rate_is_the_episodes_mean_of_action_is_valid(tiny_mode
                                                                          mixed_manager):
     """MIXED_REPLIES by hand: env 0 two valid moves of four turns (0.5), env 1 none (0.0), env 2 one valid pull
     (1.0), env 3 a format error then a valid pull (0.5): 0.5; per tag FrozenLake3x3 0.25, Bandit 0.75."""
-    from agent_trainer.ctx_manager import ContextManager
+    from agent_trainer.agents.ctx_manager import ContextManager
     from agent_trainer.rollout.results import rollout_metrics
 
     played = play_mixed(ContextManager(tokenizer, max_model_len=4096))
@@ -128,7 +128,7 @@ def _fit(tmp_path, rates: list[float], caplog) -> list[str]:
     from types import SimpleNamespace
 
     from agent_trainer.config import AgentTrainerConfig
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
 
     cfg = AgentTrainerConfig()
     cfg.trainer.total_training_steps, cfg.trainer.test_freq, cfg.trainer.save_freq = len(rates), 0, 0
@@ -138,9 +138,9 @@ def _fit(tmp_path, rates: list[float], caplog) -> list[str]:
     trainer.tracking = Tracking(tmp_path, ["jsonl"], cfg=cfg)
     steps = iter(rates)
     trainer.train_step = lambda: (lambda r: {"rollout/valid_action_rate": r, "env/Mine/action_is_valid": r})(next(steps))
-    with caplog.at_level(logging.WARNING, logger="agent_trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="agent_trainer.observe.tracking"):
         trainer.fit_steps(stop=SimpleNamespace(signum=None))
-    return [r.getMessage() for r in caplog.records if r.name == "agent_trainer.tracking"]
+    return [r.getMessage() for r in caplog.records if r.name == "agent_trainer.observe.tracking"]
 
 
 def test_a_run_whose_first_steps_act_invalidly_warns_once_with_the_cause(tmp_path, caplog):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from agent_trainer.run_logs import QUIET, QuietDriverLines, WorkerLogRouter, dedup_key, is_quiet
+from agent_trainer.observe.run_logs import QUIET, QuietDriverLines, WorkerLogRouter, dedup_key, is_quiet
 
 STEP_LINES = [
     "\x1b[36m(VLLMRolloutWorker pid=28804)\x1b[0m (MainProcess pid=28804) INFO 11-22 10:38:{s:02d} [inplace.py:91] "

@@ -9,8 +9,8 @@ import pytest
 
 from agent_trainer.checks.load import load_config
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.tracking import WANDB_RUN_FILE, Tracking
-from agent_trainer.viewer.plots import write_curves
+from agent_trainer.observe.tracking import WANDB_RUN_FILE, Tracking
+from agent_trainer.observe.viewer.plots import write_curves
 
 
 def test_wandb_offline_logs_and_a_resume_continues_the_same_run(tmp_path, monkeypatch):

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from agent_trainer import core_algos
-from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.trainer import pad_for_update
-from workers.worker_group import split_for_ranks
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
+from agent_trainer.training.trainer import pad_for_update
+from agent_trainer.workers.worker_group import split_for_ranks
 
 
 @pytest.fixture()

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_trainer.condensed_ctx import CondensedContextManager
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.es_manager import EpisodeState
-from agent_trainer.trajectories import EpisodeRecord, read_records, row_spans, sample_states, write_step
-from agent_trainer.viewer import embed_json, render_html
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.episode.es_manager import EpisodeState
+from agent_trainer.observe.trajectories import EpisodeRecord, read_records, row_spans, sample_states, write_step
+from agent_trainer.observe.viewer import embed_json, render_html
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
@@ -124,9 +124,9 @@ def test_an_evaluation_pass_label_is_written_and_read_back(tokenizer, play_mixed
 def _gateway_step(tokenizer, tmp_path: Path) -> tuple[Path, list[list[int]]]:
     """A gateway episode of 3 calls and 2 env steps, as GatewayRollout hands it to the trajectories: call 1's reply
     has no action, the agent asks again (call 2, which leads to step 1), then call 3 leads to step 2."""
-    from agent_trainer.es_manager import EnvTurn
+    from agent_trainer.episode.es_manager import EnvTurn
     from agent_trainer.gateway.sessions import CallRecord
-    from agent_trainer.rollout.gateway import GatewayAgent, GatewayEpisode
+    from agent_trainer.agents.gateway import GatewayAgent, GatewayEpisode
 
     ids = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     replies = [ids("I am not sure.") + [tokenizer.eos_token_id], ids("<answer>Left</answer>"),

@@ -10,7 +10,7 @@ from agent_trainer.checks.load import load_config
 from agent_trainer.checks.rules import validate_algorithm_choices
 from agent_trainer.core_algos import estimators as spec_module
 from agent_trainer.core_algos import register_estimator
-from agent_trainer.ctx_manager import COLLATED_KEYS, TrainingRow, collate_rows
+from agent_trainer.agents.ctx_manager import COLLATED_KEYS, TrainingRow, collate_rows
 
 
 @pytest.fixture

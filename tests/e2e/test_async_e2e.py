@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_trainer.trainer import AgentTrainer
+from agent_trainer.training.trainer import AgentTrainer
 from e2e_runs import train_here
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]

@@ -23,7 +23,7 @@ import pytest
 import ray
 import torch
 
-from agent_trainer.trainer import AgentTrainer
+from agent_trainer.training.trainer import AgentTrainer
 from e2e_runs import metrics_records, started
 from gateway_agents import CALLS, HANGS
 
@@ -114,7 +114,7 @@ def test_a_synchronous_openai_agent_calls_batch_as_the_async_agents_do(tiny_mode
     the engines together, within 2x the async agent's engine calls (one at a time they would be one engine call
     each). Its episodes' turns are env steps, its calls counted apart, and the trajectories pair them."""
     from agent_trainer.gateway.task import is_sync_agent
-    from agent_trainer.trajectories import read_records, write_step
+    from agent_trainer.observe.trajectories import read_records, write_step
     from examples.gateway import frozenlake_openai
 
     groups = ["es_manager.train.env_groups=4", "es_manager.train.env_configs.n_groups=[4]"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_trainer.trajectories import read_records
+from agent_trainer.observe.trajectories import read_records
 from e2e_runs import metrics_records, train_here
 from tests.agent_trainer.judge_server import BLOCK, JudgeServer, text_score
 

@@ -54,7 +54,7 @@ def test_the_engine_samples_with_the_merged_weights(trained):
     seqs = [tok.encode(t, add_special_tokens=False) for t in ("<think>go down</think><answer>Down</answer>",
                                                               "Observation:\nP_O\n__G")]
     vllm_lp = ray.get(trainer.engines[0].prompt_logprobs.remote(seqs))
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
 
     T = max(len(s) for s in seqs)
     ids, mask = torch.zeros(len(seqs), T, dtype=torch.long), torch.zeros(len(seqs), T, dtype=torch.long)

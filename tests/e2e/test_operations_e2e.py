@@ -213,7 +213,7 @@ def test_worker_logs_are_in_the_run_directory(run):
 
 def test_third_party_start_up_warnings_stay_in_the_log_and_off_the_console(run):
     watcher, run_dir = run
-    from agent_trainer.run_logs import QUIET
+    from agent_trainer.observe.run_logs import QUIET
 
     logs = (run_dir / "logs" / "workers.log").read_text().splitlines()
     in_log = {q.text for q in QUIET for line in logs if q.matches(line)}
@@ -270,7 +270,7 @@ def test_trajectories_viewer_and_curves_are_written(run, tmp_path):
 def test_evaluating_the_checkpoint_starts_no_trainer_worker(run, tiny_model_path, tmp_path):
     """``--checkpoint``: the run's own config (its val seeds, turns, reply length are not repeated), the outputs
     beside the checkpoint, an override on top."""
-    from agent_trainer.run_logs import QUIET
+    from agent_trainer.observe.run_logs import QUIET
 
     _, run_dir = run
     out = run_dir / f"global_step_{STEPS}" / "eval"

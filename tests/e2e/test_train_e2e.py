@@ -106,7 +106,7 @@ def test_weight_sync_is_real(trained):
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
 
     batch = TensorBatch({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)})
     actor_lp = trainer.actor_wg.dp_compute("compute_log_prob", batch)["old_log_probs"]

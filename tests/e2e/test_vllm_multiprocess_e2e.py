@@ -38,7 +38,8 @@ RUN = [
 @pytest.fixture(scope="module")
 def trained(tiny_model_path, tmp_path_factory):
     """Two steps with VLLM_ENABLE_V1_MULTIPROCESSING=1 in the engine's environment (the driver's value wins over
-    the CPU default through workers.build.engine_env_vars); yields the trainer (workers alive) and the metrics."""
+    the CPU default through agent_trainer.workers.build.engine_env_vars); yields the trainer (workers alive) and the
+    metrics."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         with started("frozenlake", tiny_model_path, tmp_path_factory.mktemp("mp"), *RUN) as trainer:

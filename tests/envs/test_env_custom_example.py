@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import envs
-from agent_trainer.es_manager import EnvInput, EnvStateManager, EpisodeSpec
+from agent_trainer.episode.es_manager import EnvInput, EnvStateManager, EpisodeSpec
 from envs.countdown import parse_expression
 from envs.metamathqa import answers_match
 

@@ -3,7 +3,7 @@
 import pytest
 
 from agent_trainer.config.envs import EnvGroupsConfig, EsManagerConfig
-from agent_trainer.es_manager import (
+from agent_trainer.episode.es_manager import (
     VAL_SEED_OFFSET,
     EnvInput,
     EnvStateManager,

@@ -1,4 +1,4 @@
-"""EnvStateManager inside real Ray actors (workers/env_worker.py)."""
+"""EnvStateManager inside real Ray actors (agent_trainer/workers/env_worker.py)."""
 
 import time
 
@@ -7,13 +7,13 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from agent_trainer.config.envs import EsManagerConfig  # noqa: E402
-from agent_trainer.es_manager import (EnvInput, EnvStateManager, group_seeds,  # noqa: E402
+from agent_trainer.episode.es_manager import (EnvInput, EnvStateManager, group_seeds,  # noqa: E402
                                       plan_episodes)
 from envs import load_env_tags  # noqa: E402
 
 
 def test_two_tags_across_two_actors(ray_cluster):
-    from workers.env_worker import EnvWorker
+    from agent_trainer.workers.env_worker import EnvWorker
 
     cfg = EsManagerConfig.from_dict({
         "max_actions_per_turn": 2,
@@ -39,7 +39,7 @@ def test_two_tags_across_two_actors(ray_cluster):
 
 
 def _slow_start_pool(name: str, **remote_options):
-    from agent_trainer.env_pool import EnvActorPool
+    from agent_trainer.rollout.env_pool import EnvActorPool
 
     class SlowStartManager(EnvStateManager):  # defined in a function: Ray ships it by value (tests/ is no package)
         """An env state manager whose actor takes 3 s to start (a process start on a busy machine)."""

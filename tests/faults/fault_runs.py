@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.agents.ctx_manager import ContextManager
 
 
 FAULT_TAGS = {

@@ -14,7 +14,8 @@ import pytest
 import ray
 from ray.exceptions import GetTimeoutError
 
-from agent_trainer.rollout import get_or_kill, wait_until_ready
+from agent_trainer.rollout import get_or_kill
+from agent_trainer.workers.worker_group import wait_until_ready
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.es_manager import EnvInput, EnvStateManager, EpisodeSpec, clean_text
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.episode.es_manager import EnvInput, EnvStateManager, EpisodeSpec, clean_text
 from envs import EnvTagConfig
 
 
@@ -71,7 +71,7 @@ def test_a_broken_step_ends_the_episode_with_its_error(fault, message):
 
 
 def test_a_str_reward_is_an_error_and_a_nan_reward_passes_to_the_rollout_screen():
-    from agent_trainer.es_manager import _reward
+    from agent_trainer.episode.es_manager import _reward
 
     with pytest.raises(TypeError, match="reward of type str"):
         _reward("high")

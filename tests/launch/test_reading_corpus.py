@@ -3,7 +3,7 @@
 import random
 import re
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 from launch import reading_corpus as rc
 
 

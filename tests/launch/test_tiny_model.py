@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_trainer import prompts
+from agent_trainer.common import prompts
 from launch import build_tiny_model as btm
 
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from agent_trainer import core_algos
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
-from workers.actor import ActorWorker, ReferenceWorker
-from workers.fsdp_base import ModelInputs, micro_weight
+from agent_trainer.workers.actor import ActorWorker, ReferenceWorker
+from agent_trainer.workers.fsdp_base import ModelInputs, micro_weight
 
 
 @pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
@@ -44,7 +44,7 @@ def test_target_logits_equal_the_full_forward_on_the_masked_tokens(tiny_model_pa
     """Projecting only the positions that predict response tokens changes no value and no gradient."""
     from transformers import AutoModelForCausalLM
 
-    from workers.fsdp_base import ModelInputs, target_logits
+    from agent_trainer.workers.fsdp_base import ModelInputs, target_logits
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     gen = torch.Generator().manual_seed(0)
@@ -369,7 +369,7 @@ def test_log_probs_are_the_same_under_every_micro_batching(tiny_model_path):
 
 
 def test_token_budget_groups_and_split_to_count():
-    from workers.fsdp_base import split_to_count, token_budget_groups
+    from agent_trainer.workers.fsdp_base import split_to_count, token_budget_groups
 
     lengths = [10, 3, 8, 3, 20]
     groups = token_budget_groups(lengths, 20)
@@ -412,7 +412,7 @@ def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
 def _shared_prefix_gradients_match(worker: ActorWorker) -> bool:
     """Under FSDP2 the checkpointed prefix call gathers each unit for one forward and backward at a time:
     this rank's gradient shards equal the full forward's (the rows after the prefix run packed)."""
-    import workers.fsdp_base as fsdp_base
+    import agent_trainer.workers.fsdp_base as fsdp_base
 
     batch, grads, default = _prefix_rows(seed=worker.rank), [], fsdp_base.SHARED_PREFIX_MIN_TOKENS
     for minimum, shared in ((default, 24), (10**9, 0)):
@@ -439,7 +439,7 @@ def _long_episodes(rank: int) -> TensorBatch:
 def _disagreeing_ranks(worker: ActorWorker) -> tuple[list[bool], torch.Tensor]:
     """FSDP gathers each unit once per model call: where one rank's micro-batch would cache its prefix (two calls)
     and the other's runs in one call, both run one (``meta.two_calls``); without it this would hang."""
-    from workers.fsdp_base import MicroBatching
+    from agent_trainer.workers.fsdp_base import MicroBatching
 
     batch, batching = _long_episodes(worker.rank), MicroBatching(rows=4)
     alone = worker.layout(batch, two_calls=True).model_calls
@@ -484,7 +484,7 @@ def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path,
 def test_critic_shares_the_update_loop_and_the_dynamic_batching(tiny_model_path):
     """The critic's values and its update's gradient norm are the same under rows or a token budget."""
     from agent_trainer.config import CriticConfig
-    from workers.critic import CriticWorker
+    from agent_trainer.workers.critic import CriticWorker
 
     out = {}
     for name, dynamic in (("fixed", {}), ("dynamic", {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 36})):
@@ -507,7 +507,7 @@ def test_a_colocated_critic_is_the_separate_critic_and_checkpoints_apart(tiny_mo
     """critic.colocate: the actor rank's critic component gives the separate CriticWorker's values and update,
     bit for bit, leaves the policy untouched, and saves/loads under its own role."""
     from agent_trainer.config import CriticConfig
-    from workers.critic import CriticWorker
+    from agent_trainer.workers.critic import CriticWorker
 
     critic_cfg = CriticConfig(model=ModelConfig(path=tiny_model_path), ppo_mini_batch_size=6,
                               ppo_micro_batch_size_per_gpu=2, fsdp=FSDPConfig(world_size=1), grad_clip=1e9,
@@ -578,7 +578,7 @@ def test_tokens_after_the_last_reply_are_cut_and_change_nothing(tiny_model_path)
     """An observation appended after a row's last reply is scored by nothing: the passes stop at the last
     generated token, and log-probs, values and the update equal those of the rows without it."""
     from agent_trainer.config import CriticConfig
-    from workers.critic import CriticWorker
+    from agent_trainer.workers.critic import CriticWorker
 
     tailed = _ragged_batch([16, 14, 12, 10])
     tailed["response_mask"][:, 8:] = 0  # replies at 4..7, then 8 tokens (or fewer) of observation
@@ -620,8 +620,8 @@ def test_right_padded_rows_run_without_a_padding_mask_and_score_the_same(tiny_mo
     from transformers import AutoModelForCausalLM
 
     from agent_trainer.config import CriticConfig
-    from workers.critic import CriticWorker
-    from workers.fsdp_base import causal_mask_suffices
+    from agent_trainer.workers.critic import CriticWorker
+    from agent_trainer.workers.fsdp_base import causal_mask_suffices
 
     batch = _ragged_batch([16, 9, 12, 5])
     actor = _actor(tiny_model_path)
@@ -659,13 +659,13 @@ def _prefix_rows(seed: int = 0, prefix: int = 24, lengths: tuple[int, ...] = (40
 
 
 def _without_prefix_sharing(monkeypatch) -> None:
-    import workers.fsdp_base as fsdp_base
+    import agent_trainer.workers.fsdp_base as fsdp_base
 
     monkeypatch.setattr(fsdp_base, "SHARED_PREFIX_MIN_TOKENS", 10**9)
 
 
 def test_shared_prefix_length_stops_at_the_first_output_a_pass_reads():
-    from workers.fsdp_base import shared_prefix_length
+    from agent_trainer.workers.fsdp_base import shared_prefix_length
 
     batch = _prefix_rows()
     assert shared_prefix_length(batch["input_ids"], batch["response_mask"]) == 24  # the rows part at column 24
@@ -683,9 +683,9 @@ def test_a_shared_prefix_runs_once_and_changes_no_output_or_gradient(tiny_model_
     """Rows sharing a prompt: the actor's log-probs, the critic's values and both updates' gradients equal the
     forward of every row in full (float rounding), and the prompt's columns ran for one row only; the rows'
     remaining columns ran padded, or packed into one row without their padding."""
-    import workers.fsdp_base as fsdp_base
+    import agent_trainer.workers.fsdp_base as fsdp_base
     from agent_trainer.config import CriticConfig
-    from workers.critic import CriticWorker
+    from agent_trainer.workers.critic import CriticWorker
 
     def run() -> dict[str, object]:
         actor = _actor(tiny_model_path, ppo_mini_batch_size=4)
@@ -736,7 +736,7 @@ def test_the_layout_of_rows_sharing_a_prefix_follows_their_flops(tiny_model_path
     two model calls are ruled out (FSDP ranks that disagree). Attentions without 4D masks never pack."""
     from transformers import AutoConfig
 
-    from workers.fsdp_base import Layout, choose_layout, linear_per_attention_pair
+    from agent_trainer.workers.fsdp_base import Layout, choose_layout, linear_per_attention_pair
 
     config = AutoConfig.from_pretrained(tiny_model_path)
     config._attn_implementation = "sdpa"

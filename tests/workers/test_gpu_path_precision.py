@@ -19,9 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
-from workers.fsdp_base import pick_device
+from agent_trainer.workers.fsdp_base import pick_device
 
 
 # -- the rank's device ------------------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ def test_a_cuda_rank_device_has_an_index_torch_accepts():
 
 def test_offload_keys_are_refused_by_a_cpu_worker(tiny_model_path):
     """The config checks refuse them before Ray for trainer.device=cpu; a worker that resolved to CPU refuses too."""
-    from workers.actor import ActorWorker
+    from agent_trainer.workers.actor import ActorWorker
 
     with pytest.raises(ValueError, match="fsdp.param_offload = True"):
         ActorWorker(rank=0, world_size=1, model=ModelConfig(path=tiny_model_path), device="cpu",
@@ -88,10 +88,10 @@ def _loading_rank(rank: int, world: int, init_file: str, path: str, rm_path: str
     """Meta-loaded workers against the same models loaded with from_pretrained and sharded the old way."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    import workers.fsdp_base as fsdp_base
+    import agent_trainer.workers.fsdp_base as fsdp_base
     from agent_trainer.config.rewards import RewardModelConfig, RewardModelModelConfig
-    from workers.actor import ActorWorker, frozen, load_causal_lm
-    from workers.reward_model import RewardModelWorker, load_reward_model
+    from agent_trainer.workers.actor import ActorWorker, frozen, load_causal_lm
+    from agent_trainer.workers.reward_model import RewardModelWorker, load_reward_model
 
     out = {}
     batch = _rows(seed=rank)
@@ -137,7 +137,7 @@ def _loading_rank(rank: int, world: int, init_file: str, path: str, rm_path: str
 
 def _precision_rank(rank: int, world: int, init_file: str, path: str, rm_path: str) -> dict:
     """bf16 through FSDP2's policy over gloo, a bfloat16 reference, and an offload round trip."""
-    from workers.actor import ActorWorker
+    from agent_trainer.workers.actor import ActorWorker
 
     out = {}
     batch = _rows(seed=rank)

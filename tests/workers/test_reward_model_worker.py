@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from agent_trainer import reward_model
-from agent_trainer.batch import TensorBatch
+from agent_trainer.training import reward_model
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config.rewards import RewardModelConfig, RewardModelModelConfig
 from launch.build_tiny_model import build_reward_model
-from workers.reward_model import RewardModelWorker
+from agent_trainer.workers.reward_model import RewardModelWorker
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_worker_scores_equal_a_direct_forward_pass(rm_path):
 
 
 def test_a_model_with_two_labels_is_refused(tiny_model_path):
-    from workers.reward_model import load_reward_model
+    from agent_trainer.workers.reward_model import load_reward_model
 
     with pytest.raises(ValueError, match="num_labels = 2"):
         load_reward_model(tiny_model_path)

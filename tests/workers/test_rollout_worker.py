@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.rollout import GenerationOutput, HFRolloutWorker, VLLMRolloutWorker
+from agent_trainer.workers.rollout import GenerationOutput, HFRolloutWorker, VLLMRolloutWorker
 
 MAX_ABS_DIFF = 1e-3
 

@@ -3,9 +3,9 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
-from workers.actor import ActorWorker
+from agent_trainer.workers.actor import ActorWorker
 
 
 def _worker(path: str, micro: int = 2) -> ActorWorker:

@@ -1,5 +1,5 @@
-"""Sharded checkpoints (workers/sharded_checkpoint.py): every rank writes its own shards, no rank gathers the
-model, nothing is pickled, and a checkpoint loads at its own world size, at another one (2 -> 1, 1 -> 2) and
+"""Sharded checkpoints (agent_trainer/workers/sharded_checkpoint.py): every rank writes its own shards, no rank gathers
+the model, nothing is pickled, and a checkpoint loads at its own world size, at another one (2 -> 1, 1 -> 2) and
 as a Hugging Face folder through ``python -m agent_trainer.export``."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
-from workers import sharded_checkpoint
-from workers.actor import ActorWorker
+from agent_trainer.workers import sharded_checkpoint
+from agent_trainer.workers.actor import ActorWorker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def _worker(path: str, rank: int, world: int) -> ActorWorker:
 
 def _save(worker: ActorWorker, path: Path, hf_model: bool = True) -> None:
     """The policy's save (``FSDPWorker.save_checkpoint``, what ``ActorWorker`` runs for role actor)."""
-    from workers.fsdp_base import FSDPWorker
+    from agent_trainer.workers.fsdp_base import FSDPWorker
 
     FSDPWorker.save_checkpoint(worker, str(path), hf_model=hf_model)
 
@@ -108,7 +108,7 @@ def _no_gathers(monkeypatch) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    import workers.fsdp_base as fsdp_base
+    import agent_trainer.workers.fsdp_base as fsdp_base
 
     def refuse(*args, **kwargs):
         raise AssertionError("a sharded save gathered a tensor")
@@ -278,7 +278,7 @@ def test_a_checkpoint_from_before_shards_still_loads(tiny_model_path, tmp_path):
     """The unsharded layout (an HF folder, optim/optimizer.safetensors + optimizer.json, no shards/) resumes."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from agent_trainer import checkpoint
+    from agent_trainer.common import checkpoint
 
     old = _worker(tiny_model_path, 0, 1)
     _train(old, seed=1)

@@ -7,8 +7,8 @@ import pytest
 import ray.cloudpickle
 import torch
 
-from agent_trainer.batch import TensorBatch
-from workers.worker_group import WorkerGroup, split_for_ranks
+from agent_trainer.common.batch import TensorBatch
+from agent_trainer.workers.worker_group import WorkerGroup, split_for_ranks
 
 
 class RankEcho:
@@ -101,7 +101,7 @@ class PeerFailure:
 def test_a_survivors_collective_error_is_reported_as_the_dead_peer(ray_cluster):
     from ray.exceptions import RayTaskError
 
-    from workers.worker_group import WorkerDied
+    from agent_trainer.workers.worker_group import WorkerDied
 
     group = WorkerGroup(PeerFailure, name="peers", world_size=2, num_cpus_per_rank=0.1)
     try:
