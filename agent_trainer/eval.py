@@ -36,14 +36,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent_trainer import checkpoint, cli_args
+from agent_trainer.common import checkpoint
+from agent_trainer import cli_args
 from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, compose, compose_and_prepare, prepare, refusal
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
-from agent_trainer.worker_registry import worker_api
 
 if TYPE_CHECKING:
-    from agent_trainer.es_manager import EpisodeState
+    from agent_trainer.episode.es_manager import EpisodeState
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +103,9 @@ def sampled_config(cfg: AgentTrainerConfig) -> AgentTrainerConfig:
 def run_pass(cfg: AgentTrainerConfig, tokenizer, engines, env_worker_cls, env_tags: dict, name: str,
              pass_key: str | None = None) -> dict:
     """One validation rollout; its summary. Its env actors are killed after (the next pass reuses their names)."""
-    from agent_trainer import lifecycle
+    from agent_trainer.training import lifecycle
     from agent_trainer.rollout import make_rollout
-    from agent_trainer.trajectories import write_step
+    from agent_trainer.observe.trajectories import write_step
 
     rollout = make_rollout(cfg, tokenizer, engines, env_worker_cls, env_tags, split=Split.VAL,
                            num_env_actors=cfg.agent_proxy.num_env_actors)
@@ -128,7 +128,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     from transformers import AutoTokenizer
 
     from agent_trainer.ray_cluster import init_ray
-    build_engines, resolve_device = worker_api("build_engines"), worker_api("resolve_device")
+    from agent_trainer.workers.build import build_engines, env_actor_class, resolve_device
 
     out = Path(cfg.eval.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     init_ray(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, default_local_dir=str(out))))
     engine_group = build_engines(cfg, resolve_device(cfg.trainer.device))
-    env_worker_cls = worker_api("env_actor_class")(cfg)
+    env_worker_cls = env_actor_class(cfg)
     try:
         report = {"model_path": cfg.actor_rollout_ref.model.path, "seeds": cfg.es_manager.val.env_groups,
                   "greedy": run_pass(greedy_config(cfg), tokenizer, engine_group.workers, env_worker_cls, env_tags, "greedy")}

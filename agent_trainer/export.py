@@ -4,7 +4,7 @@
     python -m agent_trainer.export outputs/.../global_step_40/actor --out exported/ --dtype bfloat16
     python -m agent_trainer.export outputs/.../global_step_40 --out exported/ --merge   # a LoRA checkpoint
 
-A checkpoint always holds each rank's shards (``actor/shards/``, ``workers/sharded_checkpoint.py``);
+A checkpoint always holds each rank's shards (``actor/shards/``, ``agent_trainer/workers/sharded_checkpoint.py``);
 the HF weights next to them are written only with ``trainer.save_hf_model=true``. This entry
 builds the HF folder from the shards alone: no Ray, no GPU, no process group, one full tensor in
 memory at a time. The model config comes from the checkpoint (``config.json``); the tokenizer
@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agent_trainer.model_export import export
+from agent_trainer.training.model_export import export
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,23 +19,43 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agent_trainer import cli_args
-from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, check_local_placement, prepare, refusal
+from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, prepare, refusal
 from agent_trainer.config import AgentTrainerConfig, compat
 from agent_trainer.ray_cluster import init_ray
-from agent_trainer.worker_registry import worker_api
-
 logger = logging.getLogger(__name__)
+
+
+def check_local_placement(cfg: AgentTrainerConfig) -> None:
+    """A local run whose workers need more CPUs than the cluster it would start is refused before Ray starts.
+
+    The cluster's CPUs are known in advance: ``trainer.ray_num_cpus``, else what Ray detects (the machine's, or
+    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``agent_trainer.workers.build``), GPUs
+    too.
+    """
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    cpus = cfg.trainer.ray_num_cpus
+    if cpus is None:
+        try:
+            from ray._private.utils import get_num_cpus  # what ray.init(num_cpus=None) uses
+        except ImportError:  # another Ray version: the check after ray.init still runs
+            return
+        cpus = get_num_cpus()
+    from agent_trainer.workers.build import check_placement, resource_demands  # the worker classes: torch, ray
+
+    check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device
 
 
 def train(cfg: AgentTrainerConfig, env_tags: dict) -> list[dict[str, float]]:
     """Start Ray and the workers, train; return every step's metrics."""
     from transformers import AutoTokenizer
 
-    from agent_trainer import lifecycle
+    from agent_trainer.training import lifecycle
     from agent_trainer.rollout.results import EnvFailure
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
     from agent_trainer.trajectory_rewards.judge import JudgeFailure
-    PlacementError, build_workers = worker_api("PlacementError"), worker_api("build_workers")
+    from agent_trainer.workers.build import build_workers
+    from agent_trainer.workers.worker_group import PlacementError
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     try:  # where the run starts (trainer.resume_mode) is decided, or refused, before Ray starts

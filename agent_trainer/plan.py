@@ -1,4 +1,4 @@
-"""``python -m agent_trainer.plan``: print the per-GPU memory plan of a run (``agent_trainer.training.memory_plan``).
+"""``python -m agent_trainer.plan``: print the per-GPU memory plan of a run (``agent_trainer.checks.memory_plan``).
 
     python -m agent_trainer.plan --config-name gpu_qwen7b_8gpu model_path=config/model_shapes/Qwen2.5-7B \\
         [key=value ...] [--gpu-memory-gib 80] [--gpus-per-node 8] [--nodes 1]
@@ -17,7 +17,7 @@ from typing import Sequence
 
 from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.training.memory_plan import build_plan, render
+from agent_trainer.checks.memory_plan import build_plan, render
 
 
 # -- command line ---------------------------------------------------------------------------

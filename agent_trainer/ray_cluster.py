@@ -12,7 +12,8 @@ import logging
 import os
 from pathlib import Path
 
-from agent_trainer import run_logs, watchdog
+from agent_trainer.observe import run_logs
+from agent_trainer import watchdog
 from agent_trainer.config import AgentTrainerConfig
 from envs.registry import tags_folder
 

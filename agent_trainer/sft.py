@@ -9,15 +9,15 @@ The run, top to bottom (``SFTTrainer.fit``)::
         both; play expert demonstrations through the rollout's EnvStateManager and
         ContextManager (or read JSONL conversations); encode them by the RL mask rules;
         hold out a validation split
-    start the actor group (workers/actor.py ActorWorker, the RL policy worker) and, for
+    start the actor group (agent_trainer/workers/actor.py ActorWorker, the RL policy worker) and, for
         env success, a rollout engine and env actors (the RL validation rollout)
     evaluate the start: validation loss, and success on the RL config's held-out episodes
     for each optimizer step: a length-bucketed batch -> actor.update_sft (dp_execute)
         evaluate every eval.test_freq steps and after the last; checkpoint (HF folder)
 
 Loss only on assistant tokens, by the RL rules: 1 exactly on each reply's ids and its eos
-(``agent_trainer.demonstrations.encode_conversation``). Checkpoints are written by the
-worker's ``save_checkpoint`` into ``global_step_N/actor`` (``agent_trainer.checkpoint``
+(``agent_trainer.agents.demonstrations.encode_conversation``). Checkpoints are written by the
+worker's ``save_checkpoint`` into ``global_step_N/actor`` (``agent_trainer.common.checkpoint``
 layout); ``<run dir>/final`` links the last one, an HF folder the RL trainer loads as
 ``model_path``. Metrics go to console and JSONL (``sft/``, ``val/``, ``perf/``, ``timing_s/``).
 """
@@ -32,13 +32,14 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agent_trainer import checkpoint, cli_args
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common import checkpoint
+from agent_trainer import cli_args
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.checks.load import load_sft_config
 from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, compose, prepare
 from agent_trainer.checks.sft import check_against_rl
@@ -48,14 +49,15 @@ from agent_trainer.config import errors as config_errors
 from agent_trainer.config.loading import sft_schema
 from agent_trainer.config.sft import SFTConfig
 from agent_trainer.config.splits import Split
-from agent_trainer.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
-                                          play_demonstrations, read_jsonl, resolve_demonstrator,
-                                          write_jsonl)
-from agent_trainer.es_manager import VAL_SEED_OFFSET
+from agent_trainer.agents.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
+                                                 play_demonstrations, read_jsonl, resolve_demonstrator, write_jsonl)
+from agent_trainer.episode.es_manager import VAL_SEED_OFFSET
 from agent_trainer.ray_cluster import init_ray
-from agent_trainer.tracking import Tracking, timer
-from agent_trainer.worker_registry import worker_api
+from agent_trainer.observe.tracking import Tracking, timer
 from envs.registry import normalize_tags
+
+if TYPE_CHECKING:
+    from agent_trainer.workers.build import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -248,22 +250,20 @@ class SFTTrainer:
         tok = run.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.val_rollout = None
+        self.workers: Workers | None = None
+        """The started workers (:meth:`init_workers`)."""
         self.engines: list = []
 
-    def init_workers(self) -> None:
-        """The actor group (every rank loads and shards the model); engine and env actors for env success."""
+    def init_workers(self, workers: Workers) -> None:
+        """Take the started workers (:func:`~agent_trainer.workers.build.build_sft_workers`: the actor group, models
+        loaded; engines and the env actor class for env success) and build the validation rollout."""
         from agent_trainer.rollout import make_rollout
-        build_actor_group, build_engines = worker_api("build_actor_group"), worker_api("build_engines")
-        resolve_device = worker_api("resolve_device")
 
-        device = resolve_device(self.rl.trainer.device)
-        self.actor_wg = build_actor_group(self.rl, device, sft_actor_config(self.cfg, self.rl), self.cfg.trainer.seed)
-        self.actor_wg.execute_all("init_model")
+        self.workers, self.actor_wg, self.engines = workers, workers.actor, workers.engines
         if self.cfg.eval.env_success:
-            self.engines = build_engines(self.rl, device).workers
-            env_cls = worker_api("env_actor_class")(self.rl)
-            self.val_rollout = make_rollout(self.rl, self.run.tokenizer, self.engines, env_cls, self.run.env_tags,
-                                            split=Split.VAL, num_env_actors=self.rl.agent_proxy.num_env_actors,
+            self.val_rollout = make_rollout(self.rl, self.run.tokenizer, self.engines, workers.env_worker_cls,
+                                            self.run.env_tags, split=Split.VAL,
+                                            num_env_actors=self.rl.agent_proxy.num_env_actors,
                                             on_engine_restart=self.sync_weights)
 
     def total_steps(self) -> int:
@@ -296,7 +296,7 @@ class SFTTrainer:
 
     def train_step(self, rows: list[SFTRow]) -> dict[str, float]:
         """One optimizer step on ``rows`` (padded with zero-mask rows to a whole batch)."""
-        from agent_trainer.trainer import pad_for_update
+        from agent_trainer.training.trainer import pad_for_update
 
         metrics: dict[str, float] = {}
         with timer("step", metrics):
@@ -327,7 +327,7 @@ class SFTTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """``val/sft_loss`` and ``val/sft_token_acc`` on the held-out rows; env success with ``eval.env_success``."""
-        from agent_trainer.trainer import pad_for_update
+        from agent_trainer.training.trainer import pad_for_update
 
         world = self.rl.actor_rollout_ref.actor.fsdp.world_size
         rows = sorted(self.run.data.val, key=lambda r: len(r.token_ids))
@@ -342,10 +342,8 @@ class SFTTrainer:
         return metrics
 
     def sync_weights(self) -> float:
-        """Ship the actor's weights to every engine (``workers.weight_sync.sync_weights``, as RL does)."""
-        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
-
-        return sync_weights(self.actor_wg, self.engines, sync_plan(self.rl))
+        """Ship the actor's weights to every engine (the workers' own sync, as RL does)."""
+        return self.workers.sync_weights()
 
     def save_checkpoint(self, metrics: dict[str, float], merge: bool = False) -> Path:
         """``global_step_N/actor``: the worker's HF folder plus the tokenizer; ``<run dir>/final`` links it. With
@@ -353,7 +351,7 @@ class SFTTrainer:
         the adapter merged in, which ``final`` links instead."""
         import ray
 
-        from agent_trainer.model_export import export_merged
+        from agent_trainer.training.model_export import export_merged
 
         tmp = checkpoint.begin_save(self.run_dir, self.global_step)
         ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))
@@ -394,9 +392,12 @@ def compose_sft(config_name: str, overrides: Sequence[str] = ()) -> SFTRun:
 
 def train(run: SFTRun) -> list[dict[str, float]]:
     """Start Ray and the workers, run SFT, print the before/after summary; return the logged metrics."""
+    from agent_trainer.workers.build import build_sft_workers  # the worker classes: torch, ray
+
     init_ray(run.rl)
     trainer = SFTTrainer(run)
-    trainer.init_workers()
+    trainer.init_workers(build_sft_workers(run.rl, sft_actor_config(run.cfg, run.rl), run.cfg.trainer.seed,
+                                           engines=run.cfg.eval.env_success))
     history = trainer.fit()
     model = None if run.cfg.trainer.merge_lora else run.rl.actor_rollout_ref.model
     print(summary(history, trainer.run_dir, model), flush=True)

@@ -53,9 +53,9 @@ import torch.distributed as dist
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agent_trainer.batch import TensorBatch  # noqa: E402
+from agent_trainer.common.batch import TensorBatch  # noqa: E402
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig  # noqa: E402
-from workers.fsdp_base import pick_device  # noqa: E402
+from agent_trainer.workers.fsdp_base import pick_device  # noqa: E402
 
 SHAPES = REPO / "config" / "model_shapes" / "Qwen2.5-0.5B"
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}  # vendor peak, dense (no sparsity)
@@ -145,7 +145,7 @@ def check_device() -> torch.device:
 def actor_update(model_dir: Path, n_params: int, args) -> object:
     from transformers import AutoConfig
 
-    from workers.actor import ActorWorker
+    from agent_trainer.workers.actor import ActorWorker
 
     config = AutoConfig.from_pretrained(model_dir)
     actor_cfg = ActorConfig(ppo_mini_batch_size=args.rows, ppo_micro_batch_size_per_gpu=args.micro_rows,
@@ -214,7 +214,7 @@ def update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpoi
 
     from transformers import AutoConfig
 
-    from workers.actor import ActorWorker
+    from agent_trainer.workers.actor import ActorWorker
 
     gc.collect()
     if on_gpu():
@@ -267,10 +267,10 @@ def lora_check(model_dir: Path, n_params: int, args) -> None:
 
     from transformers import AutoConfig
 
-    from workers.actor import ActorWorker
-    from workers.rollout import HFRolloutWorker
-    from workers.weight_buckets import unpack_bucket
-    from workers.weight_sync import iter_weight_buckets
+    from agent_trainer.workers.actor import ActorWorker
+    from agent_trainer.workers.rollout import HFRolloutWorker
+    from agent_trainer.workers.weight_buckets import unpack_bucket
+    from agent_trainer.workers.weight_sync import iter_weight_buckets
 
     gc.collect()
     if on_gpu():
@@ -331,8 +331,8 @@ def lora_check(model_dir: Path, n_params: int, args) -> None:
 
 
 def hf_rollout(model_dir: Path, worker, args) -> None:
-    from workers.actor import ActorWorker  # noqa: F401  (worker is one)
-    from workers.rollout import HFRolloutWorker, tokens_per_second
+    from agent_trainer.workers.actor import ActorWorker  # noqa: F401  (worker is one)
+    from agent_trainer.workers.rollout import HFRolloutWorker, tokens_per_second
 
     engine = HFRolloutWorker(str(model_dir), device=DEVICE, dtype="bfloat16", max_model_len=args.seq,
                              enable_sleep_mode=on_gpu(), max_batch_size=args.gen_prompts)
@@ -434,8 +434,8 @@ def gateway_check(model_path: str, args) -> None:
     from agent_trainer.gateway.server import GatewayServer, new_api_key
     from agent_trainer.gateway.sessions import SessionStore, build_rows
     from agent_trainer.gateway.task import Task
-    from workers.actor import ActorWorker
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.workers.actor import ActorWorker
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
     dtype = "bfloat16" if on_gpu() else "float32"
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
         replace_block(DOC, pipeline_block(argv, runs, plot_pipeline(runs)), PIPELINE_BEGIN, PIPELINE_END)
         print(f"wrote {DOC}", flush=True)
         return
-    from agent_trainer.es_manager import held_out_seeds
+    from agent_trainer.episode.es_manager import held_out_seeds
     from agent_trainer.checks.prepare import compose_and_prepare
 
     sections, figures, logs = {}, [], []

@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> list:
     """Compose the RL config, play its held-out seeds with the model, print a line per tag and a JSON summary."""
     from transformers import AutoTokenizer
 
-    from agent_trainer.es_manager import held_out_seeds
+    from agent_trainer.episode.es_manager import held_out_seeds
     from agent_trainer.checks.prepare import compose_and_prepare
     from launch.validity_probe import probe_tag
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config-name", default="frozenlake_nodeadends", help="the RL config (config/<name>.yaml)")

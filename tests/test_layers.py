@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training", ("agent_trainer.training",)),
     ("cli", ("agent_trainer.main", "agent_trainer.sft", "agent_trainer.eval", "agent_trainer.plan",
              "agent_trainer.export", "agent_trainer.watchdog", "agent_trainer.cli_args",
-             "agent_trainer.check_env", "agent_trainer.serve_env")),
+             "agent_trainer.check_env", "agent_trainer.serve_env", "agent_trainer.ray_cluster")),
     ("launch", ("launch",)),
 ]
 """Lowest first: (layer, the modules it holds, by dotted prefix; the longest prefix wins; ``=name`` is that module

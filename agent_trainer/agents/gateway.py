@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from agent_trainer.agents.base import Agent
 from agent_trainer.agents.ctx_manager import EpisodeStatus, TrainingRow, anchor_id, collate_rows, pad_token_id
 from agent_trainer.episode.es_manager import EnvOutput
-from agent_trainer.gateway.sessions import CallRecord, RowMetrics, build_rows
+from agent_trainer.gateway.sessions import CallRecord, RowMetrics, episode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class GatewayEpisode(EpisodeStatus):
 
     def finish(self) -> None:
         """The agent returned and its session closed: its calls become rows; its turns are its env steps."""
-        self.rows, self.row_metrics = build_rows(self.records)
+        self.rows, self.row_metrics = episode_rows(self.records)
         self.num_turns = len(self.steps)
 
     def step_calls(self) -> list[int]:
@@ -72,9 +72,6 @@ class GatewayAgent(Agent):
 
     def __init__(self, tokenizer, **_):
         self.tokenizer = tokenizer
-        self.left_out = 0
-        """Episodes of the last batch left out because their calls made several rows (full layout only)."""
-        self._warned = False
 
     def start(self, out: EnvOutput) -> GatewayEpisode:
         return GatewayEpisode(env_id=out.env_id, group_id=out.group_id, tag=out.tag, instruction=out.instruction,
@@ -90,28 +87,15 @@ class GatewayAgent(Agent):
         raise NotImplementedError("a gateway agent steps its env through task.step (GatewayLoop)")
 
     def build_update_batch(self, episodes: list[GatewayEpisode], uid_offset: int = 0):
-        """One row per episode (full layout): an episode whose calls made several rows (a break: the agent sent
-        back other text than a reply, or the template re-rendered one differently) is left out and counted, since
-        the full-layout estimators read a row as a whole episode; ``ctx_manager.mode=condensed`` trains them."""
-        kept = [e for e in episodes if len(e.rows) <= 1 or self.layout == "condensed"]
-        self.left_out = len(episodes) - len(kept)
-        if not kept:
-            raise RuntimeError(f"every one of the {len(episodes)} episodes of the gateway agent made several "
-                               "training rows (its calls did not continue each other: see rollout/gateway_breaks); "
-                               "the full layout trains one row per episode: set ctx_manager.mode=condensed and "
-                               "algorithm.adv_estimator=grpo_multiturn (docs/gateway.md)")
-        if self.left_out and not self._warned:
-            self._warned = True
-            logger.warning("%d of %d gateway episodes made several training rows and are left out of the full "
-                           "layout's batch (rollout/gateway_left_out; logged once); ctx_manager.mode=condensed with "
-                           "algorithm.adv_estimator=grpo_multiturn trains every row (docs/gateway.md)",
-                           self.left_out, len(episodes))
-        rows = [row for e in kept for row in training_rows(e)]
+        """Every episode's rows: one (merged) or one per call (step-wise, when its calls did not continue each
+        other); the rows of an episode share its ``traj_uid``, so the estimators read them as that one episode
+        (``core_algos.compute_advantage``), in either layout."""
+        rows = [row for e in episodes for row in training_rows(e)]
         return collate_rows(rows, pad_token_id(self.tokenizer), uid_offset)
 
 
 class CondensedGatewayAgent(GatewayAgent):
-    """``ctx_manager.mode=condensed``: the same rows, read by the per-trajectory estimators (grpo_multiturn)."""
+    """``ctx_manager.mode=condensed``: the same rows, for the per-trajectory estimators (grpo_multiturn)."""
 
     layout = "condensed"
 

@@ -1,5 +1,5 @@
 """Start-up check of ``data.train_files`` / ``data.val_files`` (the prompt-dataset env tags of
-``agent_trainer.prompt_data``): before Ray starts, every file and the reward function load once."""
+``agent_trainer.episode.prompt_data``): before Ray starts, every file and the reward function load once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Start-up check of ``trainer.gpu_memory_gib``: a run whose per-GPU memory plan (``agent_trainer.memory_plan``)
+"""Start-up check of ``trainer.gpu_memory_gib``: a run whose per-GPU memory plan (``agent_trainer.checks.memory_plan``)
 exceeds it is refused before ``ray.init``, in one line naming the setting to turn first."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.memory_plan import Plan, build_plan, gib
+from agent_trainer.checks.memory_plan import Plan, build_plan, gib
 
 
 def knob(plan: Plan, cfg: AgentTrainerConfig) -> str:

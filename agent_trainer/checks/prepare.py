@@ -8,13 +8,13 @@ start-up check in the order it runs, all before ``ray.init``.
    * the schema merge and every cross-field, closed-choice and registry-name check (``checks.load.load_config``:
      ``checks/rl.py``, ``checks/rules.py`` and the modules they call);
    * the env tags: ``envs_file`` and the prompt datasets' tags (``checks.inputs.load_envs_file``,
-     ``agent_trainer.prompt_data``);
+     ``agent_trainer.episode.prompt_data``);
    * what the file system and the models' ``config.json`` say (``checks.inputs.check_inputs``);
    * every env tag's server answers (``checks.services``);
    * ``trainer.gpu_memory_gib``: the per-GPU memory plan (``checks.memory``);
    * the prompt datasets load and fit ``data.max_prompt_length`` (``checks.datasets``);
    * each split's environments build, reset and step (``checks.preflight``).
-3. Per entry point: ``main`` runs :func:`check_local_placement` (the workers fit the local cluster's CPUs), then
+3. Per entry point: ``main`` runs its ``check_local_placement`` (the workers fit the local cluster's CPUs), then
    the trainer decides where the run starts (``trainer.resume_mode``); ``eval`` runs ``checks.rl.check_eval``;
    ``sft`` checks its own config first (``checks.load.load_sft_config``), prepares the RL config it names
    (``rl_config``) here, then ``checks.sft.check_against_rl``; ``plan`` prints the plan even when
@@ -23,14 +23,12 @@ start-up check in the order it runs, all before ``ray.init``.
 Each check raises ``ValueError`` with one line naming the key, the value and the fix; an entry point turns any of
 :data:`CONFIG_ERRORS` into that line on stderr (:func:`refusal`) and exits non-zero.
 
-This module sits above the other checks: the memory plan and the worker builder's placement rules are the
-trainer's (docs/architecture.md, "Layers").
+This module sits above the other checks: the memory plan is the trainer's (docs/architecture.md, "Layers").
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -50,8 +48,7 @@ from agent_trainer.checks.services import check_services
 from agent_trainer.config import AgentTrainerConfig, compat, config_schema
 from agent_trainer.config import errors as config_errors
 from agent_trainer.config.sft import SFTConfig
-from agent_trainer.prompt_data import dataset_env_tags
-from agent_trainer.worker_registry import worker_api
+from agent_trainer.episode.prompt_data import dataset_env_tags
 
 logger = logging.getLogger(__name__)
 
@@ -130,23 +127,3 @@ def compose_and_prepare(overrides: Sequence[str] = (), config_name: str = "froze
 def refusal(err: BaseException, overrides: Sequence[str] = ()) -> str:
     """The one line a config mistake exits with."""
     return f"agent-trainer: {config_errors.one_line(err, config_schema(), overrides)}"
-
-
-def check_local_placement(cfg: AgentTrainerConfig) -> None:
-    """A local run whose workers need more CPUs than the cluster it would start is refused before Ray starts.
-
-    The cluster's CPUs are known in advance: ``trainer.ray_num_cpus``, else what Ray detects (the machine's, or
-    its cgroup's quota). A cluster in ``RAY_ADDRESS`` is checked once joined (``workers.build``), GPUs too.
-    """
-    if os.environ.get("RAY_ADDRESS"):
-        return
-    cpus = cfg.trainer.ray_num_cpus
-    if cpus is None:
-        try:
-            from ray._private.utils import get_num_cpus  # what ray.init(num_cpus=None) uses
-        except ImportError:  # another Ray version: the check after ray.init still runs
-            return
-        cpus = get_num_cpus()
-    check_placement, resource_demands = worker_api("check_placement"), worker_api("resource_demands")
-
-    check_placement(resource_demands(cfg, "cpu"), {"CPU": float(cpus)})  # CPU demands do not depend on the device

@@ -37,7 +37,7 @@ from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 from agent_trainer.config.schema import AgentTrainerConfig
 from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.config.workers import FSDPConfig, ModelConfig, RolloutConfig
-from agent_trainer.ctx_manager import COLLATED_KEYS
+from agent_trainer.agents.ctx_manager import COLLATED_KEYS
 from agent_trainer.gateway.task import resolve_agent_fn
 
 
@@ -156,7 +156,7 @@ def _check_trainer(cfg: AgentTrainerConfig) -> None:
           f"trainer.collapse_metrics_freq = {t.collapse_metrics_freq} compares the replies across distinct prompts, "
           f"but es_manager.train.env_groups = {groups} gives one prompt per step (the mutual information is then 0); "
           "set es_manager.train.env_groups >= 2 or trainer.collapse_metrics_freq=0")
-    # trainer.device=cuda is checked against the Ray cluster once joined (workers.build.check_device): the
+    # trainer.device=cuda is checked against the Ray cluster once joined (agent_trainer.workers.build.check_device): the
     # driver, e.g. a `ray job submit` entrypoint on a head node without GPUs, need not see one.
 
 
@@ -176,7 +176,7 @@ def _check_rollout(cfg: AgentTrainerConfig) -> None:
           "raise max_model_len or lower response_length")
     engine = check_engine(cfg)  # the registered engine (or import path); tensor parallelism needs one that splits
     if r.tensor_model_parallel_size > 1:
-        # trainer.device=auto: checked against the cluster's GPUs once joined (workers.build.check_device).
+        # trainer.device=auto: checked against the cluster's GPUs once joined (agent_trainer.workers.build.check_device).
         check(cfg.trainer.device != "cpu", f"actor_rollout_ref.rollout.tensor_model_parallel_size = "
                                             f"{r.tensor_model_parallel_size} splits the engine over GPUs, and "
                                             "trainer.device = 'cpu'; set it to 1 (or trainer.device=cuda)")
@@ -199,7 +199,7 @@ def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
     class's ``only_keys``); every other rollout key is read by every engine on both devices.
 
     ``device``: cpu | cuda, or auto before the cluster is known (then only the engine's keys are checked; the
-    device's once joined, ``workers.build.check_device``). Raises ValueError with one line naming key, value, fix.
+    device's once joined, ``agent_trainer.workers.build.check_device``). Raises ValueError with one line naming key, value, fix.
     """
     r, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
     for key, (engines, on) in engine_only_keys().items():
@@ -217,7 +217,7 @@ def check_engine_keys(cfg: AgentTrainerConfig, device: str) -> None:
 
 
 def _check_hybrid_engine(cfg: AgentTrainerConfig) -> None:
-    """actor_rollout_ref.hybrid_engine and rollout.enable_sleep_mode (the device itself: workers.build.check_device)."""
+    """actor_rollout_ref.hybrid_engine and rollout.enable_sleep_mode (the device itself: agent_trainer.workers.build.check_device)."""
     arr = cfg.actor_rollout_ref
     r, world = arr.rollout, arr.actor.fsdp.world_size
     if arr.hybrid_engine:
@@ -474,7 +474,7 @@ def _check_rollout_correction(cfg: AgentTrainerConfig) -> None:
 
 
 def _check_async(cfg: AgentTrainerConfig) -> None:
-    """trainer.max_off_policy_steps >= 2 or trainer.async_mode=continuous (``agent_trainer.overlap``): critic-free
+    """trainer.max_off_policy_steps >= 2 or trainer.async_mode=continuous (``agent_trainer.rollout.overlap``): critic-free
     estimators, engines and actor awake; continuous needs a rollout ahead (k >= 1) and the turn loops' versions."""
     k = cfg.trainer.max_off_policy_steps
     continuous = cfg.trainer.async_mode == "continuous"

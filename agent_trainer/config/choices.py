@@ -15,13 +15,13 @@ STALE_GROUP_POLICIES = ("drop", "replace")
 """``trainer.stale_groups``: what happens to a group older than the staleness bound."""
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""
 MIXED_PRECISIONS = ("none", "bf16")
-"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (workers.fsdp_base)."""
+"""*.fsdp.mixed_precision: float32 throughout, or FSDP2's MixedPrecisionPolicy to bfloat16 (agent_trainer.workers.fsdp_base)."""
 CTX_MODES = ("full", "condensed")
 """ctx_manager.mode: one row per episode, or one row per turn with a condensed prompt."""
 LR_SCHEDULERS = ("constant", "cosine")
-"""*.optim.lr_scheduler_type: the learning rate after the warm-up (workers.fsdp_base)."""
+"""*.optim.lr_scheduler_type: the learning rate after the warm-up (agent_trainer.workers.fsdp_base)."""
 DATA_SOURCES = ("demonstrations", "jsonl")
 """SFT data.source."""
 WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
-"""actor_rollout_ref.rollout.weight_sync (the same tuple as workers.sync_transports.TRANSPORTS; a test keeps them
+"""actor_rollout_ref.rollout.weight_sync (the same tuple as agent_trainer.workers.sync_transports.TRANSPORTS; a test keeps them
 equal)."""

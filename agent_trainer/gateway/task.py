@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agent_trainer.es_manager import episode_instruction
+from agent_trainer.episode.es_manager import episode_instruction
 from envs.registry import load_env_tags
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

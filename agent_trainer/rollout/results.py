@@ -12,17 +12,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from agent_trainer import profiling
+from agent_trainer.common import profiling
 from agent_trainer.agents.base import Agent
 from agent_trainer.agents.contract import check_batch_contract
-from agent_trainer.batch import TensorBatch
-from agent_trainer.condensed_ctx import CondensedEpisode
+from agent_trainer.common.batch import TensorBatch
+from agent_trainer.agents.condensed_ctx import CondensedEpisode
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
-from agent_trainer.ctx_manager import EpisodeContext
-from agent_trainer.es_manager import EpisodeState
-from agent_trainer.rollout.splits import split_config
-from agent_trainer.rollout_shaping import trained_rewards
+from agent_trainer.agents.ctx_manager import EpisodeContext
+from agent_trainer.episode.es_manager import EpisodeState
+from agent_trainer.config import split_config
+from agent_trainer.episode.rollout_shaping import trained_rewards
 from agent_trainer.trajectory_rewards.judge import JudgeVerdict
 
 logger = logging.getLogger(__name__)

@@ -16,27 +16,32 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from ray.exceptions import RayActorError
 from tqdm import tqdm
 
-from agent_trainer import checkpoint, core_algos, lifecycle, reward_model, trainer_checkpoint
-from agent_trainer.colocation import ColocatedMemory
-from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
-from agent_trainer.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
-                                   version_metrics)
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common import checkpoint
+from agent_trainer import core_algos
+from agent_trainer.training import lifecycle, reward_model, trainer_checkpoint
+from agent_trainer.training.colocation import ColocatedMemory
+from agent_trainer.episode.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
+from agent_trainer.rollout.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
+                                           version_metrics)
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import AgentTrainerConfig
 from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
-from agent_trainer.rollout import (RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout,
-                                   trainer_splits)
-from agent_trainer.rollout_shaping import attach_reward_baselines, shape_rollout
-from agent_trainer.tracking import Tracking, timer
+from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
+from agent_trainer.core_algos import trainer_splits
+from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
+from agent_trainer.observe.tracking import Tracking, timer
 from agent_trainer.trajectory_rewards.judge import JudgeClient
-from agent_trainer.worker_registry import worker_api
+from agent_trainer.workers.worker_group import WorkerDied
+
+if TYPE_CHECKING:
+    from agent_trainer.workers.build import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +55,11 @@ class AgentTrainer:
     """
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, env_tags: dict, agent_cls: type | None = None, *,
-                 build_workers: Callable[[AgentTrainerConfig], Any]):
+                 build_workers: Callable[[AgentTrainerConfig], Workers]):
         """Decide where the run starts (``trainer.resume_mode``) and open the metric sinks; no worker starts.
 
         ``agent_cls`` (an ``agents.base.Agent`` subclass) replaces ``agent_proxy.agent_cls`` (docs/agents.md).
-        ``build_workers``: the cli layer's builder (``workers.build.build_workers``: config -> ``Workers``), which
+        ``build_workers``: the cli layer's builder (``agent_trainer.workers.build.build_workers``: config -> ``Workers``), which
         the caller runs once Ray is up and hands the result to :meth:`init_workers`; the trainer calls it itself
         only to start the workers again after a restart.
         """
@@ -77,6 +82,8 @@ class AgentTrainer:
         self.kl_ctrl = make_kl_ctrl(cfg)
         self.judge = JudgeClient(cfg.judge) if cfg.judge.enable else None
         """judge.enable: the client of the LLM judge scoring every episode (docs/rewards.md, "Judges")."""
+        self.workers: Workers | None = None
+        """The started workers (:meth:`init_workers`); None before and after :meth:`shutdown`."""
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
         self.prefetch: RolloutBuffer[RolloutResult] = RolloutBuffer(depth=max(1, cfg.trainer.max_off_policy_steps))
@@ -95,9 +102,9 @@ class AgentTrainer:
         inactive until the workers start, and on CPU."""
 
     # -- set-up --------------------------------------------------------------------------
-    def init_workers(self, workers: Any = None) -> None:
-        """Take the started worker groups (a ``workers.build.Workers``, models loaded), or build them with
-        ``build_workers`` when none are handed over (a restart); then build the rollouts and sync the engines."""
+    def init_workers(self, workers: Workers | None = None) -> None:
+        """Take the started workers (models loaded), or build them with ``build_workers`` when none are handed over
+        (a restart); then build the rollouts and sync the engines."""
         w = self.build_workers(self.cfg) if workers is None else workers
         self.take_workers(w)
         rollouts = {
@@ -120,9 +127,10 @@ class AgentTrainer:
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
         self.memory.to_rollout(self.sync_weights)
 
-    def take_workers(self, w: Any) -> None:
-        """Keep the handles of a ``workers.build.Workers`` and drive its engines' colocation: sleep/wake when the
-        builder created them with sleep mode (``w.sleep_mode``), actor offload when ``w.actor_offload``."""
+    def take_workers(self, w: Workers) -> None:
+        """Keep the workers' handles and drive the engines' colocation: sleep/wake when the builder created them with
+        sleep mode (``w.sleep_mode``), actor offload when ``w.actor_offload``."""
+        self.workers = w
         self.actor_wg, self.critic_wg, self.ref_wg, self.engines = w.actor, w.critic, w.ref, w.engines
         self.engine_group = w.engine_group
         self.memory = ColocatedMemory(w.engines, w.actor, sleep=w.sleep_mode, offload=w.actor_offload)
@@ -142,6 +150,7 @@ class AgentTrainer:
         for group in self.worker_groups():
             group.shutdown()
             lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
+        self.workers = None
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
 
     def restart(self) -> None:
@@ -166,8 +175,6 @@ class AgentTrainer:
         the error propagates. ``stop`` (SIGINT/SIGTERM) ends the loop at the next step boundary,
         after a checkpoint when ``trainer.save_on_signal``, by raising ``lifecycle.Interrupted``.
         """
-        WorkerDied = worker_api("WorkerDied")
-
         restarts = 0
         while True:
             try:
@@ -186,8 +193,7 @@ class AgentTrainer:
 
     def worker_groups(self) -> list:
         """Every started group, each once (a colocated reference is the actor's group in a second role)."""
-        groups = [self.actor_wg, self.critic_wg, self.ref_wg, self.engine_group, self.rm_wg, self.teacher_wg]
-        return [g for i, g in enumerate(groups) if g is not None and all(g is not seen for seen in groups[:i])]
+        return self.workers.groups() if self.workers is not None else []
 
     def named_workers(self) -> dict[str, list]:
         """Every worker's name (as in the Ray namespace) -> its actor handle, for error messages."""
@@ -243,13 +249,13 @@ class AgentTrainer:
         """One rollout and one update; returns the step's metrics.
 
         With ``trainer.max_off_policy_steps`` k >= 1 the step's experience was generated while earlier steps
-        trained, and the next k steps' are generated while this one trains (``agent_trainer.overlap``).
+        trained, and the next k steps' are generated while this one trains (``agent_trainer.rollout.overlap``).
         """
         metrics: dict[str, float] = {}
         with timer("step", metrics):
             result = self.take_experience(metrics)
             if self.memory.active:
-                with timer("engine_sleep", metrics):  # the GPU goes back to the trainer (agent_trainer.colocation)
+                with timer("engine_sleep", metrics):  # the GPU goes back to the trainer (agent_trainer.training.colocation)
                     self.memory.to_training()
             self.start_prefetch()
             with timer("shape", metrics):
@@ -375,7 +381,7 @@ class AgentTrainer:
         """Add ``reward_model.reward_weight x score`` on every episode's last generated token (before shaping).
 
         The text (the final reply or the whole conversation, ``reward_model.input``) is decoded with the
-        policy's tokenizer and re-tokenized with the reward model's (``agent_trainer.reward_model``).
+        policy's tokenizer and re-tokenized with the reward model's (``agent_trainer.training.reward_model``).
         ``split`` "val" scores validation episodes: metrics ``val/reward_model/*``, dumps to
         ``reward_model_scores_val.jsonl``. ``step`` (default: the current one) labels the dumped scores.
         """
@@ -392,7 +398,7 @@ class AgentTrainer:
 
     def score_with_judge(self, result: RolloutResult, split: Split = Split.TRAIN) -> dict[str, float]:
         """The judge's ``reward_weight x score`` on every scored episode's last generated token (the environment's
-        rewards times ``env_reward_weight``); unscored episodes leave ``result.batch`` (``agent_trainer.reward_model
+        rewards times ``env_reward_weight``); unscored episodes leave ``result.batch`` (``agent_trainer.training.reward_model
         .add_judge_scores``). The verdicts go to ``result.judge``, and from there into the trajectories."""
         items = reward_model.judge_items(result.batch, self.tokenizer, self.cfg.judge.input)
         verdicts, stats = self.judge.judge(items)
@@ -402,7 +408,7 @@ class AgentTrainer:
         return metrics
 
     def shape(self, batch: TensorBatch, metrics: dict[str, float]) -> TensorBatch:
-        """StarPO-S rollout filtering, then RAGEN reward normalisation (``agent_trainer.rollout_shaping``)."""
+        """StarPO-S rollout filtering, then RAGEN reward normalisation (``agent_trainer.episode.rollout_shaping``)."""
         rollout, norm = self.cfg.actor_rollout_ref.rollout, self.cfg.agent_proxy.reward_normalization
         batch, shape_metrics = shape_rollout(
             batch, filter_strategy=rollout.rollout_filter_strategy, filter_value=rollout.rollout_filter_value,
@@ -454,7 +460,7 @@ class AgentTrainer:
         return {**metrics, **{f"actor/{k}": float(v) for k, v in is_metrics.items()}}
 
     def collapse_diagnostic(self, batch: TensorBatch) -> dict[str, float]:
-        """RAGEN-2's template-collapse metrics (``collapse/*``, ``agent_trainer.collapse_metrics``) every
+        """RAGEN-2's template-collapse metrics (``collapse/*``, ``agent_trainer.episode.collapse_metrics``) every
         ``trainer.collapse_metrics_freq`` steps: every first reply of the rollout's ``batch`` (all groups, before the
         reward-variance filter) scored by the actor after each of up to ``trainer.collapse_metrics_num_prompts``
         distinct first prompts, before this step's update."""
@@ -535,14 +541,12 @@ class AgentTrainer:
     def ship_weights(self) -> float:
         """Ship the actor's weights to every engine, bucket by bucket; returns engine 0's reload seconds.
 
-        ``workers.weight_sync.sync_weights`` (shared with SFT): every actor rank takes part in the per-unit
+        ``agent_trainer.workers.weight_sync.sync_weights`` (shared with SFT): every actor rank takes part in the per-unit
         all-gathers, rank 0 sends (object store, collective group or CUDA IPC: ``rollout.weight_sync``). An
         engine that dies while loading (or is found dead) is restarted by Ray from the checkpoint on disk: the
         sync waits for it and sends the weights once more; a second failure raises with Ray's error.
         """
-        sync_plan, sync_weights = worker_api("sync_plan"), worker_api("sync_weights")
-
-        return sync_weights(self.actor_wg, self.engines, sync_plan(self.cfg))
+        return self.workers.sync_weights()
 
     def validate(self) -> dict[str, float]:
         """Greedy rollouts on the held-out validation seeds, scored by the judge and the reward model when on."""
@@ -554,11 +558,11 @@ class AgentTrainer:
         return result.metrics
 
     def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
-        """Save everything a resume needs into ``global_step_N/``, atomically (``agent_trainer.trainer_checkpoint``)."""
+        """Save everything a resume needs into ``global_step_N/``, atomically (``agent_trainer.training.trainer_checkpoint``)."""
         return trainer_checkpoint.save(self, metrics)
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore workers and driver state from a ``global_step_N`` folder (``agent_trainer.trainer_checkpoint``)."""
+        """Restore workers and driver state from a ``global_step_N`` folder (``agent_trainer.training.trainer_checkpoint``)."""
         trainer_checkpoint.load(self, path)
 
 

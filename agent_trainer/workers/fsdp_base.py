@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor
 from transformers import DynamicCache
 
 from agent_trainer.common import checkpoint
+from agent_trainer.checks.memory_plan import decoder_layers
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import FSDPConfig, OptimConfig
 from agent_trainer.workers import sharded_checkpoint
@@ -914,19 +915,6 @@ def _add_adapter(model: torch.nn.Module, lora_cfg) -> None:
     lora.add_adapter(model, lora_cfg)
     if getattr(model, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of a Hugging Face causal LM / token classifier (inside a ``peft.PeftModel`` too)."""
-    if hasattr(model, "get_base_model"):  # peft's wrapper: PeftModel -> LoraModel -> the HF model
-        model = model.get_base_model()
-    for attr in ("model", "transformer"):
-        base = getattr(model, attr, None)
-        if base is not None:
-            layers = getattr(base, "layers", None) or getattr(base, "h", None)
-            if layers is not None:
-                return list(layers)
-    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
 
 
 def micro_batches(batch: TensorBatch, size: int) -> list[TensorBatch]:

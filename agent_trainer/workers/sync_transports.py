@@ -9,8 +9,8 @@
   (:func:`ipc_handle`), which the engine maps without a copy (:func:`rebuild_ipc_tensor`).
 
 :func:`resolve_transport` turns ``actor_rollout_ref.rollout.weight_sync`` into one of them, :func:`make_sender`
-builds rank 0's sender. The actor side that packs the buckets is ``workers.weight_sync``; the engine side that
-loads them is ``workers.engines.base.RolloutEngine``.
+builds rank 0's sender. The actor side that packs the buckets is ``agent_trainer.workers.weight_sync``; the engine side that
+loads them is ``agent_trainer.workers.engines.base.RolloutEngine``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from workers.weight_buckets import Bucket, bucket_nbytes
+from agent_trainer.workers.weight_buckets import Bucket, bucket_nbytes
 
 TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
 """``actor_rollout_ref.rollout.weight_sync`` values."""

@@ -1,12 +1,12 @@
 """The vLLM worker extension: the engine-side methods the rollout calls by name.
 
-``vllm.LLM(..., worker_extension_cls="workers.vllm_ext.RolloutWorkerExtension")`` mixes this class into
+``vllm.LLM(..., worker_extension_cls="agent_trainer.workers.vllm_ext.RolloutWorkerExtension")`` mixes this class into
 every vLLM worker process, so ``llm.collective_rpc("reseed", args=(seed,))`` runs ``reseed`` on each of
 them. Calls go by method name, never as Python functions: vLLM's multiprocess client (the default on
 GPUs, ``VLLM_ENABLE_V1_MULTIPROCESSING=1``) sends them through its msgpack encoder, which refuses
 functions; names, numbers, strings, bytes, lists and tensors it encodes.
 
-The weight sync (``workers.weight_sync``) loads a sync's buckets in one session of vLLM's layerwise
+The weight sync (``agent_trainer.workers.weight_sync``) loads a sync's buckets in one session of vLLM's layerwise
 reload: ``begin_bucketed_load`` once, ``load_weight_bucket`` / ``receive_weight_bucket`` /
 ``load_ipc_weight_bucket`` per bucket, ``end_bucketed_load`` once. A layer is processed as soon as all of
 its weights have arrived, so a bucket boundary may split a fused layer (q/k/v, gate/up) without harm.
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-EXTENSION = "workers.vllm_ext.RolloutWorkerExtension"
+EXTENSION = "agent_trainer.workers.vllm_ext.RolloutWorkerExtension"
 """The ``worker_extension_cls`` the rollout engines are created with."""
 
 
@@ -54,12 +54,12 @@ class RolloutWorkerExtension:
             self.model_runner.get_model().load_weights(weights)
 
     def load_packed_bucket(self, specs: list[list], data) -> None:
-        """Load one bucket given as its flat bytes (bytes or a buffer) and specs (``workers.weight_buckets.Bucket``).
+        """Load one bucket given as its flat bytes (bytes or a buffer) and specs (``agent_trainer.workers.weight_buckets.Bucket``).
 
         Bytes, not tensors: vLLM's multiprocess client decodes a call's arguments without their types, and a
         tensor arrives as a list; bytes and lists arrive as they were sent.
         """
-        from workers.weight_buckets import bytes_as_tensor, unpack_bucket
+        from agent_trainer.workers.weight_buckets import bytes_as_tensor, unpack_bucket
 
         names, tensors = unpack_bucket(specs, bytes_as_tensor(data))
         self.load_weight_bucket(names, tensors)
@@ -80,7 +80,7 @@ class RolloutWorkerExtension:
     def init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str, name: str,
                           timeout_s: float) -> None:
         """Join the weight-transfer group as rank ``rank_offset + self.rank`` (rank 0 is the actor's rank 0)."""
-        from workers.sync_transports import join_weight_group, node_ip
+        from agent_trainer.workers.sync_transports import join_weight_group, node_ip
 
         old = getattr(self, "_weight_group", None)
         self._weight_group = None
@@ -90,8 +90,8 @@ class RolloutWorkerExtension:
 
     def receive_weight_bucket(self, specs: list[list], load: bool = True) -> None:
         """Receive one bucket from rank 0's broadcast and (``load``) load it inside the open session."""
-        from workers.sync_transports import receive_bucket
-        from workers.weight_buckets import unpack_bucket
+        from agent_trainer.workers.sync_transports import receive_bucket
+        from agent_trainer.workers.weight_buckets import unpack_bucket
 
         device = getattr(self, "device", None) or torch.device("cpu")
         flat = receive_bucket(self._weight_group, specs, device)
@@ -100,8 +100,8 @@ class RolloutWorkerExtension:
 
     def load_ipc_weight_bucket(self, specs: list[list], handle: list) -> None:
         """Map the bucket rank 0 holds on this GPU (CUDA IPC) and load it; GPU only, never run on CPU."""
-        from workers.sync_transports import rebuild_ipc_tensor
-        from workers.weight_buckets import unpack_bucket
+        from agent_trainer.workers.sync_transports import rebuild_ipc_tensor
+        from agent_trainer.workers.weight_buckets import unpack_bucket
 
         shared = rebuild_ipc_tensor(handle, torch.cuda.current_device())
         # A copy: the layerwise reload keeps a layer's tensors until the layer is complete, possibly after rank 0

@@ -1,5 +1,5 @@
-"""The weight sync's unit of transfer, shared by the actor side (``workers.weight_sync``, which packs) and the engine
-side (``workers.engines.base``, which unpacks): a bucket is named tensors packed into one flat uint8 buffer at
+"""The weight sync's unit of transfer, shared by the actor side (``agent_trainer.workers.weight_sync``, which packs) and the engine
+side (``agent_trainer.workers.engines.base``, which unpacks): a bucket is named tensors packed into one flat uint8 buffer at
 16-byte-aligned offsets, described by plain-list specs that pass through Ray and vLLM's msgpack encoder as data.
 """
 

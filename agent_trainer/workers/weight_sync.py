@@ -5,14 +5,14 @@ The actor side and the driver's call; the other parts live beside it (docs/archi
 - here, the actor side (:func:`iter_weight_buckets`, :func:`push_weights`): every FSDP rank walks the model's
   FSDP units in step, all-gathering one unit at a time (FSDP2's ``unshard``, one collective per unit, as in
   forward); rank 0 casts each unique parameter to the engine's dtype and packs it into a flat byte buffer of
-  at most ``actor_rollout_ref.rollout.update_weights_bucket_megabytes`` (``workers.weight_buckets``), and hands
+  at most ``actor_rollout_ref.rollout.update_weights_bucket_megabytes`` (``agent_trainer.workers.weight_buckets``), and hands
   each full bucket to a transport before the next one is packed. Peak transient memory: one FSDP unit's full
   parameters plus one bucket, not the model.
-- the transports (``workers.sync_transports``: ``object_store``, ``collective``, ``cuda_ipc``), sent from rank 0
+- the transports (``agent_trainer.workers.sync_transports``: ``object_store``, ``collective``, ``cuda_ipc``), sent from rank 0
   and received by the engines.
-- the engine side (:class:`workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync is a
+- the engine side (:class:`agent_trainer.workers.engines.base.RolloutEngine`, the base of every rollout engine): a sync is a
   session (``begin_weight_sync``, buckets, ``finish_weight_sync``); the vLLM engine forwards every call by name
-  to its workers (``workers.vllm_ext.RolloutWorkerExtension``).
+  to its workers (``agent_trainer.workers.vllm_ext.RolloutWorkerExtension``).
 
 :func:`sync_weights` is the driver's call, shared by RL (``AgentTrainer``) and SFT (``SFTTrainer``): one sync,
 and on an engine failure a wait for Ray's restart and one more sync.
@@ -27,8 +27,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from workers.sync_transports import EngineFailed, _get, _Sender, make_sender, resolve_transport
-from workers.weight_buckets import DTYPE_NAMES, Bucket, _aligned, _Packer
+from agent_trainer.workers.sync_transports import EngineFailed, _get, _Sender, make_sender, resolve_transport
+from agent_trainer.workers.weight_buckets import DTYPE_NAMES, Bucket, _aligned, _Packer
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 def sync_tensor_names(model: torch.nn.Module) -> list[str]:
     """What a sync sends, in state-dict order: each parameter once (a tied alias such as ``lm_head.weight``
     is left to the engine, as it ties it itself) and every persistent buffer. With a LoRA adapter
-    (``workers/lora.py``) the names are the plain model's: the adapter's own parameters are left out (they are
+    (``agent_trainer/workers/lora.py``) the names are the plain model's: the adapter's own parameters are left out (they are
     merged into their base weight) and ``.base_layer`` is dropped (:func:`sync_sources`)."""
     return list(sync_sources(model))
 
@@ -47,7 +47,7 @@ def sync_tensor_names(model: torch.nn.Module) -> list[str]:
 def sync_sources(model: torch.nn.Module) -> dict[str, str]:
     """{name the engine gets: the model's own name} in state-dict order (:func:`sync_tensor_names`); the two differ
     only for a LoRA model's adapted weights (``q_proj.weight`` <- ``q_proj.base_layer.weight``)."""
-    from workers.lora import is_adapter_tensor, sync_name
+    from agent_trainer.workers.lora import is_adapter_tensor, sync_name
 
     params = {name for name, _ in model.named_parameters()}  # remove_duplicate: a tied alias is named once
     buffers = {name for name, _ in model.named_buffers()}
@@ -66,13 +66,13 @@ def iter_weight_buckets(model: torch.nn.Module, keep: bool, bucket_bytes: int, d
     alone. The flat buffer is reused: use (send) each bucket before asking for the next.
     Peak: one unit's full parameters plus one bucket.
 
-    A LoRA model (``workers/lora.py``) sends the plain model's names and shapes: each adapted weight merged,
-    ``W + (alpha / r) B A`` (:func:`workers.lora.merged_weight`; its adapter is in its FSDP unit, gathered with it).
+    A LoRA model (``agent_trainer/workers/lora.py``) sends the plain model's names and shapes: each adapted weight merged,
+    ``W + (alpha / r) B A`` (:func:`agent_trainer.workers.lora.merged_weight`; its adapter is in its FSDP unit, gathered with it).
     """
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from workers.lora import adapted_module_name, merged_weight
+    from agent_trainer.workers.lora import adapted_module_name, merged_weight
 
     sources = sync_sources(model)
     wanted = list(sources)
@@ -234,7 +234,7 @@ def sync_weights(actor_wg, engines: list, plan: SyncPlan, on_stats: Callable[[di
     sends the weights once more (a restarted engine joins a fresh weight-transfer group); a second failure
     raises with Ray's error. ``on_stats`` gets rank 0's :class:`SyncStats` of the sync that succeeded.
     """
-    from agent_trainer.rollout import wait_until_ready
+    from agent_trainer.workers.worker_group import wait_until_ready
 
     stats = _sync_once(actor_wg, engines, plan)
     if stats.get("error") is not None:

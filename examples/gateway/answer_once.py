@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
-from agent_trainer.prompts import SYSTEM_PROMPT as SYSTEM
-from agent_trainer.prompts import parse_response
+from agent_trainer.common.prompts import SYSTEM_PROMPT as SYSTEM
+from agent_trainer.common.prompts import parse_response
 
 FORMAT = "Reply exactly as <answer>your answer</answer>."
 

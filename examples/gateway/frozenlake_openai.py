@@ -4,7 +4,7 @@ reply. Nothing in it is agent-trainer's but the ``task`` it is handed and the pr
 
 Trained by ``python -m agent_trainer.main --config-name frozenlake_gateway`` (docs/gateway.md): the trainer
 gives each episode a client whose base URL is the episode's own gateway session, and trains the policy on the
-exact ids of every call. Its messages are the built-in agent's, from ``agent_trainer.prompts`` (the system
+exact ids of every call. Its messages are the built-in agent's, from ``agent_trainer.common.prompts`` (the system
 prompt, the instruction and observation, "Reward: ..." after each step, the think-then-answer format that
 config/frozenlake_gateway.yaml's ``agent_proxy.enable_think`` asks for and make train's warm start answers in),
 so the two agents' curves compare on one task.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
-from agent_trainer.prompts import SYSTEM_PROMPT, first_user_message, next_user_message, parse_response
+from agent_trainer.common.prompts import SYSTEM_PROMPT, first_user_message, next_user_message, parse_response
 
 ENABLE_THINK = True
 """``<think>...</think><answer>...</answer>``, as ``agent_proxy.enable_think: true`` in the config."""

@@ -11,10 +11,10 @@ from agent_trainer.agents.base import Agent
 from agent_trainer.agents.contract import BatchContractError, check_batch_contract
 from agent_trainer.agents.registry import AGENTS, resolve_agent_cls
 from agent_trainer.agents.tool_call import ToolCallAgent, env_tools, parse_tool_calls
-from agent_trainer.condensed_ctx import CondensedContextManager
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
 from agent_trainer.config import AgentTrainerConfig
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.rollout import make_context_manager
 from envs import load_env_tags
@@ -197,8 +197,8 @@ def test_the_tool_agent_refuses_a_template_without_a_tool_format(tokenizer):
 
 def test_the_trainer_takes_an_agent_class_and_refuses_a_bad_one_before_any_worker(tokenizer, tiny_model_path,
                                                                                  tmp_path):
-    from agent_trainer.trainer import AgentTrainer
-    from workers.build import build_workers
+    from agent_trainer.training.trainer import AgentTrainer
+    from agent_trainer.workers.build import build_workers
 
     cfg, tags = compose_and_prepare([f"model_path={tiny_model_path}", f"trainer.default_local_dir={tmp_path}"])
     with pytest.raises(ValueError, match="is not a subclass of agent_trainer.agents.base.Agent"):

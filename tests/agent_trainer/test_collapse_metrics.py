@@ -1,4 +1,4 @@
-"""The template-collapse rows (agent_trainer.collapse_metrics) and their keys' start-up checks."""
+"""The template-collapse rows (agent_trainer.episode.collapse_metrics) and their keys' start-up checks."""
 
 import math
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.batch import BatchMeta, TensorBatch
+from agent_trainer.common.batch import BatchMeta, TensorBatch
 from agent_trainer.checks.load import load_config
-from agent_trainer.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch, first_turns
+from agent_trainer.episode.collapse_metrics import (collapse_metrics, collapse_metrics_due, cross_scoring_batch,
+                                                    first_turns)
 from agent_trainer.checks.prepare import CONFIG_DIR
 
 # full mode, one row per episode: prompt (3), reply 1 (2), observation (1), reply 2 (2), padding (1)
@@ -121,7 +122,7 @@ def test_the_trainer_scores_the_rows_with_the_actor_when_due():
     from types import SimpleNamespace
 
     from agent_trainer.config import AgentTrainerConfig
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
 
     calls = []
 

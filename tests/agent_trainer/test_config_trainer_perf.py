@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.prepare import CONFIG_DIR
-from agent_trainer.trainer import needs_old_log_probs
+from agent_trainer.training.trainer import needs_old_log_probs
 
 
 def _load(*overrides: str, name: str = "frozenlake_grpo"):
@@ -98,7 +98,7 @@ def test_continuous_asynchronous_training_and_icepop_masking_load():
 
 
 def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():
-    """trainer.max_off_policy_steps >= 2 (agent_trainer.overlap): GRPO loads; a GAE critic is refused in one line."""
+    """trainer.max_off_policy_steps >= 2 (agent_trainer.rollout.overlap): GRPO loads; a GAE critic is refused in one line."""
     assert _load("trainer.max_off_policy_steps=4").trainer.max_off_policy_steps == 4
     assert _load("trainer.max_off_policy_steps=1", name="frozenlake").algorithm.adv_estimator == "gae"
     with pytest.raises(ValueError) as err:

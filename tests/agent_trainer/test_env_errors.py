@@ -18,13 +18,13 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer.checks.load import load_config
 from agent_trainer.config.splits import Split
-from agent_trainer.es_manager import EnvInput, EnvStateManager, EpisodeSpec
+from agent_trainer.episode.es_manager import EnvInput, EnvStateManager, EpisodeSpec
 from agent_trainer.eval import summarize
 from agent_trainer.checks.prepare import CONFIG_DIR
-from agent_trainer.metrics_export import tag_gauges
+from agent_trainer.observe.metrics_export import tag_gauges
 from agent_trainer.rollout import EnvFailure, SyncMultiTurnRollout, check_env_errors
-from agent_trainer.tracking import format_metrics
-from agent_trainer.trajectories import EpisodeRecord, write_step
+from agent_trainer.observe.tracking import format_metrics
+from agent_trainer.observe.trajectories import EpisodeRecord, write_step
 from agent_trainer.rollout.results import drop_small_groups, leave_out_lost_actors, leave_out_service_failures
 from envs import BaseEnv, EnvTagConfig, ServiceError, load_env_tags, register_env
 
@@ -129,10 +129,10 @@ def _config(model_path: str, tags: str, n_groups: str, *overrides: str):
 @pytest.mark.e2e
 def test_a_real_rollout_reports_one_reward_and_stops_on_env_errors(ray_cluster, tiny_model_path, tokenizer,
                                                                    tmp_path):
-    from agent_trainer.lifecycle import kill_actors
+    from agent_trainer.training.lifecycle import kill_actors
     from tests.faults.fault_runs import EveryReplyActs
-    from workers.env_worker import EnvWorker
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.workers.env_worker import EnvWorker
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
     engine = ray_cluster.remote(HFRolloutWorker).options(num_cpus=0.5).remote(tiny_model_path, max_model_len=1536)
 

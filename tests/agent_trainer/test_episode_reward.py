@@ -14,18 +14,18 @@ import re
 import pytest
 from hydra import compose, initialize_config_dir
 
-from agent_trainer import profiling
+from agent_trainer.common import profiling
 from agent_trainer.checks.load import load_config
-from agent_trainer.condensed_ctx import CondensedContextManager
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
 from agent_trainer.config.splits import Split
-from agent_trainer.ctx_manager import ContextManager
+from agent_trainer.agents.ctx_manager import ContextManager
 from agent_trainer.eval import summarize
 from agent_trainer.checks.prepare import CONFIG_DIR
-from agent_trainer.metrics_export import tag_gauges
+from agent_trainer.observe.metrics_export import tag_gauges
 from agent_trainer.rollout import RolloutFaults
 from agent_trainer.rollout.results import assemble
-from agent_trainer.tracking import format_metrics
-from agent_trainer.trajectories import EpisodeRecord, write_step
+from agent_trainer.observe.tracking import format_metrics
+from agent_trainer.observe.trajectories import EpisodeRecord, write_step
 
 # By hand (format_penalty -0.1; MIXED_REPLIES, seeds 11 and 12):
 #   env 0 FrozenLake3x3: Left (0), garbage (-0.1), Up (0), garbage (-0.1)       = -0.2

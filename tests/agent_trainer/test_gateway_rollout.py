@@ -247,7 +247,7 @@ def test_a_local_task_steps_its_env_charges_a_missing_action_and_ends():
 def test_a_local_task_starts_with_the_instruction_a_training_episode_of_its_tag_gets():
     from envs import load_env_tags, make_env
 
-    from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+    from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
     from agent_trainer.gateway.task import Task
 
     tag = "FrozenLakeNoDeadEnds"

@@ -1,4 +1,4 @@
-"""The per-GPU memory plan (agent_trainer/training/memory_plan.py; its command line agent_trainer/plan.py;
+"""The per-GPU memory plan (agent_trainer/checks/memory_plan.py; its command line agent_trainer/plan.py;
 docs/cluster.md): shard bytes from a real FSDP2 sharding on the meta device, the shipped recipes fit their GPUs with a
 10% margin, an oversized run is refused before Ray starts."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agent_trainer.training import memory_plan as plan
+from agent_trainer.checks import memory_plan as plan
 from agent_trainer import plan as plan_cli
 
 REPO = Path(__file__).resolve().parents[2]

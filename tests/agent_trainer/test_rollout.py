@@ -13,13 +13,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from agent_trainer.batch import BatchMeta, TensorBatch
-from agent_trainer.condensed_ctx import CondensedContextManager
+from agent_trainer.common.batch import BatchMeta, TensorBatch
+from agent_trainer.agents.condensed_ctx import CondensedContextManager
 from agent_trainer.checks.load import load_config
-from agent_trainer.ctx_manager import EpisodeContext
+from agent_trainer.agents.ctx_manager import EpisodeContext
 from agent_trainer.checks.prepare import CONFIG_DIR
 from agent_trainer.rollout import SyncMultiTurnRollout, screen_nonfinite
-from agent_trainer.trainer import AgentTrainer
+from agent_trainer.training.trainer import AgentTrainer
 from envs import load_env_tags
 
 
@@ -87,8 +87,8 @@ def _config(*overrides: str):
 @pytest.mark.e2e
 def test_per_tag_budgets_and_the_greedy_baseline_split(ray_cluster, tiny_model_path, tokenizer):
     """FrozenLake3x3 replies stay within the tag's max_tokens = 3; ReMax baselines replay the group seeds."""
-    from workers.env_worker import EnvWorker
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.workers.env_worker import EnvWorker
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
     cfg = _config(f"model_path={tiny_model_path}")
     tags = load_env_tags()
@@ -126,12 +126,12 @@ def test_the_next_reset_runs_while_the_step_trains(ray_cluster, tiny_model_path,
     restarts after its prefetched reset ends its episodes (it never reset them) instead of stepping them."""
     import ray
 
-    from agent_trainer.es_manager import EnvStateManager
-    from agent_trainer.lifecycle import kill_actors
-    from agent_trainer.rollout import wait_until_ready
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.episode.es_manager import EnvStateManager
+    from agent_trainer.training.lifecycle import kill_actors
+    from agent_trainer.workers.worker_group import wait_until_ready
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
-    env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)  # as workers.build starts them
+    env_worker_cls = ray.remote(num_cpus=0.1, max_restarts=1)(EnvStateManager)  # as agent_trainer.workers.build starts them
     engine = ray_cluster.remote(HFRolloutWorker).options(num_cpus=0.5).remote(tiny_model_path, max_model_len=1536)
     batches = {}
     for prefetch in (False, True):
@@ -171,9 +171,9 @@ def test_an_env_actor_killed_during_its_prefetched_reset_is_reset_again(ray_clus
     reset, waits for Ray's restart and resets it again; every episode plays."""
     import ray
 
-    from agent_trainer.es_manager import EnvStateManager
-    from agent_trainer.lifecycle import kill_actors
-    from workers.rollout import HFRolloutWorker
+    from agent_trainer.episode.es_manager import EnvStateManager
+    from agent_trainer.training.lifecycle import kill_actors
+    from agent_trainer.workers.rollout import HFRolloutWorker
 
     tags = load_env_tags()
     slow = dict(tags["FrozenLake3x3"].env_config, min_latency_ms=0.0, max_latency_ms=0.0, reset_latency_ms=500.0)

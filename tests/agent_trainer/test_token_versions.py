@@ -4,10 +4,10 @@ engine call that produced it, whatever the agent's row layout; a group is as old
 import pytest
 import torch
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.rollout.results import token_versions
-from agent_trainer.overlap import (group_oldest_versions, has_fresh_groups, row_oldest_versions, split_stale_groups,
-                                   version_metrics)
+from agent_trainer.rollout.overlap import (group_oldest_versions, has_fresh_groups, row_oldest_versions,
+                                           split_stale_groups, version_metrics)
 
 
 def _batch(rows: list[list[int]], traj: list[int], uid: list[int]) -> TensorBatch:

@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 
 from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.ray_cluster import init_ray
-from agent_trainer.trainer import AgentTrainer
-from workers.build import build_workers
+from agent_trainer.training.trainer import AgentTrainer
+from agent_trainer.workers.build import build_workers
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from agent_trainer.trainer import AgentTrainer
+from agent_trainer.training.trainer import AgentTrainer
 from e2e_runs import train_here
 from test_lora_e2e import LORA
 

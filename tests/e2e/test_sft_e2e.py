@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agent_trainer.ctx_manager import ContextManager
-from agent_trainer.demonstrations import encode_conversation, read_jsonl
+from agent_trainer.agents.ctx_manager import ContextManager
+from agent_trainer.agents.demonstrations import encode_conversation, read_jsonl
 from agent_trainer.checks.prepare import compose_and_prepare
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import yaml
 import envs
 from agent_trainer.check_env import check_tags
 from agent_trainer.checks.env_contract import check_garbage_actions, random_action_strings
-from agent_trainer.es_manager import EnvStateManager, EpisodeSpec
+from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from agent_trainer.checks.prepare import compose_and_prepare
 from envs import ServiceError
 from envs.registry import load_env_tags

@@ -19,11 +19,12 @@ import torch
 from ray.exceptions import RayActorError
 from transformers import AutoTokenizer
 
-from agent_trainer.es_manager import EnvStateManager
+from agent_trainer.episode.es_manager import EnvStateManager
 from agent_trainer.ray_cluster import init_ray
-from agent_trainer.rollout import make_context_manager, wait_until_ready
-from agent_trainer.trainer import AgentTrainer
-from workers.build import build_workers
+from agent_trainer.rollout import make_context_manager
+from agent_trainer.workers.worker_group import wait_until_ready
+from agent_trainer.training.trainer import AgentTrainer
+from agent_trainer.workers.build import build_workers
 from fault_runs import fault_config
 
 pytestmark = pytest.mark.e2e
@@ -141,7 +142,7 @@ def test_context_overflow_ends_episodes_as_truncated_keeping_their_rewards(run, 
 
 def _engine_vs_actor_logprob_diff(trainer) -> float:
     """Largest |engine - actor| logprob over fixed sequences (0 when the engine holds the actor's weights)."""
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
 
     seqs = [trainer.tokenizer.encode(t, add_special_tokens=False)
             for t in ("<think>go down</think><answer>Down</answer>", "Reward: 1\nLeft Right Up")]

@@ -13,11 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent_trainer import lifecycle, watchdog
+from agent_trainer.training import lifecycle
+from agent_trainer import watchdog
 from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.ray_cluster import worker_pythonpath
-from workers.build import Demand, check_placement, resource_demands
-from workers.worker_group import PlacementError, death_cause
+from agent_trainer.workers.build import Demand, check_placement, resource_demands
+from agent_trainer.workers.worker_group import PlacementError, death_cause
 
 pytestmark = pytest.mark.faults
 
@@ -37,8 +38,8 @@ def test_the_reported_deadlock_is_refused_listing_every_demand(tiny_model_path):
 def test_engine_threads_follow_the_model_size_unless_set(tiny_model_path, monkeypatch):
     """rollout.num_threads 0 (auto): 1 thread for the tiny model, 2 from AUTO_ENGINE_THREADS_MIN_PARAMETERS on, 1 again
     when the engine shares the cores with training (overlap) or with a second engine; a set value wins."""
-    import workers.build as build
-    from workers.rollout import checkpoint_parameters
+    import agent_trainer.workers.build as build
+    from agent_trainer.workers.rollout import checkpoint_parameters
 
     def threads(*overrides: str) -> int:
         return build.engine_threads(compose_and_prepare([f"model_path={tiny_model_path}", *overrides])[0])
@@ -157,7 +158,7 @@ def test_the_watchdog_kills_the_ray_processes_of_a_driver_killed_with_sigkill(tm
 
 
 def test_no_watchdog_module_state_leaks_into_agent_trainer_imports():
-    out = subprocess.run([sys.executable, "-c", "import sys, agent_trainer.lifecycle, agent_trainer.watchdog; "
+    out = subprocess.run([sys.executable, "-c", "import sys, agent_trainer.training.lifecycle, agent_trainer.watchdog; "
                           "print('torch' in sys.modules)"], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "False"

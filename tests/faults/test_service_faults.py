@@ -13,8 +13,8 @@ import ray
 from transformers import AutoTokenizer
 
 from agent_trainer.ray_cluster import init_ray
-from agent_trainer.trainer import AgentTrainer
-from workers.build import build_workers
+from agent_trainer.training.trainer import AgentTrainer
+from agent_trainer.workers.build import build_workers
 from fault_runs import fault_config
 
 pytestmark = pytest.mark.e2e

@@ -1,6 +1,6 @@
 """The rollout-engine registry (``agent_trainer.checks.engines``): an engine class defined in this file, registered
 by name (and by import path), refused or accepted by the start-up checks before ``ray.init``, built by
-``workers.build.build_engines`` and played through the real multi-turn rollout; an unknown name is refused in one
+``agent_trainer.workers.build.build_engines`` and played through the real multi-turn rollout; an unknown name is refused in one
 line listing the registered names."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from agent_trainer.checks import engines as registry
 from agent_trainer.checks.engines import engine_class, engine_names, register_engine
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.prepare import CONFIG_DIR
-from workers.engines.base import GenerationOutput, RolloutEngine
-from workers.engines.hf import HFEngine
+from agent_trainer.workers.engines.base import GenerationOutput, RolloutEngine
+from agent_trainer.workers.engines.hf import HFEngine
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the engine class travels to its Ray actor
 
@@ -79,7 +79,7 @@ def test_an_unknown_engine_is_refused_before_ray_in_one_line_listing_the_registe
     assert "package.module:ClassName" in message
     with pytest.raises(ValueError, match="did you mean 'counting'"):
         _config(tiny_model_path, f"{R}name=countin")
-    with pytest.raises(ValueError, match="not a subclass of workers.engines.base.RolloutEngine"):
+    with pytest.raises(ValueError, match="not a subclass of agent_trainer.workers.engines.base.RolloutEngine"):
         _config(tiny_model_path, f"{R}name={__name__}:_config")
     assert not ray.is_initialized()
 
@@ -112,7 +112,7 @@ def test_a_registered_engine_runs_the_real_rollout(ray_cluster, tiny_model_path,
 
     from agent_trainer.rollout import SyncMultiTurnRollout
     from envs import load_env_tags
-    from workers.build import build_engines, env_actor_class
+    from agent_trainer.workers.build import build_engines, env_actor_class
 
     cfg = _config(tiny_model_path, f"{R}name=counting")
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)

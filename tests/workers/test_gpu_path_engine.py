@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from agent_trainer.colocation import ColocatedMemory
+from agent_trainer.training.colocation import ColocatedMemory
 from agent_trainer.checks.prepare import compose_and_prepare
-from workers import build
-from workers.build import (Demand, check_device, check_placement, engine_env_vars, engine_gpus, resolve_device,
-                           resource_demands, sleep_mode_on)
-from workers.rollout import CPU_ENGINE_ENV, HFRolloutWorker, VLLMRolloutWorker, engine_args
-from workers.worker_group import PlacementError, bundle_resources
+from agent_trainer.workers import build
+from agent_trainer.workers.build import (Demand, check_device, check_placement, engine_env_vars, engine_gpus,
+                                         resolve_device, resource_demands, sleep_mode_on)
+from agent_trainer.workers.rollout import CPU_ENGINE_ENV, HFRolloutWorker, VLLMRolloutWorker, engine_args
+from agent_trainer.workers.worker_group import PlacementError, bundle_resources
 
 ENGINE = dict(dtype="float32", max_model_len=512, seed=0, kv_cache_space_gib=0.125)
 
@@ -59,7 +59,7 @@ def test_every_engine_call_survives_vllms_multiprocess_encoder():
     ``TypeError: Object of type <class 'function'> is not serializable``; method names go through."""
     from vllm.v1.serial_utils import MsgpackEncoder
 
-    from workers.vllm_ext import RolloutWorkerExtension
+    from agent_trainer.workers.vllm_ext import RolloutWorkerExtension
 
     worker = recording_worker()
     worker.generate([[1, 2, 3]], max_tokens=2, seed=7)
@@ -73,7 +73,7 @@ def test_every_engine_call_survives_vllms_multiprocess_encoder():
 
 
 def test_engines_are_created_with_the_extension_class():
-    from workers.vllm_ext import EXTENSION
+    from agent_trainer.workers.vllm_ext import EXTENSION
 
     for device in ("cpu", "cuda"):
         assert engine_args("m", device=device, **ENGINE)["worker_extension_cls"] == EXTENSION
@@ -110,7 +110,7 @@ def test_importing_the_rollout_module_sets_no_engine_environment():
     """The CPU engine's environment comes with the engine group (env_vars), not from an import that checks
     whether this process sees CUDA."""
     env = {k: v for k, v in os.environ.items() if k not in CPU_ENGINE_ENV}
-    out = subprocess.run([sys.executable, "-c", "import os, workers.rollout; "
+    out = subprocess.run([sys.executable, "-c", "import os, agent_trainer.workers.rollout; "
                           "print(os.environ.get('VLLM_ENABLE_V1_MULTIPROCESSING'))"],
                          capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "None"
@@ -255,7 +255,7 @@ class FakeActor:
 
 @pytest.fixture
 def fake_ray_get(monkeypatch):
-    import agent_trainer.colocation as colocation
+    import agent_trainer.training.colocation as colocation
 
     monkeypatch.setattr(colocation.ray, "get", lambda refs: refs)
 
@@ -305,7 +305,7 @@ def test_a_trainer_handed_sleep_mode_workers_sleeps_and_wakes_their_engines(tiny
     trainer, whose colocation puts the engines to sleep after a rollout and wakes them for the sync."""
     from transformers import AutoTokenizer
 
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
 
     cfg, tags = compose_and_prepare([f"model_path={tiny_model_path}", f"trainer.default_local_dir={tmp_path}",
                                      "actor_rollout_ref.hybrid_engine=true", "trainer.device=cuda"])
@@ -323,7 +323,7 @@ def test_a_trainer_handed_sleep_mode_workers_sleeps_and_wakes_their_engines(tiny
 
 def test_weight_sync_keys_are_refused_before_ray_starts(tiny_model_path):
     from agent_trainer.config.choices import WEIGHT_SYNC_TRANSPORTS
-    from workers.sync_transports import TRANSPORTS
+    from agent_trainer.workers.sync_transports import TRANSPORTS
 
     assert WEIGHT_SYNC_TRANSPORTS == TRANSPORTS  # the config layer's copy of the sync's choices
     with pytest.raises(SystemExit, match=r"actor_rollout_ref.rollout.weight_sync = 'nccl'"):

@@ -1,4 +1,4 @@
-"""LoRA on the actor (workers/lora.py) without Ray: only the adapter trains, the reference is the model with the
+"""LoRA on the actor (agent_trainer/workers/lora.py) without Ray: only the adapter trains, the reference is the model with the
 adapter off, the engines get the merged weights under the plain names, the checkpoint is peft's adapter folder.
 
 The sync to a real vLLM engine and a 2-rank FSDP2 group are checked in tests/workers/test_weight_sync.py (e2e) and
@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_trainer.batch import TensorBatch
+from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig, RefConfig
 from tests.workers.test_fsdp_workers import _ragged_batch
-from workers.actor import ActorWorker, ReferenceWorker
-from workers.weight_buckets import unpack_bucket
-from workers.weight_sync import iter_weight_buckets, sync_tensor_names
+from agent_trainer.workers.actor import ActorWorker, ReferenceWorker
+from agent_trainer.workers.weight_buckets import unpack_bucket
+from agent_trainer.workers.weight_sync import iter_weight_buckets, sync_tensor_names
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 
@@ -103,7 +103,7 @@ def _synced_model(worker: ActorWorker, path: str, limit: int = 64 * 1024):
 def test_a_sync_sends_the_merged_weights_under_the_plain_names(tiny_model_path):
     """The engines get exactly the names and shapes of a full-model sync, adapted weights merged: a plain model
     loaded with them gives the LoRA actor's log-probs."""
-    from workers.fsdp_base import ModelInputs, target_logits
+    from agent_trainer.workers.fsdp_base import ModelInputs, target_logits
 
     worker = _actor(tiny_model_path)
     for step in range(2):
@@ -134,8 +134,8 @@ def test_the_checkpoint_is_the_adapter_in_peft_layout_and_resumes_bit_exactly(ti
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from workers import sharded_checkpoint
-    from workers.fsdp_base import ModelInputs, target_logits
+    from agent_trainer.workers import sharded_checkpoint
+    from agent_trainer.workers.fsdp_base import ModelInputs, target_logits
 
     original = _actor(tiny_model_path)
     for step in range(2):
@@ -200,7 +200,7 @@ def test_the_decoder_layers_are_found_in_place_and_inside_a_peft_wrapper(tiny_mo
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from workers.fsdp_base import _decoder_layers
+    from agent_trainer.workers.fsdp_base import decoder_layers as _decoder_layers
 
     worker = _actor(tiny_model_path)
     assert len(_decoder_layers(worker.model)) == 2
@@ -214,7 +214,7 @@ def _peft_log_probs(base_path: str, folder, batch: TensorBatch) -> torch.Tensor:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from workers.fsdp_base import ModelInputs, target_logits
+    from agent_trainer.workers.fsdp_base import ModelInputs, target_logits
 
     peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), str(folder))
     with torch.no_grad():

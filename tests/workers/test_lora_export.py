@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-from agent_trainer import export, model_export
-from agent_trainer.batch import TensorBatch
+from agent_trainer import export
+from agent_trainer.training import model_export
+from agent_trainer.common.batch import TensorBatch
 from tests.workers.test_lora import TARGETS, _actor, _batch, _train
 
 
@@ -44,7 +45,7 @@ def trained(tiny_model_path, tmp_path_factory):
 
 
 def _log_probs(model, batch: TensorBatch) -> torch.Tensor:
-    from workers.fsdp_base import ModelInputs, target_logits
+    from agent_trainer.workers.fsdp_base import ModelInputs, target_logits
 
     with torch.no_grad():
         return target_logits(model.eval(), ModelInputs(batch["input_ids"], batch["attention_mask"],

@@ -1,4 +1,4 @@
-"""The bucketed weight sync (workers/weight_sync.py, workers/vllm_ext.py).
+"""The bucketed weight sync (agent_trainer/workers/weight_sync.py, agent_trainer/workers/vllm_ext.py).
 
 Without Ray: buckets (size limit, every weight exactly once, the engine's dtype) on a plain and an FSDP2 model,
 the transport choice, and the engine calls through vLLM's msgpack encoder (what its multiprocess client sends).
@@ -15,9 +15,9 @@ from datetime import timedelta
 import pytest
 import torch
 
-from workers.sync_transports import resolve_transport
-from workers.weight_buckets import ALIGN, bucket_nbytes, unpack_bucket
-from workers.weight_sync import SyncPlan, iter_weight_buckets, sync_tensor_names
+from agent_trainer.workers.sync_transports import resolve_transport
+from agent_trainer.workers.weight_buckets import ALIGN, bucket_nbytes, unpack_bucket
+from agent_trainer.workers.weight_sync import SyncPlan, iter_weight_buckets, sync_tensor_names
 
 
 def _model(path: str):
@@ -82,7 +82,7 @@ def test_fsdp2_buckets_equal_the_plain_model_and_other_ranks_get_none(tiny_model
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from workers.fsdp_base import _decoder_layers
+    from agent_trainer.workers.fsdp_base import decoder_layers as _decoder_layers
 
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timedelta(seconds=60))
@@ -140,8 +140,8 @@ def test_engine_calls_encode_with_vllms_msgpack_encoder(tiny_model_path):
     import numpy as np
     from vllm.v1.worker.gpu_worker import Worker
 
-    from workers.engines.vllm import VLLMEngine
-    from workers.vllm_ext import RolloutWorkerExtension
+    from agent_trainer.workers.engines.vllm import VLLMEngine
+    from agent_trainer.workers.vllm_ext import RolloutWorkerExtension
 
     model = _model(tiny_model_path)
     bucket = next(iter_weight_buckets(model, True, 2**30))
@@ -168,12 +168,12 @@ def test_engine_calls_encode_with_vllms_msgpack_encoder(tiny_model_path):
 
 
 def test_the_trainers_share_one_sync(monkeypatch):
-    """RL and SFT call the one ``workers.weight_sync.sync_weights`` (no copy of the sync in either trainer)."""
-    import workers.weight_sync as weight_sync
+    """RL and SFT call the one ``agent_trainer.workers.weight_sync.sync_weights`` (no copy of the sync in either trainer)."""
+    import agent_trainer.workers.weight_sync as weight_sync
     from agent_trainer.config import AgentTrainerConfig
-    from agent_trainer.overlap import PolicyVersions
+    from agent_trainer.rollout.overlap import PolicyVersions
     from agent_trainer.sft import SFTTrainer
-    from agent_trainer.trainer import AgentTrainer
+    from agent_trainer.training.trainer import AgentTrainer
 
     calls = []
     monkeypatch.setattr(weight_sync, "sync_weights", lambda group, engines, plan: calls.append((group, engines, plan))
@@ -220,7 +220,7 @@ def _engine_vs_actor(actor_wg, engine) -> float:
     ``actor/rollout_vs_actor_logprob_diff``)."""
     import ray
 
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
 
     engine_lp = ray.get(engine.prompt_logprobs.remote(SEQS))
     ids = torch.zeros(len(SEQS), max(map(len, SEQS)), dtype=torch.long)
@@ -240,9 +240,9 @@ def stack(tiny_model_path, tmp_path_factory, ray_cluster):
     import ray
 
     from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig
-    from workers.actor import ActorWorker
-    from workers.rollout import VLLMRolloutWorker
-    from workers.worker_group import WorkerGroup
+    from agent_trainer.workers.actor import ActorWorker
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
+    from agent_trainer.workers.worker_group import WorkerGroup
 
     perturbed = _perturbed_copy(tiny_model_path, tmp_path_factory.mktemp("perturbed") / "tiny")
     actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
@@ -271,7 +271,7 @@ def _reset_engine(engine, disk) -> None:
 @pytest.mark.e2e
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_after_a_sync_the_engines_logprobs_equal_the_actors(stack, transport):
-    from workers.weight_sync import sync_weights
+    from agent_trainer.workers.weight_sync import sync_weights
 
     actor_wg, engine, disk = stack
     _reset_engine(engine, disk)
@@ -293,7 +293,7 @@ def test_after_a_sync_the_engines_logprobs_equal_the_actors(stack, transport):
 def test_the_collective_group_is_reused_and_a_restarted_engine_rejoins_a_fresh_one(stack):
     import ray
 
-    from workers.weight_sync import sync_weights
+    from agent_trainer.workers.weight_sync import sync_weights
 
     actor_wg, engine, disk = stack
     plan = SyncPlan("collective", 0.25, False, 120.0)
@@ -313,8 +313,8 @@ def test_both_transports_through_vllms_multiprocess_client(stack, tiny_model_pat
     engine-core process, whose worker joins the gloo group itself."""
     import ray
 
-    from workers.rollout import VLLMRolloutWorker
-    from workers.weight_sync import sync_weights
+    from agent_trainer.workers.rollout import VLLMRolloutWorker
+    from agent_trainer.workers.weight_sync import sync_weights
 
     actor_wg, _, disk = stack
     perturbed = _perturbed_copy(tiny_model_path, tmp_path_factory.mktemp("perturbed_mp") / "tiny")
@@ -334,10 +334,10 @@ def test_both_transports_through_vllms_multiprocess_client(stack, tiny_model_pat
 @pytest.fixture(scope="module")
 def lora_actor(tiny_model_path, stack):
     """A 2-rank FSDP2 actor training a LoRA adapter (two updates, so the adapter is not zero), beside ``stack``."""
-    from agent_trainer.batch import TensorBatch
+    from agent_trainer.common.batch import TensorBatch
     from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig, OptimConfig
-    from workers.actor import ActorWorker
-    from workers.worker_group import WorkerGroup
+    from agent_trainer.workers.actor import ActorWorker
+    from agent_trainer.workers.worker_group import WorkerGroup
 
     actor = ActorConfig(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, optim=OptimConfig(lr=5e-2),
                         grad_clip=1e9, fsdp=FSDPConfig(world_size=2, num_cpus_per_rank=0.25))
@@ -364,7 +364,7 @@ def lora_actor(tiny_model_path, stack):
 def test_after_a_lora_sync_the_engines_logprobs_equal_the_lora_actors(stack, lora_actor, transport):
     """Merge-on-sync: the engine gets W + (alpha/r) B A under the plain names, the same tensors in number and size
     as a full sync, and then scores as the LoRA actor does (as closely as after a full sync)."""
-    from workers.weight_sync import sync_weights
+    from agent_trainer.workers.weight_sync import sync_weights
 
     base_actor, engine, disk = stack
     _reset_engine(engine, disk)

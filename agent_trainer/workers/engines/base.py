@@ -1,6 +1,6 @@
 """The rollout-engine interface: what the rollout, the weight sync and the trainer call on an engine.
 
-An engine is a plain class (``ray.remote`` is applied where the engine group is built, ``workers.build``) that
+An engine is a plain class (``ray.remote`` is applied where the engine group is built, ``agent_trainer.workers.build``) that
 turns prompt token ids into sampled token ids and their raw logprobs. :class:`RolloutEngine` holds
 
 - the calls every engine answers: ``generate``, ``prompt_logprobs``, ``update_weights``, ``sleep`` / ``wake_up``,
@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import torch
 
-from workers.sync_transports import join_weight_group, node_ip, rebuild_ipc_tensor, receive_bucket
-from workers.weight_buckets import _aligned, _Packer, bytes_as_tensor, dtype_name, unpack_bucket
+from agent_trainer.workers.sync_transports import join_weight_group, node_ip, rebuild_ipc_tensor, receive_bucket
+from agent_trainer.workers.weight_buckets import _aligned, _Packer, bytes_as_tensor, dtype_name, unpack_bucket
 
 DEVICES = ("cpu", "cuda")
 FINISH_STOP, FINISH_LENGTH = "stop", "length"
@@ -119,7 +119,7 @@ def checkpoint_parameters(model_path: str) -> int | None:
 def _check_device(device: str, enable_sleep_mode: bool) -> None:
     """An engine's device is cpu or cuda; sleep mode needs a GPU (vLLM has none on CPU: refused, not ignored)."""
     if device not in DEVICES:
-        raise ValueError(f"rollout engine device = {device!r} must be one of {DEVICES} (workers.build.resolve_device "
+        raise ValueError(f"rollout engine device = {device!r} must be one of {DEVICES} (agent_trainer.workers.build.resolve_device "
                          "turns trainer.device=auto into one of them)")
     if enable_sleep_mode and device != "cuda":
         raise ValueError("enable_sleep_mode needs a GPU engine (vLLM has no sleep mode on CPU); "
@@ -170,7 +170,7 @@ class RolloutEngine:
 
     @classmethod
     def init_kwargs(cls, cfg, *, device: str, enable_sleep_mode: bool) -> dict[str, Any]:
-        """The constructor's keyword arguments for a run (``workers.build.build_engines``): the model, the
+        """The constructor's keyword arguments for a run (``agent_trainer.workers.build.build_engines``): the model, the
         resolved device, dtype, context length, seed and sleep mode. An engine that reads more extends them."""
         r = cfg.actor_rollout_ref.rollout
         return {

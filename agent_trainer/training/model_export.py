@@ -10,9 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from agent_trainer.worker_registry import worker_api
-
-sharded_checkpoint = worker_api("sharded_checkpoint")
+from agent_trainer.workers import sharded_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
@@ -124,7 +122,7 @@ def base_model_path(src: Path, model: dict | None, base: Path | None) -> Path:
 def adapter_folder(src: Path, model: dict | None, base: Path, tmp: Path) -> Path:
     """peft's adapter folder of the part folder ``src``: ``src`` itself when the run saved it
     (``trainer.save_hf_model``), else written from the shards into ``tmp`` with the run's lora keys."""
-    lora = worker_api("lora")
+    from agent_trainer.workers import lora  # peft's adapter format
     if (src / lora.ADAPTER_CONFIG).is_file() and (src / lora.ADAPTER_WEIGHTS).is_file():
         return src
     if model is None:

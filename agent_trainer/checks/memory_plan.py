@@ -99,19 +99,17 @@ def build_meta_model(model_config: Any, role: str):
 
 
 def decoder_layers(model) -> list:
-    """The units agent_trainer/workers/fsdp_base.py shards one by one (its ``decoder_layers``, else the usual
-    places)."""
-    try:
-        from agent_trainer.workers import fsdp_base  # FSDP and transformers, loaded on use
-
-        return list(fsdp_base.decoder_layers(model))
-    except (ImportError, ValueError):
-        for attr in ("model", "transformer"):
-            base = getattr(model, attr, None)
+    """The transformer blocks of a Hugging Face causal LM / token classifier (inside a ``peft.PeftModel`` too): the
+    units ``agent_trainer/workers/fsdp_base.py`` shards one by one, and this plan counts."""
+    if hasattr(model, "get_base_model"):  # peft's wrapper: PeftModel -> LoraModel -> the HF model
+        model = model.get_base_model()
+    for attr in ("model", "transformer"):
+        base = getattr(model, attr, None)
+        if base is not None:
             layers = getattr(base, "layers", None) or getattr(base, "h", None)
             if layers is not None:
                 return list(layers)
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}") from None
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
 
 
 def hand_count(model, world_size: int) -> int:

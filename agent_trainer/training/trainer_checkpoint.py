@@ -1,6 +1,6 @@
 """The RL trainer's checkpoint of a step: what ``AgentTrainer`` saves into ``global_step_N/`` and restores from it.
 
-``agent_trainer.checkpoint`` holds the folder's format (``trainer_state.json``, the atomic save, the
+``agent_trainer.common.checkpoint`` holds the folder's format (``trainer_state.json``, the atomic save, the
 ``latest_checkpointed_iteration.txt`` pointer, pruning, the resume decision); this module fills one folder from a
 running trainer and reads one back into it:
 
@@ -10,7 +10,7 @@ running trainer and reads one back into it:
 * the driver's state (``checkpoint.TrainerState``): the step, each split's env reset counter, the adaptive KL
   coefficient, the RNG states, and the step's metrics (a resume re-logs them if the run died before logging).
 
-``trainer``: an ``agent_trainer.trainer.AgentTrainer`` (its worker groups, rollouts, prefetch buffer, KL
+``trainer``: an ``agent_trainer.training.trainer.AgentTrainer`` (its worker groups, rollouts, prefetch buffer, KL
 controller, policy versions and tracking).
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 
-from agent_trainer import checkpoint
+from agent_trainer.common import checkpoint
 from agent_trainer.config.splits import Split
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def save(trainer: Any, metrics: dict[str, float] | None = None) -> Path:
     Actor and critic ranks write their shards concurrently into a temporary folder (and,
     with ``trainer.save_hf_model``, rank 0 of each the HF weights); the driver adds the
     tokenizer, the resolved config and ``trainer_state.json``, then renames the folder into
-    place and updates ``latest_checkpointed_iteration.txt`` (``agent_trainer.checkpoint``).
+    place and updates ``latest_checkpointed_iteration.txt`` (``agent_trainer.common.checkpoint``).
     ``metrics`` (this step's) are kept so a resume can re-log them if the run died before logging.
     """
     from omegaconf import OmegaConf
