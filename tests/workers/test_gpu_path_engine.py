@@ -312,8 +312,8 @@ def test_a_trainer_handed_sleep_mode_workers_sleeps_and_wakes_their_engines(tiny
     trainer = AgentTrainer(cfg, AutoTokenizer.from_pretrained(tiny_model_path), tags, build_workers=build.build_workers)
     assert not trainer.memory.active  # no worker yet
     log = Log()
-    trainer.take_workers(build.Workers(actor=FakeActor(log), critic=None, ref=None, engines=[FakeEngine(log, 0)],
-                                       engine_group=None, env_worker_cls=None, device="cuda",
+    trainer.take_workers(build.Workers(actor=FakeActor(log), sync_plan=build.sync_plan(cfg),
+                                       engines=[FakeEngine(log, 0)], device="cuda",
                                        sleep_mode=sleep_mode_on(cfg, "cuda"), actor_offload=build.actor_offloads(cfg)))
     assert trainer.memory.active and trainer.engines == trainer.memory.engines
     trainer.memory.to_training()  # train_step, after the rollout

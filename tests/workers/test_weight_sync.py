@@ -168,24 +168,28 @@ def test_engine_calls_encode_with_vllms_msgpack_encoder(tiny_model_path):
 
 
 def test_the_trainers_share_one_sync(monkeypatch):
-    """RL and SFT call the one ``agent_trainer.workers.weight_sync.sync_weights`` (no copy of the sync in either trainer)."""
+    """RL and SFT call their workers' sync (``Workers.sync_weights``), the one
+    ``agent_trainer.workers.weight_sync.sync_weights`` with the plan the builder made of the run's config (no copy of
+    the sync in either trainer)."""
     import agent_trainer.workers.weight_sync as weight_sync
     from agent_trainer.config import AgentTrainerConfig
     from agent_trainer.rollout.overlap import PolicyVersions
     from agent_trainer.sft import SFTTrainer
     from agent_trainer.training.trainer import AgentTrainer
+    from agent_trainer.workers.build import Workers
 
     calls = []
-    monkeypatch.setattr(weight_sync, "sync_weights", lambda group, engines, plan: calls.append((group, engines, plan))
-                        or 1.5)
+    monkeypatch.setattr(weight_sync, "sync_weights",
+                        lambda group, engines, plan, on_stats=None: calls.append((group, engines, plan)) or 1.5)
     cfg = AgentTrainerConfig()
     cfg.actor_rollout_ref.rollout.weight_sync = "collective"
     cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes = 8
+    workers = Workers(actor="actor", sync_plan=weight_sync.sync_plan(cfg), engines=["engine"])
     rl = AgentTrainer.__new__(AgentTrainer)
-    rl.cfg, rl.actor_wg, rl.engines, rl.versions = cfg, "actor", ["engine"], PolicyVersions(actor=3)
+    rl.cfg, rl.workers, rl.versions = cfg, workers, PolicyVersions(actor=3)
     rl.versions.engines = 2
     sft = SFTTrainer.__new__(SFTTrainer)
-    sft.__dict__.update(rl=cfg, actor_wg="actor", engines=["engine"])
+    sft.workers = workers
     assert rl.sync_weights() == 1.5 and sft.sync_weights() == 1.5
     assert rl.versions.engines == 3  # the RL sync bumps the engines' policy version to the actor's
     expected = ("actor", ["engine"], SyncPlan("collective", 8.0, False, cfg.trainer.collective_timeout_s))
