@@ -42,8 +42,6 @@ logger = logging.getLogger(__name__)
 
 RESERVED_NAMES = ("move", "act")
 """The tools the agent derives from the env's actions (``agents.tool_call.env_tools``): no MCP tool may take them."""
-MAX_ARGUMENT_CHARS = 2000
-"""Arguments longer than this (as JSON) are not sent (the reply is a format error, ``tool_call.MAX_CALL_CHARS``)."""
 
 
 @dataclass
@@ -204,6 +202,7 @@ class McpToolServer:
         """Open the client and hold it until ``stop`` (the SDK's transports must be entered and left in one task)."""
         from mcp import Client
 
+        client = None
         try:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(Client(await self._transport(stack), cache=None))
@@ -214,7 +213,8 @@ class McpToolServer:
             if not ready.done():
                 ready.set_result(ServiceError(_reason(err)))
         finally:
-            self._client = None
+            if self._client is client:  # not a newer connection's
+                self._client = None
 
     async def _transport(self, stack: AsyncExitStack):
         from mcp.client.stdio import StdioServerParameters, stdio_client

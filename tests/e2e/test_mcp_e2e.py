@@ -93,7 +93,8 @@ def test_an_mcp_server_serves_the_tool_agent_and_its_calls_are_in_the_trajectori
             ("calc", "add", {"a": 2, "b": 3}, "5.0", "") and t["actions"] == [] and t["reward"] == 0
     second = [t for t in turns(run) if t["turn"] == 2]
     assert second and all("<tool_response>\nadd: 5.0\n</tool_response>" in t["prompt"] for t in second)
-    assert "tool calc.add" in (run / "trajectories" / "viewer.html").read_text()  # the viewer shows the call
+    viewer = (run / "trajectories" / "viewer.html").read_text()  # its data holds the calls, its script shows them
+    assert '"tool_calls": [{"server": "calc", "name": "add"' in viewer and '"tool " + c.server' in viewer
     assert KEY not in log.read_text()
     assert not [p for p in run.rglob("*") if p.is_file() and KEY in p.read_text(errors="replace")]
 
