@@ -227,3 +227,19 @@ def test_the_run_refuses_a_server_down_at_start_up_before_ray(tiny_model_path, t
     lines = [ln for ln in out.stderr.splitlines() if "agent_proxy.mcp_servers[0]" in ln]
     assert len(lines) == 1 and f"url http://127.0.0.1:{port}/mcp" in lines[0], out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1] == lines[0]  # the run's last word: before any worker or Ray
+
+
+def test_the_viewer_shows_each_call_under_its_reply(calculator, tokenizer, tmp_path):
+    from agent_trainer.trajectories import read_records, write_step
+    from tests.agent_trainer.test_viewer import headless
+
+    agent = ToolCallAgent(tokenizer, toolbox=calculator, max_model_len=4096)
+    manager = EnvStateManager(load_env_tags(), [EpisodeSpec(env_id=0, group_id=0, tag="FrozenLake3x3")])
+    played = play(tokenizer, agent, manager, {0: 11}, {0: [call("divide", a=1, b=0), call("add", a=2, b=3)]}, 2)
+    batch = agent.build_update_batch(list(played.episodes.values()))
+    path = write_step(tmp_path, 1, "train", manager.get_rollout_states(), batch, tokenizer, per_tag=1)
+    (record,) = read_records(path.parent)
+    assert [t.tool_calls[0]["name"] for t in record.turns] == ["divide", "add"]
+    dom = headless("--dump-dom", (path.parent / "viewer.html").as_uri()).replace("&quot;", '"')
+    assert 'tool calc.divide({"a":1,"b":0})' in dom and "error: Error executing tool divide: division by zero" in dom
+    assert 'tool calc.add({"a":2,"b":3})' in dom and "result: 5.0" in dom
