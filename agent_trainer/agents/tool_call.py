@@ -43,6 +43,8 @@ DIRECTIONS = ("Up", "Down", "Left", "Right")
 MAX_CALL_CHARS = 2000
 """A tool call longer than this is refused unparsed (no valid call of these tools is that long)."""
 TOOL_FORMAT = ("Act by calling exactly one tool: <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.")
+TOOL_CALL_TAG = "tool_call"
+"""A call is written inside ``<tool_call>...</tool_call>`` (Qwen2.5's chat template names this tag)."""
 MCP_TOOL_FORMAT = ("Call tools as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; their answers come "
                    "back before your next turn. Act in the environment with its tool (ENV_TOOL).")
 
@@ -55,6 +57,11 @@ def function_tool(name: str, description: str, parameter: str, choices: list[str
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": {parameter: spec}, "required": [parameter]}}}
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    """A call of tool ``name`` as the policy writes it and :func:`parse_tool_calls` reads it (demonstrations)."""
+    return f"<{TOOL_CALL_TAG}>{json.dumps({'name': name, 'arguments': arguments})}</{TOOL_CALL_TAG}>"
 
 
 def env_tools(instruction: str) -> list[dict]:
@@ -84,7 +91,7 @@ def parse_tool_calls(text: str, tools: list[dict], external: set[str] | frozense
     ``external`` (an MCP tool; its arguments a JSON object, checked by its server) is a call to make; any bad call
     makes the turn a format error."""
     specs = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    blocks = _blocks(text, "tool_call") if isinstance(text, str) else []
+    blocks = _blocks(text, TOOL_CALL_TAG) if isinstance(text, str) else []
     if not blocks:
         return ToolCall(error="no <tool_call> block")
     out = ToolCall()
@@ -175,10 +182,14 @@ class ToolCallAgent(ContextManager):
         tools = own + (self.toolbox.tools if self.toolbox else [])
         ctx = ToolEpisode(env_id=out.env_id, group_id=out.group_id, tag=out.tag, anchor=anchor_id(out.observation),
                           tools=tools)
-        user = "\n".join(p for p in (out.instruction.strip(), f"Observation:\n{out.observation.strip()}",
-                                     self._reply_format(own[0]["function"]["name"])) if p)
-        ctx.extend(self._chat_prompt_ids(user, tools=tools), generated=False)
+        ctx.extend(self._chat_prompt_ids(self.first_user_message(out, own), tools=tools), generated=False)
         return ctx
+
+    def first_user_message(self, out: EnvOutput, own: list[dict]) -> str:
+        """The first prompt's user message: the instruction, the first observation and the reply format (``own``:
+        the env's tools)."""
+        return "\n".join(p for p in (out.instruction.strip(), f"Observation:\n{out.observation.strip()}",
+                                     self._reply_format(own[0]["function"]["name"])) if p)
 
     def _parse_reply(self, ctx: EpisodeStatus, token_ids: list[int]) -> tuple[EnvInput, prompts.ParsedResponse]:
         """The reply's tool calls: env actions, and MCP tools called now; none (a format error) when any call is

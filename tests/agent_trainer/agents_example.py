@@ -2,14 +2,11 @@
 
 ``CountingAgent`` is a well-behaved custom agent: the default layout, with its own first prompt and a
 counter of the replies it parsed. Two others break the batch contract on purpose; the framework
-must reject them. ``ScriptedFirstCallAgent`` makes the tool-calling agent call an MCP tool on the tiny model.
+must reject them.
 """
 
 from __future__ import annotations
 
-import json
-
-from agent_trainer.agents.tool_call import ToolCallAgent
 from agent_trainer.ctx_manager import ContextManager, EpisodeContext
 from agent_trainer.es_manager import EnvInput, EnvOutput
 
@@ -52,20 +49,3 @@ class RetokenizingAgent(ContextManager):
 
 class NotAnAgent:
     """Has the methods but not the base class."""
-
-
-class ScriptedFirstCallAgent(ToolCallAgent):
-    """The tool-calling agent whose first reply of every episode is read as a call of an MCP tool its servers offer
-    (``add`` or ``lookup``, fixed arguments), whatever the model wrote: the tiny model was warmed up on ``<answer>``
-    replies and never writes a tool call. The trained ids stay the engine's (the contract holds); the servers, the
-    calls and their records are real, and the later turns parse the model's own replies (tests/e2e/test_mcp_e2e.py).
-    """
-
-    ARGUMENTS = {"add": {"a": 2, "b": 3}, "lookup": {"key": "ice"}}
-
-    def _parse_reply(self, ctx, token_ids):
-        if ctx.num_turns == 1 and self.toolbox is not None:
-            name = next(n for n in self.ARGUMENTS if n in self.toolbox.names)
-            text = f"<tool_call>{json.dumps({'name': name, 'arguments': self.ARGUMENTS[name]})}</tool_call>"
-            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return super()._parse_reply(ctx, token_ids)
