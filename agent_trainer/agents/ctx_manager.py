@@ -243,7 +243,7 @@ class ContextManager(Agent):
             ctx.done = True
             return
         ctx.anchor = anchor_id(out.observation)
-        ids = self._observation_ids(self._next_message(out))
+        ids = self._observation_ids(self._turn_messages(ctx, out))
         if len(ctx.token_ids) + len(ids) + response_length > self.max_model_len:
             ctx.done = ctx.truncated = ctx.context_overflow = True
             return
@@ -252,6 +252,11 @@ class ContextManager(Agent):
     def _next_message(self, out: EnvOutput) -> dict:
         """The chat message that shows the policy a step's reward and the next observation."""
         return {"role": "user", "content": prompts.next_user_message(out.observation, out.reward, self.enable_think)}
+
+    def _turn_messages(self, ctx: EpisodeContext, out: EnvOutput) -> list[dict]:
+        """The messages appended after a turn's reply: :meth:`_next_message` (the tool-calling agent puts its
+        tools' answers first)."""
+        return [self._next_message(out)]
 
     # -- batch ---------------------------------------------------------------------------
     def build_update_batch(self, episodes: list[EpisodeContext], uid_offset: int = 0) -> TensorBatch:
@@ -286,15 +291,18 @@ class ContextManager(Agent):
 
     _BASE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 
-    def _observation_ids(self, message: dict | str) -> list[int]:
-        """Ids the chat template puts after an assistant's eos for a new message plus the next header.
+    def _observation_ids(self, message: dict | str | list[dict]) -> list[int]:
+        """Ids the chat template puts after an assistant's eos for new messages plus the next header.
 
-        ``message`` is a chat message (``{"role": "tool", "content": ...}``) or a user message's text.
-        Each distinct message is rendered once (:meth:`_render_observation`) and then read from a cache.
+        ``message`` is a chat message (``{"role": "tool", "content": ...}``), a user message's text, or a list of
+        messages. Each distinct message (list) is rendered once (:meth:`_render_observation`) and then read from a
+        cache.
         """
         if isinstance(message, str):
             message = {"role": "user", "content": message}
-        return self._cached_ids(json.dumps(message, sort_keys=True), lambda: self._render_observation(message))
+        messages = [message] if isinstance(message, dict) else list(message)
+        key = json.dumps(messages[0] if len(messages) == 1 else messages, sort_keys=True)
+        return self._cached_ids(key, lambda: self._render_observation(messages))
 
     def _cached_ids(self, key: str, render: Callable[[], list[int]]) -> list[int]:
         """``render()`` once per ``key`` (see ``_observation_cache``); the caller gets its own list."""
@@ -304,11 +312,12 @@ class ContextManager(Agent):
             self._observation_cache[key] = tuple(render())
         return list(self._observation_cache[key])
 
-    def _render_observation(self, message: dict) -> list[int]:
-        """Found by rendering a conversation with and without the new message (templates differ: ChatML puts
+    def _render_observation(self, messages: dict | list[dict]) -> list[int]:
+        """Found by rendering a conversation with and without the new message(s) (templates differ: ChatML puts
         a newline after the eos), so no template is assumed."""
+        messages = [messages] if isinstance(messages, dict) else messages
         base = self._render(self._BASE, add_generation_prompt=False)
-        full = self._render(self._BASE + [dict(message, content=safe_text(message["content"]))],
+        full = self._render(self._BASE + [dict(m, content=safe_text(m["content"])) for m in messages],
                             add_generation_prompt=True)
         eos_text = self.tokenizer.decode([self.eos_token_id])
         cut = base.rfind(eos_text) + len(eos_text)

@@ -19,6 +19,7 @@ from agent_trainer.config.schema import (
     GatewayConfig,
     GiGPOConfig,
     KLCtrlConfig,
+    McpServerConfig,
     RewardNormalizationConfig,
     RolloutCorrectionConfig,
     TrainerConfig,
@@ -42,7 +43,8 @@ from agent_trainer.config.workers import (
 __all__ = [
     "POLICY_LOSS_DEFAULTS", "ActorConfig", "ActorRolloutRefConfig", "AgentProxyConfig", "AgentTrainerConfig",
     "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "DistillConfig", "EvalConfig", "FSDPConfig", "GatewayConfig", "GiGPOConfig", "KLCtrlConfig",
-    "ModelConfig", "OptimConfig", "RefConfig", "RewardNormalizationConfig", "RolloutConfig", "RolloutCorrectionConfig",
-    "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n", "split_config", "merge_config",
+    "McpServerConfig", "ModelConfig", "OptimConfig", "RefConfig", "RewardNormalizationConfig", "RolloutConfig",
+    "RolloutCorrectionConfig", "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n",
+    "split_config", "merge_config",
     "merge_onto_schema", "sft_schema",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 from pathlib import Path
 
 from agent_trainer.config import envs, multiturn, rewards, schema, sft, workers
@@ -62,6 +63,9 @@ def render() -> str:
                 continue
             doc = docs.get((type(defaults).__name__, f.name), "").replace("|", "\\|")  # a bare | would end the cell
             rows.append(f"| `{f.name}` | `{value!r}` | {doc} |")
+            element = typing.get_args(typing.get_type_hints(type(defaults)).get(f.name))
+            if len(element) == 1 and dataclasses.is_dataclass(element[0]):  # a list of sections: an item's keys
+                nested.append((f"{prefix}.{f.name}[]" if prefix else f"{f.name}[]", element[0]()))
         if rows:
             lines.extend([f"## `{prefix or '(top level)'}`", "", "| key | default | meaning |", "| --- | --- | --- |",
                           *rows, ""])

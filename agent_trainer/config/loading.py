@@ -6,11 +6,12 @@ No validation of values here: :mod:`agent_trainer.checks` runs every check on th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agent_trainer.config import compat, errors
@@ -80,3 +81,12 @@ def _check_keys(raw: Mapping, node: DictConfig, root: DictConfig, prefix: str) -
         child = node._get_node(key)
         if isinstance(child, DictConfig) and isinstance(value, Mapping):
             _check_keys(value, child, root, path)
+        element = getattr(getattr(child, "_metadata", None), "element_type", None)
+        if isinstance(child, ListConfig) and dataclasses.is_dataclass(element) and isinstance(value, list):
+            for i, item in enumerate(value):  # a list of sections (agent_proxy.mcp_servers): each item's keys
+                if isinstance(item, Mapping):
+                    unknown = next((k for k in item if k not in {f.name for f in dataclasses.fields(element)}), None)
+                    if unknown is not None:
+                        raise ValueError(f"{path}[{i}].{unknown} is not a config key (got {unknown}="
+                                         f"{errors.hydra_literal(item[unknown])}); the keys of an item of {path} are "
+                                         f"{[f.name for f in dataclasses.fields(element)]}")

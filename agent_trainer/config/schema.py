@@ -195,6 +195,35 @@ class GatewayConfig:
 
 
 @dataclass
+class McpServerConfig:
+    """One MCP server whose tools the tool-calling agent (agent_cls=tool_call) offers the policy beside the env's
+    actions (docs/agents.md, "MCP tools"). Set exactly one of command (stdio) and url (streamable HTTP)."""
+
+    name: str = ""
+    """The server's name in messages and tool-call records (required, unique among agent_proxy.mcp_servers)."""
+    command: list[str] = field(default_factory=list)
+    """stdio: the command line that starts the server (the run starts it and talks MCP over its stdin/stdout),
+    e.g. [python, examples/mcp/calculator_server.py]; python (or python3) first is the run's own interpreter."""
+    url: str | None = None
+    """streamable HTTP: the server's endpoint, e.g. http://127.0.0.1:8765/mcp."""
+    api_key_env: str | None = None
+    """HTTP: the name of an environment variable (on the driver) holding the key sent as Authorization: Bearer;
+    null: no key. The key itself is never in the config, a log or a checkpoint."""
+    env_vars: list[str] = field(default_factory=list)
+    """stdio: names of the driver's environment variables passed to the server (the SDK passes only HOME, PATH and
+    a few others)."""
+    tools: list[str] | None = None
+    """The server's tools offered to the policy; null: every tool it lists."""
+    connect_timeout_s: float = 20.0
+    """How long starting or reaching the server and listing its tools may take."""
+    call_timeout_s: float = 30.0
+    """How long one tool call may take; a server that does not answer in time ends the episode as a service failure
+    (rollout/service_failures, left out of training) and is reconnected for the next call."""
+    max_result_chars: int = 2000
+    """A tool result longer than this is cut (the policy reads it as a tool message)."""
+
+
+@dataclass
 class AgentProxyConfig:
     """The multi-turn loop."""
 
@@ -211,6 +240,10 @@ class AgentProxyConfig:
     manager of ctx_manager.mode; a registered name (full, condensed, tool_call: JSON tool calls in the chat
     template's tool format) or an import path package.module.ClassName of an agent_trainer.agents.base.Agent
     subclass whose layout matches ctx_manager.mode. See docs/agents.md."""
+    mcp_servers: list[McpServerConfig] = field(default_factory=list)
+    """MCP servers whose tools the tool-calling agent (agent_cls=tool_call) offers besides the env's actions, e.g.
+    [{name: calc, command: [python, examples/mcp/calculator_server.py]}]; each must answer at start-up. See
+    docs/agents.md, "MCP tools"."""
     reward_normalization: RewardNormalizationConfig = field(default_factory=RewardNormalizationConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
 

@@ -19,6 +19,9 @@ Semantics (RAGEN's es_manager):
   ``max_actions_per_traj``; reaching the cap ends the episode. A turn with a
   missing or invalid action adds ``format_penalty`` (once) to its reward and
   to the episode's ``penalty``.
+- A turn the tool-calling agent spent on MCP tools (``EnvInput.tool_calls`` without an action) does not step
+  the env and has no penalty; the calls are recorded in the turn (``EnvTurn.tool_calls``). A tool server that
+  failed (``EnvInput.service_error``) ends the episode as a service failure, as below.
 - An exception raised by an environment ends that episode with
   ``info["error"]`` and the ``error`` metric; it never reaches the caller. A
   :class:`~envs.base.ServiceError` (the env's service failed, not the env) also sets
@@ -99,6 +102,11 @@ class EnvInput:
     llm_response: str
     actions: list[str]
     """Parsed from <answer>...</answer>; empty means missing or unparsable."""
+    tool_calls: list[dict] = field(default_factory=list)
+    """The agent's calls of MCP tools this turn (``agents.mcp_tools.ToolCallRecord`` as dicts), recorded in the
+    turn. A turn with tool calls and no action is a tool turn: the env does not step and charges no penalty."""
+    service_error: str | None = None
+    """A tool server failed this turn (``agents.mcp_tools``): the episode ends as a service failure, no action runs."""
 
 
 @dataclass
@@ -128,6 +136,8 @@ class EnvTurn:
     """The turn's reward, the format penalty included."""
     info: dict
     """The env's info of the turn (action_is_valid, action_is_effective, num_actions, truncated, ...)."""
+    tool_calls: list[dict] = field(default_factory=list)
+    """The MCP tool calls of the turn's reply (``EnvInput.tool_calls``): name, arguments, result or error, latency."""
 
 
 @dataclass
@@ -259,6 +269,13 @@ class EnvStateManager:
         actions = [a for a in (inp.actions or []) if isinstance(a, str)]
         if ep.done:  # stepping a finished episode is a no-op
             return self._output(ep, 0.0, dict(ep.last_info, action_is_valid=False, action_is_effective=False))
+        tool_calls = list(inp.tool_calls or [])
+        if inp.service_error or (tool_calls and not actions):  # a tool server failed, or a turn spent on tools
+            info = self._fail(ep, ServiceError(inp.service_error)) if inp.service_error else \
+                {"tool_turn": True, "action_is_valid": True, "action_is_effective": False, "num_actions": 0}
+            ep.history.append(EnvTurn(observation=obs_before, llm_response=inp.llm_response, actions=[], reward=0.0,
+                                      info=dict(info), tool_calls=tool_calls))
+            return self._output(ep, 0.0, info)
         budget = ep.tag_cfg.max_actions_per_traj - ep.num_actions
         to_run = actions[: min(self.max_actions_per_turn, budget)]
         reward, executed, infos = 0.0, [], []
@@ -296,7 +313,7 @@ class EnvStateManager:
         if ep.truncated:
             turn_info["truncated"] = True
         ep.history.append(EnvTurn(observation=obs_before, llm_response=inp.llm_response, actions=executed,
-                                  reward=reward, info=turn_info))
+                                  reward=reward, info=turn_info, tool_calls=tool_calls))
         return self._output(ep, reward, turn_info)
 
     def _observation(self, obs, method: str) -> str:

@@ -56,6 +56,9 @@ class TurnRecord:
     """The reply's number (1-based; a gateway agent's chat completion); 0: an env step without a reply of its own."""
     step: int = 0
     """The env step's number (1-based); 0: a reply that led to no env step (a gateway agent that asked again)."""
+    tool_calls: list[dict] = field(default_factory=list)
+    """The reply's MCP tool calls (``EnvTurn.tool_calls``): server, name, arguments, result or error, latency_s,
+    service_failure."""
 
 
 @dataclass
@@ -178,7 +181,7 @@ def _turn(state: EpisodeState, led_to: list[int], k: int | None, call: int) -> T
     turn = history[k]
     return TurnRecord(turn=0, observation=str(turn.observation), prompt="", reply=str(turn.llm_response),
                       actions=[str(a) for a in turn.actions], reward=float(turn.reward), done=k == len(history) - 1,
-                      call=call, step=k + 1)
+                      call=call, step=k + 1, tool_calls=[dict(c) for c in getattr(turn, "tool_calls", [])])
 
 
 def _add_tokens(record: TurnRecord, row: dict, prompt: range, reply: range, tokenizer) -> None:

@@ -220,6 +220,21 @@ def drop_small_groups(episodes: list, group_size: int, min_left: int, split: Spl
     return kept, len(small)
 
 
+def tool_call_metrics(states: list[EpisodeState], prefix: str) -> dict[str, float]:
+    """The MCP tool calls of the episodes' turns (``EnvTurn.tool_calls``; none: no metric): calls per episode, the
+    share that answered with an error (the episode goes on) or failed (the server: the episode ended as a service
+    failure), their mean latency, and the turns spent on tools alone."""
+    calls = [c for s in states for t in s.history for c in t.tool_calls]
+    if not calls:
+        return {}
+    tool_turns = sum(1 for s in states for t in s.history if t.tool_calls and t.info.get("tool_turn"))
+    return {f"{prefix}/tool_calls_per_episode": len(calls) / max(1, len(states)),
+            f"{prefix}/tool_call_error_rate": sum(bool(c.get("error")) for c in calls) / len(calls),
+            f"{prefix}/tool_call_failures": float(sum(bool(c.get("service_failure")) for c in calls)),
+            f"{prefix}/tool_call_latency_s_mean": float(np.mean([float(c.get("latency_s", 0.0)) for c in calls])),
+            f"{prefix}/tool_turns_per_episode": tool_turns / max(1, len(states))}
+
+
 def screen_nonfinite(episodes: list, policy: str, describe: Callable[[int], str]) -> tuple[list, int]:
     """Keep the episodes whose total reward is finite; returns them and how many were dropped.
 
@@ -286,6 +301,7 @@ def rollout_metrics(episodes: list[EpisodeContext | CondensedEpisode], states: l
     m[f"{prefix}/success_rate"] = float(np.mean(success)) if success else 0.0
     valid = [float(s.metrics.get("action_is_valid", 0.0)) for s in states]  # each episode's share of valid actions
     m[f"{prefix}/valid_action_rate"] = float(np.mean(valid)) if valid else 0.0
+    m.update(tool_call_metrics(states, prefix))
     by_tag: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in states:
         for key, value in s.metrics.items():

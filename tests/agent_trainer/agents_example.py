@@ -1,7 +1,7 @@
 """Agents a user could write, outside the package, selected by import path (tests/agent_trainer/test_agents.py).
 
 ``CountingAgent`` is a well-behaved custom agent: the default layout, with its own first prompt and a
-counter of the replies it parsed. The two others break the batch contract on purpose; the framework
+counter of the replies it parsed. Two others break the batch contract on purpose; the framework
 must reject them.
 """
 

@@ -29,6 +29,7 @@ section { flex: 1; padding: 8px 16px; max-height: calc(100vh - 80px); overflow-y
 .reward { font-weight: bold; }
 .metrics { font-size: 13px; color: #444; margin-bottom: 6px; }
 .judge-text { white-space: pre-wrap; font-size: 12px; background: #fafafa; padding: 4px 8px; }
+.tool-call { white-space: pre-wrap; font-size: 12px; background: #eef4fb; padding: 4px 8px; }
 """
 
 SCRIPT = r"""
@@ -118,6 +119,10 @@ SCRIPT = r"""
       card.appendChild(el("div", "", "observation:"));
       card.appendChild(el("pre", "grid", t.observation));
       card.appendChild(el("div", "", "reply: " + t.reply));
+      (t.tool_calls || []).forEach(c => card.appendChild(el("pre", "tool-call", "tool " + c.server + "." + c.name
+        + "(" + JSON.stringify(c.arguments) + ") \u00b7 " + Number(c.latency_s).toFixed(3) + " s"
+        + (c.service_failure ? " \u00b7 server failed" : "") + "\n"
+        + (c.error ? "error: " + c.error : "result: " + c.result))));
       if (t.tokens.length) card.appendChild(tokens(t));
       box.appendChild(card);
     });
