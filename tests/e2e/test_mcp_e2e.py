@@ -36,7 +36,7 @@ from agent_trainer.agents.tool_call import (TOOL_CALL_TAG, ToolCallAgent, env_to
 from agent_trainer.config.schema import McpServerConfig
 from agent_trainer.agents.demonstrations import encode_conversation
 from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
-from agent_trainer.main import compose_and_prepare
+from agent_trainer.checks.prepare import compose_and_prepare
 from e2e_runs import metrics_records, train_here
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
