@@ -12,6 +12,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from agent_trainer.rollout.splits import SamplingParams
+from agent_trainer.workers.weight_sync import synced_tag
 from agent_trainer.workers.worker_group import wait_until_ready
 
 logger = logging.getLogger(__name__)
@@ -29,8 +30,10 @@ def generate(engines: list, prompts: list[list[int]], sampling: SamplingParams, 
 
     An engine that dies mid-turn is restarted by Ray (``max_restarts``) from the
     checkpoint on disk; one that misses ``timeout_s`` (``rollout.generate_timeout_s``) is killed and
-    restarted the same way. ``on_failure`` counts it, ``on_engine_restart`` re-syncs the policy weights and the
-    turn is generated once more. A second failure raises.
+    restarted the same way. One that died and was restarted between two turns answers with the weights it
+    started from (its :meth:`~agent_trainer.workers.engines.base.RolloutEngine.weights_tag` is not the last
+    sync's): its outputs are dropped. ``on_failure`` counts each, ``on_engine_restart`` re-syncs the policy
+    weights and the turn is generated once more. A second failure raises.
 
     ``prompt_seeds`` (one per prompt) seeds each request instead (vLLM only): a prompt then
     samples the same tokens whichever prompts share its call (``rollout.mode=async``).
@@ -44,14 +47,16 @@ def generate(engines: list, prompts: list[list[int]], sampling: SamplingParams, 
                 calls.append((engines[i], chunk.tolist(), dataclasses.replace(sampling, max_tokens=budget),
                               seed + i + j * len(engines)))
     for attempt in range(2):
+        tags = _ask_weights_tags([c[0] for c in calls])  # before the calls: an engine answers them in order
         refs = [engine.generate.remote([prompts[k] for k in chunk], **vars(params), seed=call_seed,
                                        **({} if prompt_seeds is None else
                                           dict(seeds=[prompt_seeds[k] for k in chunk])))
                 for engine, chunk, params, call_seed in calls]
         try:
             outputs = get_or_kill(refs, [c[0] for c in calls], timeout_s)
+            _check_weights_tags(tags)
             break
-        except (RayActorError, ActorUnavailableError, GetTimeoutError) as err:
+        except (RayActorError, ActorUnavailableError, GetTimeoutError, StaleEngine) as err:
             if attempt == 1 or on_engine_restart is None:
                 raise
             on_failure()
@@ -63,6 +68,30 @@ def generate(engines: list, prompts: list[list[int]], sampling: SamplingParams, 
         for k, out in zip(chunk, chunk_outputs):
             results[k] = (list(out.token_ids), list(out.logprobs))
     return results
+
+
+class StaleEngine(RuntimeError):
+    """An engine answered with weights other than the last sync's: Ray restarted it between two turns."""
+
+
+def _ask_weights_tags(engines: list) -> list[tuple[object, str, object]]:
+    """(engine, the tag its last sync left, the engine's answer) for every engine this process has synced."""
+    asked, out = set(), []
+    for engine in engines:
+        expected = synced_tag(engine)
+        if expected is not None and id(engine) not in asked:
+            asked.add(id(engine))
+            out.append((engine, expected, engine.weights_tag.remote()))
+    return out
+
+
+def _check_weights_tags(tags: list[tuple[object, str, object]]) -> None:
+    """Raise :class:`StaleEngine` when an engine held other weights than the last sync's while it generated."""
+    answers = ray.get([ref for _, _, ref in tags])
+    stale = [i for i, ((_, expected, _), got) in enumerate(zip(tags, answers)) if got != expected]
+    if stale:
+        raise StaleEngine(f"{len(stale)} rollout engine(s) were restarted by Ray since the last weight sync and "
+                          "generated from the checkpoint they started from")
 
 
 def get_or_kill(refs: list, engines: list, timeout_s: float) -> list:

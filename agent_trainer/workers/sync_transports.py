@@ -139,8 +139,8 @@ class _Sender:
     def __init__(self, engines: list):
         self.engines = engines
 
-    def begin(self, info: list[dict]) -> None:
-        _get([e.begin_weight_sync.remote() for e in self.engines], "begin_weight_sync")
+    def begin(self, info: list[dict], tag: str = "") -> None:
+        _get([e.begin_weight_sync.remote(tag) for e in self.engines], "begin_weight_sync")
 
     def send(self, bucket: Bucket) -> None:
         raise NotImplementedError
@@ -181,11 +181,11 @@ class CollectiveSender(_Sender):
         self.state, self.backend, self.device, self.timeout_s = state, backend, device, timeout_s
         self.setup_s = 0.0
 
-    def begin(self, info: list[dict]) -> None:
+    def begin(self, info: list[dict], tag: str = "") -> None:
         name = self.state.get("name")
         if self.state.get("group") is None or any(i.get("weight_group") != name for i in info):
             self._build(info)
-        super().begin(info)
+        super().begin(info, tag)
 
     def _build(self, info: list[dict]) -> None:
         import torch.distributed as dist

@@ -20,8 +20,10 @@ and on an engine failure a wait for Ray's restart and one more sync.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -153,6 +155,8 @@ class SyncPlan:
     bucket_megabytes: float = 256.0
     colocated: bool = False
     timeout_s: float = 600.0
+    tag: str = ""
+    """Names the weights one sync brings (:meth:`RolloutEngine.weights_tag`); :func:`sync_weights` sets a fresh one."""
 
 
 def push_weights(model: torch.nn.Module, rank: int, plan: SyncPlan, engines: list | None, state: dict) -> dict:
@@ -178,7 +182,7 @@ def push_weights(model: torch.nn.Module, rank: int, plan: SyncPlan, engines: lis
             transport = resolve_transport(plan.weight_sync, info[0]["device"], plan.colocated, len(engines))
             stats.transport = transport
             sender = make_sender(transport, engines, state, device, info[0]["device"], plan.timeout_s)
-            sender.begin(info)
+            sender.begin(info, plan.tag)
             stats.group_setup_s = getattr(sender, "setup_s", 0.0)
         except Exception as err:  # noqa: BLE001 - recorded, then raised after the walk (the ranks are in step)
             stats.error, fatal = str(err), (None if isinstance(err, EngineFailed) else err)
@@ -236,6 +240,7 @@ def sync_weights(actor_wg, engines: list, plan: SyncPlan, on_stats: Callable[[di
     """
     from agent_trainer.workers.worker_group import wait_until_ready
 
+    plan = dataclasses.replace(plan, tag=uuid.uuid4().hex)
     stats = _sync_once(actor_wg, engines, plan)
     if stats.get("error") is not None:
         logger.error("rollout engine failed during weight sync (%s); waiting for its restart to resend",
@@ -245,9 +250,26 @@ def sync_weights(actor_wg, engines: list, plan: SyncPlan, on_stats: Callable[[di
         if stats.get("error") is not None:
             raise RuntimeError(f"a rollout engine failed twice while loading the actor's weights ({stats['error']}); "
                                "see its log above (Ray restarts an engine at most twice)")
+    note_synced(engines, plan.tag)
     if on_stats is not None:
         on_stats(stats)
     return float(stats["reload_s"])
+
+
+_SYNCED_TAGS: dict[str, str] = {}
+"""Engine actor id -> the tag of the last sync this process finished on it."""
+
+
+def note_synced(engines: list, tag: str) -> None:
+    """Record that every engine finished the sync named ``tag`` (:func:`sync_weights` calls it)."""
+    for engine in engines:
+        _SYNCED_TAGS[engine._actor_id.hex()] = tag
+
+
+def synced_tag(engine) -> str | None:
+    """The tag of the last sync :func:`sync_weights` finished on ``engine`` in this process (None: none yet, the
+    engine holds the weights it started from, which is the policy)."""
+    return _SYNCED_TAGS.get(engine._actor_id.hex())
 
 
 def _sync_once(actor_wg, engines: list, plan: SyncPlan) -> dict:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -27,6 +25,7 @@ from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from agent_trainer.rollout.results import leave_out_service_failures, tool_call_metrics
 from agent_trainer.observe.trajectories import episode_record
 from envs import load_env_tags
+from mcp_calculator import free_port, http_calculator as served_calculator
 from tests.agent_trainer.conftest import play
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,32 +146,12 @@ def test_a_server_that_dies_or_hangs_ends_the_episode_as_a_service_failure_and_i
         box.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture()
 def http_calculator(tmp_path):
     """The example calculator over streamable HTTP on 127.0.0.1, checking the key in CALCULATOR_KEY."""
-    port, key = free_port(), "unit-test-calculator-key-8d1f"
-    log = tmp_path / "calculator.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "examples/mcp/calculator_server.py", "--http", "--port", str(port)],
-                                cwd=REPO, env={**os.environ, "CALCULATOR_KEY": key, "PYTHONPATH": str(REPO)},
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/mcp"
-    for _ in range(300):
-        try:
-            httpx.get(url, timeout=1)
-            break
-        except httpx.HTTPError:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-    yield url, key, log
-    proc.kill()
-    proc.wait(timeout=30)
+    key, log = "unit-test-calculator-key-8d1f", tmp_path / "calculator.log"
+    with served_calculator(log, key) as url:
+        yield url, key, log
 
 
 def test_an_http_server_is_called_with_the_key_from_an_environment_variable(http_calculator, monkeypatch):

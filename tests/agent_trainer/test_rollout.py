@@ -87,6 +87,7 @@ def _config(*overrides: str):
 @pytest.mark.e2e
 def test_per_tag_budgets_and_the_greedy_baseline_split(ray_cluster, tiny_model_path, tokenizer):
     """FrozenLake3x3 replies stay within the tag's max_tokens = 3; ReMax baselines replay the group seeds."""
+    from agent_trainer.training.lifecycle import kill_actors
     from agent_trainer.workers.env_worker import EnvWorker
     from agent_trainer.workers.rollout import HFRolloutWorker
 
@@ -95,28 +96,34 @@ def test_per_tag_budgets_and_the_greedy_baseline_split(ray_cluster, tiny_model_p
     tags["FrozenLake3x3"] = dataclasses.replace(tags["FrozenLake3x3"], max_tokens=3)
     engine = ray_cluster.remote(HFRolloutWorker).options(num_cpus=0.5).remote(tiny_model_path, max_model_len=1536)
     env_cls = EnvWorker
-    train = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_cls, tags, split="train", num_env_actors=1)
-    assert train.turn_budget == {"FrozenLake3x3": 3, "Bandit": 24}  # min(tag max_tokens, response_length)
-    result = train.rollout(step=1)
-    lengths = {tag: [len(ids) for e in train.episodes if e.tag == tag for ids in train.last_generations[e.env_id]]
-               for tag in ("FrozenLake3x3", "Bandit")}
-    assert lengths["FrozenLake3x3"] and max(lengths["FrozenLake3x3"]) <= 3
-    assert max(lengths["Bandit"]) > 3  # the small budget is the tag's, not a global one
-    assert len(result.group_seeds) == 3 and result.metrics["rollout/nonfinite_dropped"] == 0
+    made = []  # the next test of the module starts env actors of the same names
+    try:
+        train = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_cls, tags, split="train", num_env_actors=1)
+        made.append(train)
+        assert train.turn_budget == {"FrozenLake3x3": 3, "Bandit": 24}  # min(tag max_tokens, response_length)
+        result = train.rollout(step=1)
+        lengths = {tag: [len(ids) for e in train.episodes if e.tag == tag for ids in train.last_generations[e.env_id]]
+                   for tag in ("FrozenLake3x3", "Bandit")}
+        assert lengths["FrozenLake3x3"] and max(lengths["FrozenLake3x3"]) <= 3
+        assert max(lengths["Bandit"]) > 3  # the small budget is the tag's, not a global one
+        assert len(result.group_seeds) == 3 and result.metrics["rollout/nonfinite_dropped"] == 0
 
-    baseline = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_cls, tags, split="remax_baseline", num_env_actors=1)
-    with pytest.raises(ValueError, match="seeds="):
-        baseline.rollout(step=1)
-    first = baseline.rollout(step=1, seeds=result.group_seeds)
-    assert baseline.sampling_params().temperature == 0.0
-    assert first.batch["uid"].tolist() == [0, 1, 2]  # one greedy episode per training group
-    for group in range(3):  # ... starting from the group's initial state: the same first prompt
-        row = int((result.batch["uid"] == group).nonzero()[0])
-        start = int(result.batch["response_mask"][row].nonzero()[0])
-        assert torch.equal(first.batch["input_ids"][group, :start], result.batch["input_ids"][row, :start])
-    replies = dict(baseline.last_generations)
-    baseline.rollout(step=2, seeds=result.group_seeds)
-    assert dict(baseline.last_generations) == replies  # greedy: the same replies whatever the step
+        baseline = SyncMultiTurnRollout(cfg, tokenizer, [engine], env_cls, tags, split="remax_baseline", num_env_actors=1)
+        made.append(baseline)
+        with pytest.raises(ValueError, match="seeds="):
+            baseline.rollout(step=1)
+        first = baseline.rollout(step=1, seeds=result.group_seeds)
+        assert baseline.sampling_params().temperature == 0.0
+        assert first.batch["uid"].tolist() == [0, 1, 2]  # one greedy episode per training group
+        for group in range(3):  # ... starting from the group's initial state: the same first prompt
+            row = int((result.batch["uid"] == group).nonzero()[0])
+            start = int(result.batch["response_mask"][row].nonzero()[0])
+            assert torch.equal(first.batch["input_ids"][group, :start], result.batch["input_ids"][row, :start])
+        replies = dict(baseline.last_generations)
+        baseline.rollout(step=2, seeds=result.group_seeds)
+        assert dict(baseline.last_generations) == replies  # greedy: the same replies whatever the step
+    finally:
+        kill_actors([actor for rollout in made for actor in rollout.env_actors])
 
 
 @pytest.mark.e2e

@@ -4,6 +4,7 @@ test keeps what the gateway returned for every call (ids and logprobs, as the en
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import defaultdict
 
 from examples.gateway import frozenlake_openai, frozenlake_retry
@@ -12,6 +13,11 @@ HANGS: set[int] = set()
 """env_ids whose agent never returns after its first call (the per-episode deadline must end it)."""
 CALLS: dict[int, list[dict]] = defaultdict(list)
 """env_id -> the calls of its episodes, in order: prompt ids, sampled ids, their logprobs (as the client got them)."""
+HOLD: list[threading.Event] = []
+"""When it holds an event, every call but the rollout's first waits for it (the test kills the engine after the
+first call came back, then sets it: the calls that follow meet the killed engine or its restart)."""
+STARTED: list[int] = []
+"""The calls started since the test last cleared it."""
 
 
 class _Completions:
@@ -19,6 +25,9 @@ class _Completions:
         self._completions, self._env_id = completions, env_id
 
     async def create(self, **kwargs):
+        STARTED.append(self._env_id)
+        if HOLD and len(STARTED) > 1:
+            await asyncio.to_thread(HOLD[0].wait, 120)
         reply = await self._completions.create(**kwargs, logprobs=True, extra_body={"return_token_ids": True})
         choice = reply.choices[0]
         CALLS[self._env_id].append({"prompt_ids": reply.model_extra["prompt_token_ids"],
@@ -52,11 +61,16 @@ async def recorded_frozenlake(task, client):
 
 async def recorded_retry(task, client):
     """examples/gateway/frozenlake_retry.py's agent, its calls recorded; the episode's first reply is taken as one
-    that does not parse (whatever it says), so every episode re-sends its first request once."""
+    that does not parse (whatever it says), so every episode re-sends its first request once. Then whatever the
+    model says, an even env_id moves Right and an odd one answers "Fly", not an action (the format penalty): the
+    returns differ in every group of consecutive env_ids, so the update has a gradient on any model build."""
     replies = []
 
     def parse(text: str) -> list[str]:
         replies.append(text)
-        return [] if len(replies) == 1 else frozenlake_openai.parse_answer(text)
+        if len(replies) == 1:
+            return []
+        frozenlake_openai.parse_answer(text)  # the example's parser still reads every reply
+        return ["Right"] if task.env_id % 2 == 0 else ["Fly"]
 
     return await frozenlake_retry.run(task, RecordingClient(client, task.env_id), parse=parse)

@@ -20,7 +20,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -38,6 +37,7 @@ from agent_trainer.agents.demonstrations import encode_conversation
 from agent_trainer.episode.es_manager import EnvStateManager, EpisodeSpec
 from agent_trainer.checks.prepare import compose_and_prepare
 from e2e_runs import metrics_records, train_here
+from mcp_calculator import http_calculator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.shared_cluster]
 
@@ -141,27 +141,9 @@ def turns(run_dir) -> list[dict]:
 
 @pytest.fixture()
 def calculator_over_http(tmp_path):
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = tmp_path / "calculator.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "examples/mcp/calculator_server.py", "--http", "--port", str(port),
-                                 "--key-env", KEY_ENV], cwd=REPO, env={**os.environ, KEY_ENV: KEY,
-                                                                        "PYTHONPATH": str(REPO)},
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/mcp"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            break
-        except httpx.HTTPError:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-    yield url, log
-    proc.kill()
-    proc.wait(timeout=30)
+    with http_calculator(log, KEY, key_env=KEY_ENV) as url:
+        yield url, log
 
 
 def test_an_mcp_server_serves_the_tool_agent_and_its_calls_are_in_the_trajectories(tool_model, tmp_path,

@@ -133,9 +133,11 @@ def test_a_new_env_gets_valid_roughly_uniform_actions_at_step_zero(tiny_model_pa
     assert max(chosen.values()) <= 0.6 * result.turns, top
 
 
-SHIPPED_FLOOR = {"FrozenLake": 0.8, "SimpleSokoban": 0.8, "Bandit": 0.2}
-"""Least valid-action rate of the first reply on shipped discrete tags, sampled at temperature 1 over 64 episodes
-(measured on make model's build: 0.922, 0.906, 0.344; below these floors is a regression)."""
+SHIPPED_FLOOR = {"FrozenLake": 0.8, "SimpleSokoban": 0.8, "Bandit": 0.05}
+"""Least valid-action rate of the first reply on shipped discrete tags, sampled at temperature 1 over 64 episodes.
+make model's build differs between CPUs, and so do these rates: 0.922, 0.906, 0.344 on one machine's build, 0.953,
+0.875, 0.141 on another's. The floors sit below every build measured; a build that lost the format (near 0) or a
+reply parser that broke falls under them."""
 
 
 def test_shipped_envs_keep_their_validity(tiny_model_path):

@@ -252,7 +252,9 @@ class RolloutEngine:
                 "workers": self._weight_workers(), "weight_group": getattr(self, "_weight_group_name", None)}
 
     # -- the session -------------------------------------------------------------------------------------------
-    def begin_weight_sync(self) -> None:
+    def begin_weight_sync(self, tag: str = "") -> None:
+        """Open a sync session; ``tag`` names the weights it brings (:meth:`weights_tag` once it finished)."""
+        self._sync_tag = tag
         self._sync_received: set[str] = set()
         self._sync_seconds = 0.0
         start = time.perf_counter()
@@ -350,7 +352,15 @@ class RolloutEngine:
             raise ValueError(f"weight sync: the rollout model got no {missing[:8]}{' ...' if len(missing) > 8 else ''}"
                              "; the engine would keep stale weights")
         self._sync_seconds += time.perf_counter() - start
+        self._weights_tag = self._sync_tag
         return self._sync_seconds
+
+    def weights_tag(self) -> str:
+        """The tag of the last sync this engine finished; "" while it holds the weights it started from. An engine
+        Ray restarted between two turns starts from the checkpoint on disk and answers "": the driver compares it
+        with the tag it last synced (``agent_trainer.rollout.engines.generate``) and re-syncs instead of sampling
+        from stale weights."""
+        return getattr(self, "_weights_tag", "")
 
     def _end_load(self) -> None:
         """Close the engine's load session (nothing for an in-process model)."""
