@@ -22,7 +22,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from transformers import AutoTokenizer
