@@ -24,10 +24,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from pausing import held_pid, pause_env
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.e2e
@@ -49,11 +49,12 @@ def _command(model_path: str, run_dir: Path, *overrides: str) -> list[str]:
             "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3", *overrides]
 
 
-def _start(cmd: list[str], log: Path, own_session: bool = False) -> subprocess.Popen:
+def _start(cmd: list[str], log: Path, own_session: bool = False, env: dict | None = None) -> subprocess.Popen:
     """Start ``cmd`` (a run and the local cluster it starts), its output to ``log``; ``own_session``: in a
     session of its own, so ``os.killpg`` reaches every process of it."""
     with log.open("w") as sink:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=own_session)
+        return subprocess.Popen(cmd, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=own_session,
+                                env=env)
 
 
 def _finish(proc: subprocess.Popen, log: Path) -> str:
@@ -63,19 +64,21 @@ def _finish(proc: subprocess.Popen, log: Path) -> str:
 
 
 def _kill_during_save(cmd: list[str], run_dir: Path, step: int) -> None:
-    """Start ``cmd`` in its own session; SIGKILL the session as soon as step ``step``'s save begins."""
+    """Start ``cmd`` in its own session; SIGKILL the session during step ``step``'s save.
+
+    The driver is held (``tests/pause_point``) in the save's last act, the rename of the finished
+    ``.tmp_global_step_<step>`` into place: every part is written, none is committed. The runs save every step,
+    so the ``step``-th commit is step ``step``'s. (A poll for the folder missed saves that took a few
+    milliseconds on a fast machine.)"""
     log = run_dir.parent / f"{run_dir.name}.killed.log"
-    proc = _start(cmd, log, own_session=True)
-    partial = run_dir / f".tmp_global_step_{step}"
-    deadline = time.monotonic() + 900
-    while not partial.exists():
-        assert proc.poll() is None, f"the run ended before step {step}'s save: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, "step's save never started"
-        time.sleep(0.002)
+    marker = run_dir.parent / f"{run_dir.name}.held"
+    proc = _start(cmd, log, own_session=True,
+                  env=pause_env(f"agent_trainer.common.checkpoint:commit_save@{step}", marker))
+    assert held_pid(marker, proc, lambda: log.read_text()[-3000:]) == proc.pid  # the driver commits
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     # the kill landed mid-save: the partial folder is there, the step's checkpoint is not
-    assert partial.exists() and not (run_dir / f"global_step_{step}").exists()
+    assert (run_dir / f".tmp_global_step_{step}").exists() and not (run_dir / f"global_step_{step}").exists()
 
 
 def _beside_a_kill_b_and_resume(command_a: list[str], command_b: list[str], run_b: Path, tmp_path: Path,

@@ -3,7 +3,8 @@
 Every case starts ``python -m agent_trainer.main`` in a subprocess (its own session) on the tiny
 model, watches every process the run starts (the driver's descendants: gcs, raylet, Ray workers)
 and asserts the documented outcome (docs/reliability.md) and that none of them is left afterwards.
-A rank is killed with SIGKILL while Ray runs its ``update_actor`` (the process title Ray sets).
+A rank is killed with SIGKILL inside its ``update_actor``: the run's first rank to make the N-th call is held
+there (``tests/pausing.py``), its process title Ray's ``ray::ActorWorker.update_actor``.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from typing import Callable
 
 import psutil
 import pytest
+from pausing import held_pid, pause_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[2]
 LEFT_BEHIND_WAIT_S = 10
+UPDATE = "agent_trainer.workers.actor:ActorWorker.update_actor"
 
 USER_ENV = '''
 """A user environment outside the repository, named by import path (docs/writing_an_environment.md)."""
@@ -85,9 +88,14 @@ def _args(model: str, run_dir: Path, steps: int, envs_file: Path | None = None, 
 class Run:
     """One CLI run in its own session; remembers every process it started."""
 
-    def __init__(self, args: list[str], log: Path, pythonpath: Path | None = None):
+    def __init__(self, args: list[str], log: Path, pythonpath: Path | None = None, pause: str | None = None):
+        """``pause``: ``module:qualname@N``, the run's first process to make that N-th call is held in it
+        (:meth:`held`)."""
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HYDRA_FULL_ERROR")}
-        if pythonpath is not None:
+        self.marker = log.with_suffix(".held")
+        if pause is not None:
+            env = pause_env(pause, self.marker, (pythonpath,) if pythonpath else (), base=env)
+        elif pythonpath is not None:
             env["PYTHONPATH"] = str(pythonpath)
         self.log = log
         with log.open("w") as sink:
@@ -113,19 +121,13 @@ class Run:
                     pass
         return children
 
-    def wait_for_title(self, text: str, timeout: float = 600) -> psutil.Process:
-        """Wait until a process of the run has ``text`` in its title (Ray titles: ``ray::Class.method``)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"the run ended before {text!r} ran:\n{self.output()[-3000:]}"
-            for child in self.watch():
-                try:
-                    if text in " ".join(child.cmdline()):
-                        return child
-                except psutil.Error:
-                    continue
-            time.sleep(0.02)
-        raise AssertionError(f"no process titled {text!r} within {timeout} s")
+    def held(self, title: str) -> psutil.Process:
+        """The process held at the run's pause point once one is; it must be titled ``title`` (Ray's
+        ``ray::Class.method`` while a call runs). Every process of the run so far is remembered."""
+        process = psutil.Process(held_pid(self.marker, self.proc, lambda: self.output()[-3000:]))
+        self.watch()
+        assert title in " ".join(process.cmdline()), process.cmdline()
+        return process
 
     def wait_until(self, done: Callable[[], bool], deadline: float) -> None:
         """Watch the run until ``done()``; it must stay alive and finish before ``deadline`` (``time.monotonic()``)."""
@@ -177,10 +179,11 @@ def test_a_killed_actor_rank_restarts_from_its_checkpoint_then_sigint_saves_and_
     mods, envs_file = _user_env(tmp_path)
     run_dir = tmp_path / "run"
     run = Run(_args(tiny_model_path, run_dir, 4, envs_file, ("trainer.save_freq=2", "trainer.max_restarts=1")),
-              tmp_path / "restart.log", pythonpath=mods)
+              tmp_path / "restart.log", pythonpath=mods, pause=f"{UPDATE}@3")  # step 3's update
     deadline = time.monotonic() + 600
-    run.wait_until((run_dir / "global_step_2").is_dir, deadline)
-    run.wait_for_title("ActorWorker.update_actor").kill()
+    victim = run.held("ActorWorker.update_actor")
+    assert (run_dir / "global_step_2").is_dir()
+    victim.kill()
     # "resumed from" is logged once the restarted workers hold global_step_2, before step 3 is trained again:
     # a SIGINT now lands in the repeated step 3 even when the machine is busy (a whole step to arrive in)
     run.wait_until(lambda: "resumed from" in run.output(), deadline)
@@ -206,16 +209,16 @@ def test_a_killed_rank_without_restarts_exits_naming_it_and_a_sigkilled_driver_l
     - SIGKILL of the driver (nothing in it runs again) mid-update: the watchdog takes the local cluster down.
 
     Neither leaves a process behind."""
-    norestart = Run(_args(tiny_model_path, tmp_path / "norestart", 50), tmp_path / "norestart.log")
-    sigkill = Run(_args(tiny_model_path, tmp_path / "sigkill", 50), tmp_path / "sigkill.log")
+    norestart = Run(_args(tiny_model_path, tmp_path / "norestart", 50), tmp_path / "norestart.log",
+                    pause=f"{UPDATE}@1")
+    sigkill = Run(_args(tiny_model_path, tmp_path / "sigkill", 50), tmp_path / "sigkill.log", pause=f"{UPDATE}@1")
     try:
-        sigkill.wait_for_title("ActorWorker.update_actor")
-        sigkill.watch()
+        sigkill.held("ActorWorker.update_actor")
         assert len(sigkill.seen) >= 5  # gcs, raylet, actor ranks, engine, env actors
         sigkill.proc.kill()
         sigkill.proc.wait(timeout=10)
 
-        victim = norestart.wait_for_title("ActorWorker.update_actor")
+        victim = norestart.held("ActorWorker.update_actor")
         killed_at = time.monotonic()
         victim.kill()
         code = norestart.wait(timeout=120)
