@@ -353,13 +353,14 @@ class SFTTrainer:
 
         from agent_trainer.training.model_export import export_merged
 
-        tmp = checkpoint.begin_save(self.run_dir, self.global_step)
-        ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))
-        self.run.tokenizer.save_pretrained(str(tmp / "actor"))
-        OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "sft_config.yaml")
-        checkpoint.TrainerState(global_step=self.global_step, rng=checkpoint.rng_state(), parts=["actor"],
-                                metrics=dict(metrics), saved_at=time.time()).save(tmp)
-        final = checkpoint.commit_save(self.run_dir, tmp, self.global_step)
+        def write(tmp: Path) -> None:
+            ray.get(self.actor_wg.execute_all_async("save_checkpoint", str(tmp / "actor")))
+            self.run.tokenizer.save_pretrained(str(tmp / "actor"))
+            OmegaConf.save(OmegaConf.structured(self.cfg), tmp / "sft_config.yaml")
+
+        final = checkpoint.save_step(self.run_dir, self.global_step, write, lambda: checkpoint.TrainerState(
+            global_step=self.global_step, rng=checkpoint.rng_state(), parts=["actor"], metrics=dict(metrics),
+            saved_at=time.time()))
         part = "actor"
         if merge:  # after the adapter's checkpoint is saved: a failed merge loses nothing
             export_merged(final / "actor", final / "merged", base=Path(self.cfg.model_path))

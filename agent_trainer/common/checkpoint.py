@@ -35,7 +35,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -239,6 +239,17 @@ def commit_save(run_dir: Path, tmp: Path, step: int) -> Path:
     os.replace(tmp, final)
     write_text_atomic(Path(run_dir) / LATEST_FILE, str(step))
     return final
+
+
+def save_step(run_dir: Path, step: int, write: Callable[[Path], None], state: Callable[[], TrainerState]) -> Path:
+    """Step ``step``'s checkpoint, atomically; returns ``global_step_<step>``. ``write(tmp)`` fills a fresh
+    temporary folder (the workers' parts, the tokenizer, the config), ``state()``'s record is written beside them
+    last, then the folder is renamed into place and ``latest`` pointed at it. The RL trainer and SFT save
+    through here."""
+    tmp = begin_save(run_dir, step)
+    write(tmp)
+    state().save(tmp)
+    return commit_save(run_dir, tmp, step)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -40,22 +40,23 @@ def save(trainer: Any, metrics: dict[str, float] | None = None) -> Path:
     """
     from omegaconf import OmegaConf
 
-    tmp = checkpoint.begin_save(trainer.run_dir, trainer.global_step)
     groups = {"actor": trainer.actor_wg, "critic": trainer.critic_wg}
     hf_model = trainer.cfg.trainer.save_hf_model
-    ray.get([ref for part in trainer.checkpoint_parts
-             for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part), role=part,
-                                                       hf_model=hf_model)])
-    trainer.tokenizer.save_pretrained(str(tmp / "actor"))
-    OmegaConf.save(OmegaConf.structured(trainer.cfg), tmp / "config.yaml")
-    checkpoint.TrainerState(
+
+    def write(tmp: Path) -> None:
+        ray.get([ref for part in trainer.checkpoint_parts
+                 for ref in groups[part].execute_all_async("save_checkpoint", str(tmp / part), role=part,
+                                                           hf_model=hf_model)])
+        trainer.tokenizer.save_pretrained(str(tmp / "actor"))
+        OmegaConf.save(OmegaConf.structured(trainer.cfg), tmp / "config.yaml")
+
+    final = checkpoint.save_step(trainer.run_dir, trainer.global_step, write, lambda: checkpoint.TrainerState(
         global_step=trainer.global_step,
         env_resets=env_resets(trainer),
         kl_coef=trainer.kl_ctrl.value if trainer.kl_ctrl is not None else None,
         rng=checkpoint.rng_state(), parts=list(trainer.checkpoint_parts), metrics=dict(metrics or {}),
         saved_at=time.time(),
-    ).save(tmp)
-    final = checkpoint.commit_save(trainer.run_dir, tmp, trainer.global_step)
+    ))
     if len(trainer.prefetch):  # trainer.max_off_policy_steps: a resumed run generates them again
         logger.info("%s holds none of the %d buffered rollouts (steps %s); a run resumed from it generates "
                     "them again", final, len(trainer.prefetch), [p.step for p in trainer.prefetch.pending])

@@ -14,12 +14,13 @@ from agent_trainer.observe.tracking import Tracking
 
 def _fake_save(run_dir, step, parts=("actor",)):
     """What AgentTrainer.save_checkpoint writes, with a config.json standing in for each model part."""
-    tmp = checkpoint.begin_save(run_dir, step)
-    for part in parts:
-        (tmp / part).mkdir()
-        (tmp / part / "config.json").write_text("{}")
-    TrainerState(global_step=step, env_resets={"train": step}, parts=list(parts)).save(tmp)
-    return checkpoint.commit_save(run_dir, tmp, step)
+    def write(tmp):
+        for part in parts:
+            (tmp / part).mkdir()
+            (tmp / part / "config.json").write_text("{}")
+
+    return checkpoint.save_step(run_dir, step, write,
+                                lambda: TrainerState(global_step=step, env_resets={"train": step}, parts=list(parts)))
 
 
 def test_commit_renames_and_points_latest_last(tmp_path):
