@@ -10,11 +10,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``make test`` runs two pytest-xdist workers (``--dist loadgroup``): each test module goes to one worker
     whole (its module fixtures run once), and every ``shared_cluster`` test to the same worker, so those runs
     share one Ray cluster (tests/e2e/conftest.py). A run's start is CPU-bound only in parts (imports, model
-    loads); its waits on Ray, on sockets and on the other processes leave a core for the other worker."""
+    loads); its waits on Ray, on sockets and on the other processes leave a core for the other worker.
+
+    ``tryfirst``: the groups must be marked before pytest-xdist's own hook reads them into the test ids (run
+    after it, every test went alone to whichever worker was free). pytest 9.2 drops those ids' group suffix
+    altogether, hence pyproject's pytest below 9.2."""
     for item in items:
         shared = item.get_closest_marker("shared_cluster") is not None
         item.add_marker(pytest.mark.xdist_group("shared_cluster" if shared else str(item.path)))
