@@ -1,4 +1,4 @@
-"""``make bench``: the benchmark suite (P1-P7 and the main job) in one command, results in a folder of their own.
+"""``make bench``: the benchmark suite (P1-P8 and the main job) in one command, results in a folder of their own.
 
     python bench/run.py                        # full suite -> bench/results/<UTC stamp>/
     python bench/run.py --quick                # smoke run: fewer steps, tiny model only, no P7
@@ -9,7 +9,8 @@ Parts: main (config/frozenlake.yaml step time, working tree vs ``--ref`` in a gi
 worktree), P1 rollout vs raw vLLM tokens/s, P2 GRPO step vs TRL GRPOTrainer (tiny and
 ~19M model; TRL in bench/.venv-trl), P3 weight-sync share, P4 env-actor overhead,
 P5 peak RSS of the process tree vs TRL, P6 slow env (turn barrier, overlap, prefetched reset),
-P7 scaling (rows, turns, actor ranks, 19M model). Writes ``results.json``,
+P7 scaling (rows, turns, actor ranks, 19M model), P8 synchronous vs one-step-off vs asynchronous
+training (continuous, k = 1, 2, 4) on the slow env. Writes ``results.json``,
 ``report.md``, PNG charts and every run's log to the results folder and prints its
 path; ``docs/benchmarks.md`` and ``docs/bench/`` change only with ``--update-docs``.
 """
@@ -104,7 +105,8 @@ def run_parts(b: suites.Bench, parts: list[str], quick: bool, models: list[Path]
     calls = {"main": lambda: suites.main_job(b), "P1": lambda: suites.p1_rollout_vs_engine(b),
              "P2": lambda: suites.p2_vs_trl(b, models), "P3": lambda: suites.p3_sync_share(b),
              "P4": lambda: suites.p4_env_actor(b), "P5": lambda: suites.p5_peak_rss(b),
-             "P6": lambda: suites.p6_slow_env(b), "P7": lambda: suites.p7_scaling(b, with_20m=not quick)}
+             "P6": lambda: suites.p6_slow_env(b), "P7": lambda: suites.p7_scaling(b, with_20m=not quick),
+             "P8": lambda: suites.p8_async(b)}
     out, errors = {}, {}
     for part in parts:
         try:

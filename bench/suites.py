@@ -1,4 +1,4 @@
-"""The parts of ``make bench`` (P1-P7 and the main job), each returning plain JSON.
+"""The parts of ``make bench`` (P1-P8 and the main job), each returning plain JSON.
 
 Every figure is a ratio of two things measured in this invocation, one after the
 other on the same machine. Runs are shared through :class:`Bench` (one trainer run
@@ -21,7 +21,7 @@ from project_run import REPO, RunResult, RunSpec
 from results import ratio, steady_median
 from trl_venv import ensure_trl_venv
 
-PARTS = ("main", "P1", "P2", "P3", "P4", "P5", "P6", "P7")
+PARTS = ("main", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8")
 TINY = REPO / "models" / "tiny-qwen2"
 MODEL_20M = REPO / "models" / "tiny-qwen2-20m"
 MODELS = {"tiny": TINY, "20m": MODEL_20M}
@@ -323,6 +323,42 @@ def p6_slow_env(b: Bench) -> dict:
             "slow_reset_prefetched_step_s": prefetched.phases["step"],
             "reset_prefetch_speedup": ratio(at_start.phases["step"], prefetched.phases["step"]),
             "slow_reset_command": prefetched.command}
+
+
+ASYNC_MODES = {"sync": [], "one_step_off": OVERLAP,
+               **{f"continuous_k{k}": [f"trainer.max_off_policy_steps={k}", "trainer.async_mode=continuous",
+                                       "algorithm.rollout_correction.rollout_is=token"] for k in (1, 2, 4)}}
+"""P8's runs: name -> overrides. sync: each rollout before its update (``max_off_policy_steps=0``); one_step_off:
+the next rollout generated while the step trains (buffered, k = 1); continuous_k<k>: the producer keeps the next k
+steps' rollouts generating and the engines take new weights between two engine calls (``async_mode=continuous``)."""
+
+
+def p8_async(b: Bench) -> dict:
+    """Synchronous, one-step-off and asynchronous training (continuous, k = 1, 2, 4) side by side on the slow env
+    (P6's ``SlowFrozenLake3x3``, barrier-free rollout), GRPO (asynchronous training needs a critic-free estimator),
+    the main job's config otherwise: trained episodes and trained (generated) tokens per second of step time, each
+    over the synchronous run's. Episodes a step trains: its batch's, less the ones dropped as too stale."""
+    from omegaconf import OmegaConf
+
+    train = OmegaConf.load(REPO / "config" / "frozenlake.yaml").es_manager.train
+    per_step = float(train.env_groups * train.group_size)
+    base = [f"model_path={TINY}", *SLOW_ENV, "actor_rollout_ref.rollout.mode=async", "algorithm.adv_estimator=grpo"]
+    out: dict[str, dict] = {}
+    for name, extra in ASYNC_MODES.items():
+        run = b.project(RunSpec(f"frozenlake_slow_env_grpo_{name}", steps=b.steps, code_dir=b.tree,
+                                overrides=[*base, *extra]))
+        steady = run.history[1:] or run.history
+        episodes = statistics.median(per_step - h.get("rollout/stale_dropped", 0.0) for h in steady)
+        step_s = run.phases["step"]
+        out[name] = {"step_s": step_s, "episodes_per_step": episodes, "episodes_per_s": episodes / step_s,
+                     "trained_tokens_per_s": run.generated_tokens / step_s,
+                     "max_staleness": max(h.get("rollout/policy_staleness", 0.0) for h in run.history),
+                     "command": run.command}
+    sync = out["sync"]
+    for v in out.values():
+        v["episodes_speedup"] = ratio(v["episodes_per_s"], sync["episodes_per_s"])
+        v["tokens_speedup"] = ratio(v["trained_tokens_per_s"], sync["trained_tokens_per_s"])
+    return out
 
 
 def p7_variants(with_20m: bool) -> dict[str, tuple[str, list[str]]]:

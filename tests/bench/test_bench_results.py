@@ -198,3 +198,17 @@ def test_peak_sampler_reads_pss_on_every_nth_sample_only():
             time.sleep(0.05)
     assert sampler.peak_bytes > 0 and 0 < sampler.peak_pss_bytes <= sampler.peak_bytes
     assert sum(v[0] for v in sampler.peak_by_kind.values()) >= 1 and len(sampler.loads) >= 8
+
+
+def test_p8_reports_each_mode_over_the_synchronous_run():
+    r = {"meta": {"command": "python bench/run.py --only P8", "date": "2026-12-02 17:00", "steps": 6,
+                  "loaded": False, "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 0.1}},
+         "P8": {"sync": {"step_s": 8.0, "episodes_per_step": 32.0, "episodes_per_s": 4.0, "episodes_speedup": 1.0,
+                         "trained_tokens_per_s": 100.0, "tokens_speedup": 1.0, "max_staleness": 0.0},
+                "continuous_k2": {"step_s": 4.0, "episodes_per_step": 28.0, "episodes_per_s": 7.0,
+                                  "episodes_speedup": 1.75, "trained_tokens_per_s": 180.0, "tokens_speedup": 1.8,
+                                  "max_staleness": 2.0}}}
+    assert report.ratio_rows(r) == [("P8 slow-env trained episodes/s, continuous_k2 / sync", 1.75, 2.5, True)]
+    block = report.render(r, asset_prefix="")
+    assert "### P8: synchronous, one-step-off and asynchronous training" in block
+    assert "| continuous_k2 | 4.00 | 28.00 | 7.00 | 1.75 | 180.00 | 1.80 | 2.00 |" in block
