@@ -428,7 +428,7 @@ def gateway_check(model_path: str, args) -> None:
     import openai
     from envs.registry import load_env_tags, make_env
     from examples.gateway import frozenlake_openai
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from agent_trainer.gateway.app import Gateway, create_app
     from agent_trainer.gateway.server import GatewayServer, new_api_key
@@ -439,7 +439,12 @@ def gateway_check(model_path: str, args) -> None:
 
     dtype = "bfloat16" if on_gpu() else "float32"
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = HFRolloutWorker(model_path, device=DEVICE, dtype=dtype, max_model_len=1024, seed=0)
+    tag = "FrozenLakeNoDeadEnds"
+    tag_cfg = load_env_tags()[tag]
+    # the model's whole context, and the tag's per-turn budget on every reply (as a run's rollout caps it): five
+    # turns of sampled replies fit whatever the sampler draws
+    context = AutoConfig.from_pretrained(model_path).max_position_embeddings
+    engine = HFRolloutWorker(model_path, device=DEVICE, dtype=dtype, max_model_len=context, seed=0)
     returned: dict[str, list] = {}  # session -> (token ids, log-probs) of each call, as the client got them
 
     engine_s: list[float] = []  # each engine call inside the gateway: where a call's time goes
@@ -452,9 +457,7 @@ def gateway_check(model_path: str, args) -> None:
         return out
 
     gateway = Gateway(tokenizer=tokenizer, generate=generate, store=SessionStore(), api_key=new_api_key(),
-                      model="policy", max_model_len=1024)
-    tag = "FrozenLakeNoDeadEnds"
-    tag_cfg = load_env_tags()[tag]
+                      model="policy", max_model_len=context, response_length=tag_cfg.max_tokens)
 
     class Recording(openai.AsyncOpenAI):  # the agent is unchanged; what each call returned is kept
         def __init__(self, sid: str, **kw):
