@@ -223,16 +223,19 @@ def _other_sections(r: dict) -> list[str]:
                 render_table(["run", "axis", "s/step", "ratio to base"], rows), ""]
     if r.get("P8"):
         rows = [[name, v["step_s"], v["episodes_per_step"], v["episodes_per_s"], v["episodes_speedup"],
-                 v["trained_tokens_per_s"], v["tokens_speedup"], v["max_staleness"]] for name, v in r["P8"].items()]
+                 v["trained_tokens_per_s"], v["tokens_speedup"], v["max_staleness"], v.get("stale_dropped")]
+                for name, v in r["P8"].items()]
         out += ["### P8: synchronous, one-step-off and asynchronous training", "",
                 "P6's `SlowFrozenLake3x3` with the barrier-free rollout (`actor_rollout_ref.rollout.mode=async`), "
                 "GRPO (asynchronous training needs a critic-free estimator), the main job's config otherwise. "
                 "sync: `trainer.max_off_policy_steps=0`; one_step_off: `max_off_policy_steps=1`; continuous_k: "
-                "`max_off_policy_steps=k`, `trainer.async_mode=continuous` (k = 1, 2, 4); every run with k >= 1 "
+                "`max_off_policy_steps=k`, `trainer.async_mode=continuous` (k = 1, 2, 4), k rollouts in flight at "
+                "once (`trainer.rollouts_in_flight`' default); continuous_k2_one_in_flight: k = 2, one rollout at a "
+                "time (`trainer.rollouts_in_flight=1`). Every run with k >= 1 "
                 "uses the token-level rollout correction. Episodes a step trains: its batch's, less the groups "
                 "dropped as too stale; per second of step time (median of steps 2..N).", "",
                 render_table(["run", "s/step", "episodes/step", "episodes/s", "x sync", "trained tokens/s",
-                              "x sync", "max staleness"], rows), ""]
+                              "x sync", "max staleness", "episodes dropped as stale"], rows), ""]
     return out
 
 

@@ -325,12 +325,16 @@ def p6_slow_env(b: Bench) -> dict:
             "slow_reset_command": prefetched.command}
 
 
+CONTINUOUS = ["trainer.async_mode=continuous", "algorithm.rollout_correction.rollout_is=token"]
 ASYNC_MODES = {"sync": [], "one_step_off": OVERLAP,
-               **{f"continuous_k{k}": [f"trainer.max_off_policy_steps={k}", "trainer.async_mode=continuous",
-                                       "algorithm.rollout_correction.rollout_is=token"] for k in (1, 2, 4)}}
+               **{f"continuous_k{k}": [f"trainer.max_off_policy_steps={k}", *CONTINUOUS] for k in (1, 2, 4)},
+               "continuous_k2_one_in_flight": ["trainer.max_off_policy_steps=2", *CONTINUOUS,
+                                               "trainer.rollouts_in_flight=1"]}
 """P8's runs: name -> overrides. sync: each rollout before its update (``max_off_policy_steps=0``); one_step_off:
 the next rollout generated while the step trains (buffered, k = 1); continuous_k<k>: the producer keeps the next k
-steps' rollouts generating and the engines take new weights between two engine calls (``async_mode=continuous``)."""
+steps' rollouts generating, k of them at once (``trainer.rollouts_in_flight``' default), and the engines take new
+weights between two engine calls (``async_mode=continuous``); continuous_k2_one_in_flight: k = 2 with one rollout
+at a time, as before several could run at once."""
 
 
 def p8_async(b: Bench) -> dict:
@@ -353,6 +357,7 @@ def p8_async(b: Bench) -> dict:
         out[name] = {"step_s": step_s, "episodes_per_step": episodes, "episodes_per_s": episodes / step_s,
                      "trained_tokens_per_s": run.generated_tokens / step_s,
                      "max_staleness": max(h.get("rollout/policy_staleness", 0.0) for h in run.history),
+                     "stale_dropped": sum(h.get("rollout/stale_dropped", 0.0) for h in run.history),
                      "command": run.command}
     sync = out["sync"]
     for v in out.values():

@@ -486,6 +486,15 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
           f"trainer.async_mode = 'continuous' tags each generated token with its policy version, which the gateway's "
           f"agents (agent_proxy.gateway.agent = {cfg.agent_proxy.gateway.agent!r}) do not record yet; set "
           "trainer.async_mode=buffered")
+    in_flight = cfg.trainer.rollouts_in_flight
+    check(in_flight is None or in_flight == 1 or continuous,
+          f"trainer.rollouts_in_flight = {in_flight} runs rollouts at once, which take new weights while the others "
+          f"run, but trainer.async_mode = {cfg.trainer.async_mode!r} keeps an episode on one policy; set "
+          "trainer.async_mode=continuous, or trainer.rollouts_in_flight=1")
+    check(in_flight is None or in_flight <= max(1, k),
+          f"trainer.rollouts_in_flight = {in_flight} is more rollouts than trainer.max_off_policy_steps = {k} lets "
+          f"run ahead of training; set trainer.rollouts_in_flight={max(1, k)} (or null), or raise "
+          "trainer.max_off_policy_steps")
     if k < 2 and not continuous:
         return
     alg = cfg.algorithm

@@ -129,6 +129,7 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("trainer.total_training_steps", at_least(1), "10"),
     ("es_manager.min_group_left", at_least(1), "2"),
     ("trainer.max_off_policy_steps", at_least(0, " (0: on-policy, 1: one-step off-policy, k >= 2: asynchronous)"), "2"),
+    ("trainer.rollouts_in_flight", optional(at_least(1)), "null"),
     ("trainer.seed", at_least(0), "0"),
     ("trainer.ray_num_cpus", optional(above(0)), "null"),
     ("trainer.max_actor_ckpt_to_keep", optional(at_least(1)), "null"),

@@ -25,6 +25,7 @@ from agent_trainer.config.schema import (
     TrainerConfig,
     condenser_config,
     keep_last_n,
+    rollouts_in_flight,
     split_config,
 )
 from agent_trainer.config.workers import (
@@ -45,6 +46,6 @@ __all__ = [
     "AlgorithmConfig", "CriticConfig", "CtxManagerConfig", "DistillConfig", "EvalConfig", "FSDPConfig", "GatewayConfig", "GiGPOConfig", "KLCtrlConfig",
     "McpServerConfig", "ModelConfig", "OptimConfig", "RefConfig", "RewardNormalizationConfig", "RolloutConfig",
     "RolloutCorrectionConfig", "TrainerConfig", "ValKwargs", "condenser_config", "config_schema", "keep_last_n",
-    "split_config", "merge_config",
+    "rollouts_in_flight", "split_config", "merge_config",
     "merge_onto_schema", "sft_schema",
 ]

@@ -365,6 +365,14 @@ class TrainerConfig:
     trains from is handled by stale_groups (slime's --partial-rollout, AReaL's max_head_offpolicyness, verl's
     fully-async trainer, prime-rl's max_off_policy_steps). Needs k >= 1 and a critic-free estimator; not with
     the gateway's agents. docs/architecture.md, "Rollout overlapping training"."""
+    rollouts_in_flight: int | None = None
+    """How many of the buffered rollouts (max_off_policy_steps k) run at once with async_mode=continuous, each on
+    env actors of its own (agent_proxy.num_env_actors more per rollout); their engine calls are taken one at a
+    time, and each weight sync waits for the call in flight. A rollout that waits on slow environments leaves the
+    engines to the others, so the next steps' batches are ready sooner: the producer gets up to k steps ahead.
+    null (the default): k with async_mode=continuous, else 1 (one rollout at a time, the only choice with
+    buffered, where an episode must not change policy). Between 1 and k. AReaL's max_concurrent_rollouts.
+    docs/architecture.md, "Several rollouts in flight"."""
     stale_groups: str = "drop"
     """A group of a taken batch whose oldest generated token is more than max_off_policy_steps versions behind:
     drop (the group leaves the batch, the step trains the others; the whole batch is dropped when no group is
@@ -465,6 +473,15 @@ def split_config(cfg: AgentTrainerConfig, split: Split | str) -> EnvGroupsConfig
     if split == Split.REMAX_BASELINE:
         return dataclasses.replace(cfg.es_manager.train, group_size=1)
     return cfg.es_manager.train if split == Split.TRAIN else cfg.es_manager.val
+
+
+def rollouts_in_flight(cfg: AgentTrainerConfig) -> int:
+    """``trainer.rollouts_in_flight``, its default resolved: ``max_off_policy_steps`` with
+    ``async_mode=continuous``, else 1 (one rollout at a time)."""
+    t = cfg.trainer
+    if t.rollouts_in_flight is not None:
+        return t.rollouts_in_flight
+    return t.max_off_policy_steps if t.max_off_policy_steps >= 1 and t.async_mode == "continuous" else 1
 
 
 def condenser_config(cfg: AgentTrainerConfig) -> ContextCondenserConfig:

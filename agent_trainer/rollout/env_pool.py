@@ -67,10 +67,11 @@ class PendingCall:
 class EnvActorPool:
     """``len(shards)`` env actors; actor i hosts the episodes ``shards[i]``."""
 
-    def __init__(self, env_worker_cls, split: str, shards: list[list[EpisodeSpec]], actor_kwargs: dict,
+    def __init__(self, env_worker_cls, name: str, shards: list[list[EpisodeSpec]], actor_kwargs: dict,
                  max_concurrency: int = 1):
         self.env_worker_cls = env_worker_cls
-        self.split = split
+        self.pool_name = name
+        """The split, or the label of a further rollout of it (``train-2``): names the actors."""
         self.shards = shards
         self.actor_kwargs = actor_kwargs
         self.max_concurrency = max(1, int(max_concurrency))
@@ -85,8 +86,8 @@ class EnvActorPool:
         """Actors replaced after a timeout, over the pool's life."""
 
     def name(self, index: int) -> str:
-        """The Ray name of actor ``index`` (``env_train_0``, ``env_val_1``, ...)."""
-        return f"env_{self.split}_{index}"
+        """The Ray name of actor ``index`` (``env_train_0``, ``env_val_1``, ``env_train-2_0``, ...)."""
+        return f"env_{self.pool_name}_{index}"
 
     def _start(self, index: int):
         """Start actor ``index``; waits up to NAME_RELEASE_TIMEOUT_S while an ended actor still holds its name

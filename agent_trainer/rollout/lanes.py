@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -43,7 +42,6 @@ class BarrierFreeLoop(TurnLoop):
     """
 
     def play(self, ctxs: dict[int, EpisodeContext | CondensedEpisode]) -> None:
-        self._engine_lock = threading.Lock()
         lanes = [lane for lane in self.lanes(ctxs) if self.start_lane_turn(lane)]
         timeout = self.rollout.cfg.es_manager.env_step_timeout_s
         self._lanes_now = lanes
@@ -104,9 +102,9 @@ class BarrierFreeLoop(TurnLoop):
                            budgets, seeds)
 
     def generate_alone(self, *args, **kwargs) -> list[tuple[list[int], list[float]]]:
-        """``_generate`` while no other lane thread is in it: an engine restart re-syncs the weights once."""
-        with self._engine_lock:
-            return self.rollout._generate(*args, **kwargs)
+        """``_generate``, which no other lane thread enters meanwhile (the rollout's ``engine_lock``): an engine
+        restart re-syncs the weights once."""
+        return self.rollout._generate(*args, **kwargs)
 
     def timed(self, phase: str, turn: int, fn: Callable, *args):
         """``fn(*args)`` (in a lane thread) timed as ``phase`` of ``turn``; lanes overlap, so the phases add

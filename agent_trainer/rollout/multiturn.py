@@ -8,6 +8,7 @@ errors) and hands one rollout's work to its parts: the resets (:mod:`.resets`), 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -51,10 +52,15 @@ class MultiTurnRollout:
 
     def __init__(self, cfg: AgentTrainerConfig, tokenizer, engines: list, env_worker_cls, env_tags: dict,
                  split: Split | str = Split.TRAIN, num_env_actors: int = 2,
-                 on_engine_restart: Callable[[], object] | None = None, agent_cls: type[Agent] | None = None):
+                 on_engine_restart: Callable[[], object] | None = None, agent_cls: type[Agent] | None = None,
+                 label: str | None = None):
         self.cfg = cfg
         self.split_cfg = split_config(cfg, split)
         self.split = Split(split)
+        self.label = label or str(self.split)
+        """How error messages and Ray name this rollout's env actors (``env actor 0 (train)``, ``env_train_0``);
+        a further rollout of the same split running at once has its own (``train-2``:
+        ``trainer.rollouts_in_flight``)."""
         self.engines = engines
         self.on_engine_restart = on_engine_restart
         """Called after an engine died (Ray restarts it from the checkpoint on disk): re-sync the weights."""
@@ -77,7 +83,7 @@ class MultiTurnRollout:
         shards = [s for s in shards if s]
         es = cfg.es_manager
         self.env_pool = EnvActorPool(
-            env_worker_cls, self.split, [[self.episodes[i] for i in shard] for shard in shards],
+            env_worker_cls, self.label, [[self.episodes[i] for i in shard] for shard in shards],
             dict(tags=env_tags, format_penalty=es.format_penalty, action_sep=es.action_sep,
                  max_actions_per_turn=es.max_actions_per_turn, max_observation_chars=es.max_observation_chars),
             max_concurrency=max(len(g) for g in group_shards) if self.barrier_free or self.concurrent_env_steps else 1)
@@ -101,6 +107,10 @@ class MultiTurnRollout:
         self.last_versions: dict[int, list[int]] = defaultdict(list)
         """With :attr:`engine_version`: the policy version of each episode's turns in the last rollout (one per
         entry of :attr:`last_generations`)."""
+        self.engine_lock: threading.RLock = threading.RLock()
+        """Held around each engine call (:meth:`_generate`): one call of this rollout at a time. Rollouts that run
+        at once (``trainer.rollouts_in_flight``) share one, so a weight sync at a safe point finds no call of
+        any of them in flight, and the version read after a call is the one that generated it."""
 
     @property
     def num_resets(self) -> int:
@@ -118,7 +128,7 @@ class MultiTurnRollout:
 
     def named_actors(self) -> dict[str, list]:
         """The rollout's own Ray actors by the name an error message gives them (``env actor 0 (train)``)."""
-        return {f"env actor {i} ({self.split})": [a] for i, a in enumerate(self.env_actors)}
+        return {f"env actor {i} ({self.label})": [a] for i, a in enumerate(self.env_actors)}
 
     def sampling_params(self) -> SamplingParams:
         """Training sampling, the ``val_kwargs`` for the val split, greedy for the ReMax baseline."""
@@ -188,15 +198,18 @@ class MultiTurnRollout:
         ``<prefix>/engine_failures``. The turn loops call it through this method (a test may wrap it), one call at
         a time: before it the engines may take new weights (:attr:`in_flight_sync`), and its result carries the
         version that generated it (:attr:`engine_version`; an engine restarted mid-call is re-synced before the
-        call is repeated, so the version read after it is the one that generated)."""
+        call is repeated, so the version read after it is the one that generated). It runs under
+        :attr:`engine_lock`."""
         def count_failure():
             self.faults.engine_failures += 1
 
-        if self.in_flight_sync is not None:
-            self.in_flight_sync()
-        out = generate(self.engines, prompts, sampling, seed, self.cfg.actor_rollout_ref.rollout.generate_timeout_s,
-                       self.on_engine_restart, count_failure, budgets=budgets, prompt_seeds=prompt_seeds)
-        return Generations(out, None if self.engine_version is None else self.engine_version())
+        with self.engine_lock:
+            if self.in_flight_sync is not None:
+                self.in_flight_sync()
+            out = generate(self.engines, prompts, sampling, seed,
+                           self.cfg.actor_rollout_ref.rollout.generate_timeout_s, self.on_engine_restart,
+                           count_failure, budgets=budgets, prompt_seeds=prompt_seeds)
+            return Generations(out, None if self.engine_version is None else self.engine_version())
 
     def log_env_error(self, env_id: int, method: str, error: str) -> None:
         """Log an environment's error with its text, once per (tag, exception type) per run."""

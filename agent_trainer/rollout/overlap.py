@@ -9,7 +9,8 @@ TRL's ``max_staleness``, on the fit loop of this project. With 1::
              wait for step t+1's rollout, then sync          <- engines take the weights after step t
 
 With k >= 2 the driver keeps up to k steps' rollouts queued on one producer thread, which runs them one after
-the other; before each it ships the actor's weights to the engines when the actor holds a newer version than
+the other (``trainer.async_mode=continuous``: up to ``trainer.rollouts_in_flight`` of them at once, each on its
+own env actors, their engine calls taken one at a time); before each it ships the actor's weights to the engines when the actor holds a newer version than
 the engines (``PolicyVersions``). The batch of step s is queued at the start of step s - k, when the actor holds
 version s - k - 1 at least, and step s trains from version s - 1: no batch is more than k versions old. A batch
 that is anyway (an engine restarted and re-synced mid-rollout, a bug) is dropped and counted, never trained on.
@@ -36,7 +37,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -59,11 +60,16 @@ class Pending(Generic[T]):
     saves, so a resumed run plays step ``step`` from the same initial states (with the saved, newer weights)."""
     version: int | None = None
     """The engines' policy version when the rollout started (set when it starts)."""
+    seeds: list[int] | None = None
+    """The group seeds drawn for it when it was queued (several rollouts in flight: drawn in step order, so a
+    step plays the same initial states whichever rollout runs it first); None: it draws them when it starts."""
     started: threading.Event = field(default_factory=threading.Event)
 
     def mark_started(self, resets: int, version: int) -> None:
-        """Called by the producer right before the rollout draws its seeds."""
-        self.resets, self.version = resets, version
+        """Called by the producer right before the rollout draws its seeds (``resets`` is ignored when the seeds
+        were drawn at queue time: the counter from before that draw is kept)."""
+        self.resets = resets if self.seeds is None else self.resets
+        self.version = version
         self.started.set()
 
 
@@ -78,23 +84,26 @@ class Taken(Generic[T]):
 
 
 class RolloutBuffer(Generic[T]):
-    """Up to ``depth`` steps' experience generated in order on one background thread (see the module docstring)."""
+    """Up to ``depth`` steps' experience generated in the background (see the module docstring): on one producer
+    thread, one rollout after the other, or on ``workers`` threads, that many at once (started in step order)."""
 
-    def __init__(self, depth: int = 1) -> None:
-        self.depth = depth
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-producer")
+    def __init__(self, depth: int = 1, workers: int = 1) -> None:
+        self.depth, self.workers = depth, workers
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rollout-producer")
         self.pending: deque[Pending[T]] = deque()
 
     def __len__(self) -> int:
         return len(self.pending)
 
-    def start(self, step: int, produce: Callable[[Pending[T]], T]) -> None:
+    def start(self, step: int, produce: Callable[[Pending[T]], T], resets: int | None = None,
+              seeds: list[int] | None = None) -> None:
         """Queue ``produce(pending)`` for ``step`` behind the buffered rollouts; it calls ``pending.mark_started``
-        before drawing seeds. Refused when ``depth`` rollouts are already held."""
+        before drawing seeds, or plays ``seeds`` (drawn now, after ``resets`` resets). Refused when ``depth``
+        rollouts are already held."""
         if len(self.pending) >= self.depth:
             raise RuntimeError(f"{len(self.pending)} rollouts (steps {[p.step for p in self.pending]}) are already "
                                f"held, the most of {self.depth}; take or drop one before starting step {step}'s")
-        pending: Pending[T] = Pending(step)
+        pending: Pending[T] = Pending(step, resets=resets, seeds=seeds)
         pending.future = self._pool.submit(self._run, produce, pending)
         self.pending.append(pending)
 
@@ -128,13 +137,14 @@ class RolloutBuffer(Generic[T]):
         return Taken(None, -1, dropped) if dropped else None
 
     def running(self) -> int:
-        """Buffered rollouts started and not yet ended (the producer runs one at a time: 0 or 1)."""
+        """Buffered rollouts started and not yet ended (at most ``workers``)."""
         return sum(p.started.is_set() and not p.future.done() for p in self.pending)
 
     def first_resets(self) -> int | None:
         """The reset counter the oldest buffered rollout started from (waiting for it to start), else None."""
         for pending in list(self.pending):
-            pending.started.wait()
+            if pending.seeds is None:  # it draws its seeds when it starts
+                pending.started.wait()
             if pending.resets is not None:
                 return pending.resets
         return None
@@ -190,6 +200,22 @@ class PolicyVersions:
                 return False
             self.sync(ship)
             return True
+
+    def sync_when_free(self, ship: Callable[[], float], exclusive: AbstractContextManager) -> bool:
+        """:meth:`sync_if_newer` inside ``exclusive`` (no engine call in flight: the rollouts' engine lock), waiting
+        for an update in progress without holding ``exclusive`` (the rollouts in flight go on generating
+        meanwhile; one that meets a restarted engine takes ``exclusive``, then this lock, and never waits on this
+        thread). Whether it synced: on return the engines hold the actor's version of some moment after the call."""
+        while True:
+            with self._lock:  # an update in progress ends first
+                if self.actor == self.engines:
+                    return False
+            with exclusive:
+                if self._lock.acquire(blocking=False):
+                    try:
+                        return self.sync_if_newer(ship)
+                    finally:
+                        self._lock.release()
 
     def sync_unless_updating(self, ship: Callable[[], float]) -> bool:
         """:meth:`sync_if_newer`, but only when the lock is free at once: while the actor updates (or another

@@ -14,7 +14,9 @@ to a whole number of that group's mini-batches (:func:`pad_for_update`).
 from __future__ import annotations
 
 import logging
+import queue
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -30,7 +32,7 @@ from agent_trainer.episode.collapse_metrics import collapse_metrics, collapse_me
 from agent_trainer.rollout.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
                                            version_metrics)
 from agent_trainer.common.batch import TensorBatch
-from agent_trainer.config import AgentTrainerConfig
+from agent_trainer.config import AgentTrainerConfig, rollouts_in_flight
 from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
@@ -86,13 +88,25 @@ class AgentTrainer:
         """The started workers (:meth:`init_workers`); None before and after :meth:`shutdown`."""
         self.actor_wg = self.critic_wg = self.ref_wg = self.engine_group = self.rm_wg = self.teacher_wg = None
         self.rollouts: dict[str, SyncMultiTurnRollout] = {}
-        self.prefetch: RolloutBuffer[RolloutResult] = RolloutBuffer(depth=max(1, cfg.trainer.max_off_policy_steps))
-        """trainer.max_off_policy_steps k >= 1: the next k steps' experience, generated while this step trains."""
-        self.versions = PolicyVersions()
-        """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
         self.continuous = cfg.trainer.max_off_policy_steps >= 1 and cfg.trainer.async_mode == "continuous"
         """trainer.async_mode=continuous: the engines also take new weights while a rollout runs
         (:meth:`sync_in_flight`)."""
+        self.in_flight = rollouts_in_flight(cfg)
+        """How many of the buffered rollouts run at once (``trainer.rollouts_in_flight``), each on its own train
+        rollout (:attr:`train_pool`)."""
+        self.prefetch: RolloutBuffer[RolloutResult] = RolloutBuffer(depth=max(1, cfg.trainer.max_off_policy_steps),
+                                                                    workers=self.in_flight)
+        """trainer.max_off_policy_steps k >= 1: the next k steps' experience, generated while this step trains."""
+        self.train_pool: list[SyncMultiTurnRollout] = []
+        """The train split's rollouts: the train rollout, and one more (its own env actors) per further rollout in
+        flight; the producer threads take a free one for each buffered step."""
+        self.idle_train: queue.Queue[SyncMultiTurnRollout] = queue.Queue()
+        """The rollouts of :attr:`train_pool` no producer thread is playing."""
+        self.engine_lock = threading.RLock()
+        """Shared by the train rollouts (their engine calls, one at a time) and the producer's syncs: a sync never
+        runs while an engine call is in flight (``MultiTurnRollout.engine_lock``)."""
+        self.versions = PolicyVersions()
+        """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
         self.producer_syncs = cfg.trainer.max_off_policy_steps >= 2 or self.continuous
         """The producer thread brings the engines to the newest weights (not the step, after waiting for it)."""
         self.in_flight_syncs = 0
@@ -119,9 +133,21 @@ class AgentTrainer:
         """val_rollout: None when the run never validates (``trainer.test_freq`` <= 0, :func:`trainer_splits`)."""
         self.remax_rollout = rollouts.get(Split.REMAX_BASELINE)
         """ReMax only: one greedy episode per training group from the group's seed, never trained on."""
-        if self.continuous:  # the train split's tokens carry their policy version; its engine calls may sync
-            self.train_rollout.engine_version = lambda: self.versions.engines
-            self.train_rollout.in_flight_sync = self.sync_in_flight
+        self.train_pool = [self.train_rollout] + [
+            make_rollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags, split=Split.TRAIN,
+                         num_env_actors=self.cfg.agent_proxy.num_env_actors,
+                         on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls,
+                         label=f"{Split.TRAIN}-{i}")
+            for i in range(2, self.in_flight + 1)]
+        self.idle_train = queue.Queue()
+        for rollout in self.train_pool:
+            self.idle_train.put(rollout)
+            rollout.engine_lock = self.engine_lock
+            if self.in_flight > 1:  # the step's seeds are drawn when it is queued, for whichever rollout plays it
+                rollout.resets.prefetch = False
+            if self.continuous:  # the train split's tokens carry their policy version; its engine calls may sync
+                rollout.engine_version = lambda: self.versions.engines
+                rollout.in_flight_sync = self.sync_in_flight
         if self.resume_from is not None:
             self.load_checkpoint(self.resume_from)
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
@@ -143,10 +169,10 @@ class AgentTrainer:
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
         self.prefetch.drop()
-        for rollout in self.rollouts.values():
+        for rollout in self.all_rollouts():
             rollout.close()
-        lifecycle.kill_actors([a for rollout in self.rollouts.values() for a in rollout.env_actors])
-        self.rollouts = {}
+        lifecycle.kill_actors([a for rollout in self.all_rollouts() for a in rollout.env_actors])
+        self.rollouts, self.train_pool = {}, []
         for group in self.worker_groups():
             group.shutdown()
             lifecycle.kill_actors(group.workers)  # wait until dead: a restart reuses the actor names
@@ -198,9 +224,13 @@ class AgentTrainer:
     def named_workers(self) -> dict[str, list]:
         """Every worker's name (as in the Ray namespace) -> its actor handle, for error messages."""
         named = {f"{g.name} rank {i}": [w] for g in self.worker_groups() for i, w in enumerate(g.workers)}
-        for r in self.rollouts.values():
+        for r in self.all_rollouts():
             named.update(r.named_actors())
         return named
+
+    def all_rollouts(self) -> list[SyncMultiTurnRollout]:
+        """Every split's rollout and the further train rollouts in flight (:attr:`train_pool`), each once."""
+        return list(self.rollouts.values()) + self.train_pool[1:]
 
     def fit_steps(self, stop: lifecycle.StopSignal | None = None) -> list[dict[str, float]]:
         """The steps from ``global_step + 1`` to ``trainer.total_training_steps``; returns their metrics."""
@@ -334,12 +364,16 @@ class AgentTrainer:
         engines to the actor's newest version when they hold an older one, then :meth:`collect` ``pending.step``'s
         experience."""
         metrics: dict[str, float] = {}
-        if self.producer_syncs:
-            with timer("producer_sync", metrics):
-                self.versions.sync_if_newer(self.ship_weights)
-        pending.mark_started(resets=self.train_rollout.num_resets, version=self.versions.engines)
-        syncs = self.in_flight_syncs
-        result = self.collect(pending.step)
+        rollout = self.idle_train.get()  # one per producer thread: never waits
+        try:
+            if self.producer_syncs:
+                with timer("producer_sync", metrics):
+                    self.versions.sync_when_free(self.ship_weights, self.engine_lock)
+            pending.mark_started(resets=rollout.num_resets, version=self.versions.engines)
+            syncs = self.in_flight_syncs
+            result = self.collect(pending.step, rollout, pending.seeds)
+        finally:
+            self.idle_train.put(rollout)
         if self.continuous:
             result.metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - syncs)
         result.metrics.update(metrics)
@@ -352,12 +386,14 @@ class AgentTrainer:
         if self.versions.sync_unless_updating(self.ship_weights):
             self.in_flight_syncs += 1
 
-    def collect(self, step: int) -> RolloutResult:
-        """Step ``step``'s experience on the engines' current weights: the rollout, then the judge's and the
-        reward model's scores and ReMax's baselines."""
+    def collect(self, step: int, rollout: SyncMultiTurnRollout | None = None,
+                seeds: list[int] | None = None) -> RolloutResult:
+        """Step ``step``'s experience on the engines' current weights: the rollout (``rollout``, default the train
+        rollout; from ``seeds``, default the split's next ones), then the judge's and the reward model's scores
+        and ReMax's baselines."""
         metrics: dict[str, float] = {}
         with timer("rollout", metrics):
-            result = self.train_rollout.rollout(step)
+            result = (rollout or self.train_rollout).rollout(step, seeds=seeds)
         result.metrics.update(metrics)
         if self.judge is not None:
             with timer("judge", result.metrics):
@@ -374,7 +410,11 @@ class AgentTrainer:
         """``trainer.max_off_policy_steps`` k >= 1: queue the rollouts of the next k steps not yet queued."""
         last = min(self.global_step + self.cfg.trainer.max_off_policy_steps, self.cfg.trainer.total_training_steps)
         for step in range(self.global_step + 1 + len(self.prefetch), last + 1):
-            self.prefetch.start(step, self.produce)
+            if self.in_flight > 1:  # drawn in step order, whichever rollout starts first
+                resets = self.train_rollout.num_resets
+                self.prefetch.start(step, self.produce, resets=resets, seeds=self.train_rollout.next_group_seeds())
+            else:
+                self.prefetch.start(step, self.produce)
 
     def score_with_reward_model(self, batch: TensorBatch, split: Split = Split.TRAIN,
                                 step: int | None = None) -> dict[str, float]:

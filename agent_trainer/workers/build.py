@@ -15,7 +15,9 @@ import ray
 from agent_trainer import core_algos
 from agent_trainer.checks.engines import engine_class
 from agent_trainer.checks.rl import check_engine_keys, check_offload
-from agent_trainer.config import ActorConfig, AgentTrainerConfig, CriticConfig, ModelConfig, RefConfig, split_config
+from agent_trainer.config import (ActorConfig, AgentTrainerConfig, CriticConfig, ModelConfig, RefConfig,
+                                  rollouts_in_flight, split_config)
+from agent_trainer.config.splits import Split
 from agent_trainer.episode.es_manager import EnvStateManager
 from agent_trainer.workers.actor import ActorWorker, ReferenceWorker
 from agent_trainer.workers.critic import CriticWorker
@@ -334,6 +336,7 @@ def resource_demands(cfg: AgentTrainerConfig, device: str) -> list[Demand]:
         demands.append(Demand("rollout", r.num_workers, r.num_cpus_per_worker, engine_gpus(cfg, device, False)))
     for split in core_algos.trainer_splits(cfg):
         actors = min(max(1, cfg.agent_proxy.num_env_actors), split_config(cfg, split).env_groups)
+        actors *= rollouts_in_flight(cfg) if split == Split.TRAIN else 1  # each rollout in flight has its own
         demands.append(Demand(f"env_{split}", actors, cfg.agent_proxy.num_cpus_per_env_actor))
     return demands
 

@@ -6,6 +6,7 @@ from hydra import compose, initialize_config_dir
 
 from agent_trainer.checks.load import load_config
 from agent_trainer.checks.prepare import CONFIG_DIR
+from agent_trainer.config import rollouts_in_flight
 from agent_trainer.training.trainer import needs_old_log_probs
 
 
@@ -71,6 +72,14 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
     (["trainer.max_off_policy_steps=1", "trainer.async_mode=continuous", "algorithm.adv_estimator=gae"],
      "fits a critic whose GAE targets have no correction for that"),
     (["es_manager.min_group_left=0"], "es_manager.min_group_left = 0 must be >= 1"),
+    (["trainer.rollouts_in_flight=0"], "trainer.rollouts_in_flight = 0 must be >= 1"),
+    (["trainer.max_off_policy_steps=2", "trainer.rollouts_in_flight=2"],
+     "trainer.rollouts_in_flight = 2 runs rollouts at once, which take new weights while the others run, but "
+     "trainer.async_mode = 'buffered' keeps an episode on one policy; set trainer.async_mode=continuous, or "
+     "trainer.rollouts_in_flight=1"),
+    (["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous", "trainer.rollouts_in_flight=3"],
+     "trainer.rollouts_in_flight = 3 is more rollouts than trainer.max_off_policy_steps = 2 lets run ahead of "
+     "training; set trainer.rollouts_in_flight=2 (or null), or raise trainer.max_off_policy_steps"),
     (["algorithm.rollout_correction.rollout_rs=sequence"], "algorithm.rollout_correction.rollout_rs = 'sequence'"),
     (["algorithm.rollout_correction.rollout_rs=token", "actor_rollout_ref.rollout.temperature=0.7"],
      "algorithm.rollout_correction.rollout_rs = 'token' masks by the ratio"),
@@ -95,6 +104,10 @@ def test_continuous_asynchronous_training_and_icepop_masking_load():
                 "algorithm.rollout_correction.rollout_rs=token")
     assert (cfg.trainer.async_mode, cfg.trainer.stale_groups) == ("continuous", "replace")
     assert needs_old_log_probs(cfg) and cfg.es_manager.min_group_left == 2
+    assert rollouts_in_flight(cfg) == 2  # null: k rollouts at once with continuous
+    assert rollouts_in_flight(_load("trainer.max_off_policy_steps=2")) == 1  # buffered: one at a time
+    assert rollouts_in_flight(_load("trainer.max_off_policy_steps=4", "trainer.async_mode=continuous",
+                                    "trainer.rollouts_in_flight=3")) == 3
 
 
 def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():

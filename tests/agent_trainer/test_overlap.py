@@ -184,3 +184,61 @@ def test_a_batch_with_per_token_versions_is_screened_by_its_fresh_test():
         buffer.start(step, lambda pending, g=groups: pending.mark_started(0, 0) or g)
     taken = buffer.take(4, oldest_version=2, fresh=lambda oldest_per_group: max(oldest_per_group) >= 2)
     assert taken.result == [2, 3] and taken.dropped == [[0, 1]]  # started at version 0, judged by its tokens
+
+
+def test_rollouts_in_flight_run_at_once_and_are_taken_in_step_order():
+    """trainer.rollouts_in_flight: the buffer's producer threads run that many rollouts at once; each step's seeds
+    were drawn when it was queued, so a checkpoint reads the counter from before the oldest one's draw without
+    waiting for it to start, and the steps are taken in order whichever ends first."""
+    buffer, both_running, order = RolloutBuffer(depth=3, workers=2), threading.Barrier(2, timeout=10), []
+    release_first = threading.Event()
+
+    def produce(pending):
+        pending.mark_started(resets=99, version=0)  # ignored: the seeds were drawn at queue time
+        if pending.step in (2, 3):
+            both_running.wait()  # steps 2 and 3 run at the same time, or this times out
+        if pending.step == 2:
+            release_first.wait(10)
+        order.append(pending.step)
+        return pending.seeds
+
+    for step, resets in ((2, 5), (3, 6), (4, 7)):
+        buffer.start(step, produce, resets=resets, seeds=[10 * step])
+    assert buffer.first_resets() == 5
+    while len(order) < 2:  # steps 3 and 4 end while step 2 still runs
+        threading.Event().wait(0.01)
+    assert order == [3, 4] and buffer.running() == 1
+    release_first.set()
+    assert [buffer.take(step, oldest_version=0).result for step in (2, 3, 4)] == [[20], [30], [40]]
+
+
+def test_a_sync_before_a_rollout_waits_for_the_update_without_holding_the_engine_lock():
+    """Several rollouts in flight: the producer's sync before a rollout waits for the actor's update to end (the
+    bound), but not inside the engine lock, so the other rollouts' engine calls go on; it then ships inside it."""
+    versions, engine_lock, shipped = PolicyVersions(), threading.RLock(), []
+    inside, release = threading.Event(), threading.Event()
+
+    def ship():
+        assert engine_lock._is_owned()  # the sync runs with no engine call in flight
+        shipped.append(versions.actor)
+        return 0.0
+
+    def update():
+        with versions.updating():
+            inside.set()
+            release.wait(10)
+
+    updating = threading.Thread(target=update)
+    updating.start()
+    assert inside.wait(5)
+    syncing = threading.Thread(target=versions.sync_when_free, args=(ship, engine_lock))
+    syncing.start()
+    syncing.join(0.2)
+    assert syncing.is_alive() and shipped == []  # waits for the update ...
+    with engine_lock:  # ... while a rollout's engine call takes the lock at once
+        assert shipped == []
+    release.set()
+    updating.join(5)
+    syncing.join(5)
+    assert shipped == [1] and versions.engines == 1
+    assert versions.sync_when_free(lambda: 1 / 0, engine_lock) is False  # nothing newer: nothing shipped
