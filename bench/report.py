@@ -233,7 +233,9 @@ def _other_sections(r: dict) -> list[str]:
                 "once (`trainer.rollouts_in_flight`' default); continuous_k2_one_in_flight: k = 2, one rollout at a "
                 "time (`trainer.rollouts_in_flight=1`). Every run with k >= 1 "
                 "uses the token-level rollout correction. Episodes a step trains: its batch's, less the groups "
-                "dropped as too stale; per second of step time (median of steps 2..N).", "",
+                "dropped as too stale; per second of step time. Each figure is the mean over steps k + 2..N (the "
+                "steady state: those steps' rollouts were queued at step 2 or later; k = 0 for sync), at least "
+                "16 steps per run.", "",
                 render_table(["run", "s/step", "episodes/step", "episodes/s", "x sync", "trained tokens/s",
                               "x sync", "max staleness", "episodes dropped as stale"], rows), ""]
     return out

@@ -337,25 +337,36 @@ weights between two engine calls (``async_mode=continuous``); continuous_k2_one_
 at a time, as before several could run at once."""
 
 
+P8_MIN_STEPS = 16
+"""P8 trains at least this many steps per run: its figures are over steps k + 2..N (with k = 4: 11 steps)."""
+
+
 def p8_async(b: Bench) -> dict:
     """Synchronous, one-step-off and asynchronous training (continuous, k = 1, 2, 4) side by side on the slow env
     (P6's ``SlowFrozenLake3x3``, barrier-free rollout), GRPO (asynchronous training needs a critic-free estimator),
     the main job's config otherwise: trained episodes and trained (generated) tokens per second of step time, each
-    over the synchronous run's. Episodes a step trains: its batch's, less the ones dropped as too stale."""
+    over the synchronous run's. Episodes a step trains: its batch's, less the ones dropped as too stale.
+
+    The window is the steady state, steps k + 2..N: their rollouts were queued at step 2 or later (step 1 queues
+    the next k at once, which then run side by side with nothing to wait for), and each figure is its mean (a
+    pipeline's steps alternate between waiting and not; the mean step time is its throughput)."""
     from omegaconf import OmegaConf
 
     train = OmegaConf.load(REPO / "config" / "frozenlake.yaml").es_manager.train
     per_step = float(train.env_groups * train.group_size)
     base = [f"model_path={TINY}", *SLOW_ENV, "actor_rollout_ref.rollout.mode=async", "algorithm.adv_estimator=grpo"]
+    steps = max(b.steps, P8_MIN_STEPS)
     out: dict[str, dict] = {}
     for name, extra in ASYNC_MODES.items():
-        run = b.project(RunSpec(f"frozenlake_slow_env_grpo_{name}", steps=b.steps, code_dir=b.tree,
+        k = next((int(o.split("=")[1]) for o in extra if o.startswith("trainer.max_off_policy_steps=")), 0)
+        run = b.project(RunSpec(f"frozenlake_slow_env_grpo_{name}", steps=steps, code_dir=b.tree,
                                 overrides=[*base, *extra]))
-        steady = run.history[1:] or run.history
-        episodes = statistics.median(per_step - h.get("rollout/stale_dropped", 0.0) for h in steady)
-        step_s = run.phases["step"]
+        steady = run.history[k + 1:]
+        step_s = statistics.fmean(h["timing_s/step"] for h in steady)
+        episodes = statistics.fmean(per_step - h.get("rollout/stale_dropped", 0.0) for h in steady)
+        tokens = statistics.fmean(h["perf/generated_tokens"] for h in steady)
         out[name] = {"step_s": step_s, "episodes_per_step": episodes, "episodes_per_s": episodes / step_s,
-                     "trained_tokens_per_s": run.generated_tokens / step_s,
+                     "trained_tokens_per_s": tokens / step_s, "window": [k + 2, len(run.history)],
                      "max_staleness": max(h.get("rollout/policy_staleness", 0.0) for h in run.history),
                      "stale_dropped": sum(h.get("rollout/stale_dropped", 0.0) for h in run.history),
                      "command": run.command}

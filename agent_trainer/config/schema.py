@@ -351,9 +351,9 @@ class TrainerConfig:
     (whole groups) generating back to back, syncing the engines to the newest actor version between two of
     them (async_mode=continuous: also while they run); the trainer takes the oldest; no batch is more than k
     versions old (one that is would be dropped, rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's
-    max_head_offpolicyness, TRL's max_staleness. Measured on the same env with GRPO: 1.25-1.33x for k = 1, 2 and 4,
-    buffered or continuous (the producer runs one whole rollout at a time, so it never gets further ahead;
-    docs/benchmarks.md, P8).
+    max_head_offpolicyness, TRL's max_staleness. Measured on the same env with GRPO, episodes per second over
+    synchronous: 1.78x at k = 2 and 2.25x at k = 4 with async_mode=continuous and k rollouts in flight
+    (rollouts_in_flight), 1.17x at k = 2 with one rollout at a time (docs/benchmarks.md, P8).
     Critic-free estimators only. docs/architecture.md, docs/algorithms.md."""
     async_mode: str = "buffered"
     """How a run with max_off_policy_steps k >= 1 hands the engines new weights. buffered: only between two

@@ -105,6 +105,9 @@ class AgentTrainer:
         self.engine_lock = threading.RLock()
         """Shared by the train rollouts (their engine calls, one at a time) and the producer's syncs: a sync never
         runs while an engine call is in flight (``MultiTurnRollout.engine_lock``)."""
+        self.scoring_lock = threading.Lock()
+        """Around the scoring of a finished rollout (judge, reward model and its score dump, ReMax's one greedy
+        rollout), which rollouts in flight reach from several producer threads."""
         self.versions = PolicyVersions()
         """The actor's policy version (optimizer steps taken) and the engines' (bumped by each weight sync)."""
         self.producer_syncs = cfg.trainer.max_off_policy_steps >= 2 or self.continuous
@@ -395,15 +398,16 @@ class AgentTrainer:
         with timer("rollout", metrics):
             result = (rollout or self.train_rollout).rollout(step, seeds=seeds)
         result.metrics.update(metrics)
-        if self.judge is not None:
-            with timer("judge", result.metrics):
-                result.metrics.update(self.score_with_judge(result))
-        if self.rm_wg is not None:
-            with timer("reward_model", result.metrics):
-                result.metrics.update(self.score_with_reward_model(result.batch, step=step))
-        if self.remax_rollout is not None:
-            with timer("remax_baseline", result.metrics):
-                self.add_remax_baselines(result, step)
+        with self.scoring_lock:
+            if self.judge is not None:
+                with timer("judge", result.metrics):
+                    result.metrics.update(self.score_with_judge(result))
+            if self.rm_wg is not None:
+                with timer("reward_model", result.metrics):
+                    result.metrics.update(self.score_with_reward_model(result.batch, step=step))
+            if self.remax_rollout is not None:
+                with timer("remax_baseline", result.metrics):
+                    self.add_remax_baselines(result, step)
         return result
 
     def start_prefetch(self) -> None:

@@ -85,6 +85,14 @@ def test_env_actors_are_asked_for_each_split_the_run_plays(tiny_model_path, over
     assert [d.what for d in resource_demands(cfg, "cpu") if d.what.startswith("env_")] == env_splits
 
 
+def test_each_rollout_in_flight_asks_for_env_actors_of_its_own(tiny_model_path):
+    """trainer.rollouts_in_flight (default k with async_mode=continuous): one set of train env actors per rollout."""
+    cfg, _ = compose_and_prepare([f"model_path={tiny_model_path}", "algorithm.adv_estimator=grpo",
+                                  "trainer.max_off_policy_steps=2", "trainer.async_mode=continuous"])
+    assert [(d.what, d.count) for d in resource_demands(cfg, "cpu") if d.what.startswith("env_")] == [
+        ("env_train", 4), ("env_val", 2)]
+
+
 def test_gpus_are_counted_too():
     with pytest.raises(PlacementError, match="need 3 GPU but the Ray cluster has 2"):
         check_placement([Demand("actor", 2, 0.25, 1.0), Demand("rollout", 1, 0.5, 1.0)], {"CPU": 8.0, "GPU": 2.0})
