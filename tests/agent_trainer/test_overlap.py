@@ -2,6 +2,7 @@
 (agent_trainer.rollout.overlap)."""
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,6 +20,26 @@ def producer(versions: PolicyVersions, resets: list[int], log: list, ship=lambda
         log.append((pending.step, versions.engines, threading.current_thread().name))
         return f"experience {pending.step}"
     return produce
+
+
+@contextmanager
+def an_update_running(versions: PolicyVersions):
+    """The actor's update in another thread, holding the version lock until the block ends (version + 1)."""
+    inside, release = threading.Event(), threading.Event()
+
+    def update():
+        with versions.updating():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=update)
+    thread.start()
+    assert inside.wait(5)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(5)
 
 
 def test_a_prefetched_step_is_generated_in_the_background_and_taken_once():
@@ -124,23 +145,12 @@ def test_a_checkpoint_reads_the_reset_counter_of_the_oldest_buffered_rollout():
 
 
 def test_a_weight_sync_never_overlaps_the_actor_update():
-    versions, inside, seen = PolicyVersions(), threading.Event(), []
-    release = threading.Event()
-
-    def update():
-        with versions.updating():
-            inside.set()
-            release.wait(5)
-
-    worker = threading.Thread(target=update)
-    worker.start()
-    assert inside.wait(5)
-    syncing = threading.Thread(target=lambda: versions.sync_if_newer(lambda: seen.append(versions.actor) or 0.0))
-    syncing.start()
-    syncing.join(0.2)
-    assert syncing.is_alive() and seen == []  # waits for the update
-    release.set()
-    worker.join(5)
+    versions, seen = PolicyVersions(), []
+    with an_update_running(versions):
+        syncing = threading.Thread(target=lambda: versions.sync_if_newer(lambda: seen.append(versions.actor) or 0.0))
+        syncing.start()
+        syncing.join(0.2)
+        assert syncing.is_alive() and seen == []  # waits for the update
     syncing.join(5)
     assert seen == [1] and versions.engines == versions.actor == 1
     versions.reset(7)
@@ -216,29 +226,19 @@ def test_a_sync_before_a_rollout_waits_for_the_update_without_holding_the_engine
     """Several rollouts in flight: the producer's sync before a rollout waits for the actor's update to end (the
     bound), but not inside the engine lock, so the other rollouts' engine calls go on; it then ships inside it."""
     versions, engine_lock, shipped = PolicyVersions(), threading.RLock(), []
-    inside, release = threading.Event(), threading.Event()
 
     def ship():
         assert engine_lock._is_owned()  # the sync runs with no engine call in flight
         shipped.append(versions.actor)
         return 0.0
 
-    def update():
-        with versions.updating():
-            inside.set()
-            release.wait(10)
-
-    updating = threading.Thread(target=update)
-    updating.start()
-    assert inside.wait(5)
-    syncing = threading.Thread(target=versions.sync_when_free, args=(ship, engine_lock))
-    syncing.start()
-    syncing.join(0.2)
-    assert syncing.is_alive() and shipped == []  # waits for the update ...
-    with engine_lock:  # ... while a rollout's engine call takes the lock at once
-        assert shipped == []
-    release.set()
-    updating.join(5)
+    with an_update_running(versions):
+        syncing = threading.Thread(target=versions.sync_when_free, args=(ship, engine_lock))
+        syncing.start()
+        syncing.join(0.2)
+        assert syncing.is_alive() and shipped == []  # waits for the update ...
+        with engine_lock:  # ... while a rollout's engine call takes the lock at once
+            assert shipped == []
     syncing.join(5)
     assert shipped == [1] and versions.engines == 1
     assert versions.sync_when_free(lambda: 1 / 0, engine_lock) is False  # nothing newer: nothing shipped
