@@ -223,7 +223,7 @@ def _other_sections(r: dict) -> list[str]:
                 render_table(["run", "axis", "s/step", "ratio to base"], rows), ""]
     if r.get("P8"):
         rows = [[name, v["step_s"], v["episodes_per_step"], v["episodes_per_s"], v["episodes_speedup"],
-                 v["trained_tokens_per_s"], v["tokens_speedup"], v["max_staleness"], v.get("stale_dropped")]
+                 v["trained_tokens_per_s"], v["tokens_speedup"], v["max_staleness"], v.get("stale_dropped"), v.get("shared_calls")]
                 for name, v in r["P8"].items()]
         out += ["### P8: synchronous, one-step-off and asynchronous training", "",
                 "P6's `SlowFrozenLake3x3` with the barrier-free rollout (`actor_rollout_ref.rollout.mode=async`), "
@@ -231,13 +231,16 @@ def _other_sections(r: dict) -> list[str]:
                 "sync: `trainer.max_off_policy_steps=0`; one_step_off: `max_off_policy_steps=1`; continuous_k: "
                 "`max_off_policy_steps=k`, `trainer.async_mode=continuous` (k = 1, 2, 4), k rollouts in flight at "
                 "once (`trainer.rollouts_in_flight`' default); continuous_k2_one_in_flight: k = 2, one rollout at a "
-                "time (`trainer.rollouts_in_flight=1`). Every run with k >= 1 "
+                "time (`trainer.rollouts_in_flight=1`); continuous_k2_calls_apart: k = 2, two in flight, each engine "
+                "call carrying one rollout's requests (`trainer.share_engine_calls=false`; the others send the "
+                "waiting requests of the rollouts in flight together). Every run with k >= 1 "
                 "uses the token-level rollout correction. Episodes a step trains: its batch's, less the groups "
                 "dropped as too stale; per second of step time. Each figure is the mean over steps k + 2..N (the "
                 "steady state: those steps' rollouts were queued at step 2 or later; k = 0 for sync), at least "
                 "16 steps per run.", "",
                 render_table(["run", "s/step", "episodes/step", "episodes/s", "x sync", "trained tokens/s",
-                              "x sync", "max staleness", "episodes dropped as stale"], rows), ""]
+                              "x sync", "max staleness", "episodes dropped as stale",
+                              "engine calls shared"], rows), ""]
     return out
 
 

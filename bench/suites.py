@@ -329,12 +329,15 @@ CONTINUOUS = ["trainer.async_mode=continuous", "algorithm.rollout_correction.rol
 ASYNC_MODES = {"sync": [], "one_step_off": OVERLAP,
                **{f"continuous_k{k}": [f"trainer.max_off_policy_steps={k}", *CONTINUOUS] for k in (1, 2, 4)},
                "continuous_k2_one_in_flight": ["trainer.max_off_policy_steps=2", *CONTINUOUS,
-                                               "trainer.rollouts_in_flight=1"]}
+                                               "trainer.rollouts_in_flight=1"],
+               "continuous_k2_calls_apart": ["trainer.max_off_policy_steps=2", *CONTINUOUS,
+                                             "trainer.share_engine_calls=false"]}
 """P8's runs: name -> overrides. sync: each rollout before its update (``max_off_policy_steps=0``); one_step_off:
 the next rollout generated while the step trains (buffered, k = 1); continuous_k<k>: the producer keeps the next k
 steps' rollouts generating, k of them at once (``trainer.rollouts_in_flight``' default), and the engines take new
 weights between two engine calls (``async_mode=continuous``); continuous_k2_one_in_flight: k = 2 with one rollout
-at a time, as before several could run at once."""
+at a time, as before several could run at once; continuous_k2_calls_apart: k = 2, two rollouts in flight, each
+engine call carrying one rollout's requests (``trainer.share_engine_calls=false``)."""
 
 
 P8_MIN_STEPS = 16
@@ -369,12 +372,20 @@ def p8_async(b: Bench) -> dict:
                      "trained_tokens_per_s": tokens / step_s, "window": [k + 2, len(run.history)],
                      "max_staleness": max(h.get("rollout/policy_staleness", 0.0) for h in run.history),
                      "stale_dropped": sum(h.get("rollout/stale_dropped", 0.0) for h in run.history),
+                     "shared_calls": shared_fraction(steady),
                      "command": run.command}
     sync = out["sync"]
     for v in out.values():
         v["episodes_speedup"] = ratio(v["episodes_per_s"], sync["episodes_per_s"])
         v["tokens_speedup"] = ratio(v["trained_tokens_per_s"], sync["trained_tokens_per_s"])
     return out
+
+
+def shared_fraction(history: list[dict]) -> float | None:
+    """Of the engine calls of the rollouts in flight, the fraction that carried another rollout's requests too
+    (None with one rollout at a time)."""
+    calls = sum(h.get("rollout/engine_calls", 0.0) for h in history)
+    return sum(h.get("rollout/engine_calls_shared", 0.0) for h in history) / calls if calls else None
 
 
 def p7_variants(with_20m: bool) -> dict[str, tuple[str, list[str]]]:

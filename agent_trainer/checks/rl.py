@@ -34,7 +34,7 @@ from agent_trainer.checks.rules import (
 from agent_trainer.config.choices import LOGGERS
 from agent_trainer.config.errors import check_choice
 from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
-from agent_trainer.config.schema import AgentTrainerConfig
+from agent_trainer.config.schema import AgentTrainerConfig, rollouts_in_flight
 from agent_trainer.config.splits import CONFIG_SPLITS
 from agent_trainer.config.workers import FSDPConfig, ModelConfig, RolloutConfig
 from agent_trainer.agents.ctx_manager import COLLATED_KEYS
@@ -495,6 +495,12 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
           f"trainer.rollouts_in_flight = {in_flight} is more rollouts than trainer.max_off_policy_steps = {k} lets "
           f"run ahead of training; set trainer.rollouts_in_flight={max(1, k)} (or null), or raise "
           "trainer.max_off_policy_steps")
+    check(cfg.trainer.share_engine_calls or (rollouts_in_flight(cfg) > 1
+                                             and cfg.actor_rollout_ref.rollout.mode == "async"),
+          f"trainer.share_engine_calls = false keeps apart the engine calls of rollouts in flight, but this run has "
+          f"{rollouts_in_flight(cfg)} rollout(s) in flight with actor_rollout_ref.rollout.mode = "
+          f"{cfg.actor_rollout_ref.rollout.mode!r}, so no call is ever shared; drop the key, or set "
+          "trainer.async_mode=continuous, trainer.max_off_policy_steps=2 and actor_rollout_ref.rollout.mode=async")
     if k < 2 and not continuous:
         return
     alg = cfg.algorithm

@@ -352,8 +352,8 @@ class TrainerConfig:
     them (async_mode=continuous: also while they run); the trainer takes the oldest; no batch is more than k
     versions old (one that is would be dropped, rollout/stale_dropped). prime-rl's max_off_policy_steps, AReaL's
     max_head_offpolicyness, TRL's max_staleness. Measured on the same env with GRPO, episodes per second over
-    synchronous: 1.78x at k = 2 and 2.25x at k = 4 with async_mode=continuous and k rollouts in flight
-    (rollouts_in_flight), 1.17x at k = 2 with one rollout at a time (docs/benchmarks.md, P8).
+    synchronous: 1.94x at k = 2 and 2.72x at k = 4 with async_mode=continuous and k rollouts in flight
+    (rollouts_in_flight), 1.12x at k = 2 with one rollout at a time (docs/benchmarks.md, P8).
     Critic-free estimators only. docs/architecture.md, docs/algorithms.md."""
     async_mode: str = "buffered"
     """How a run with max_off_policy_steps k >= 1 hands the engines new weights. buffered: only between two
@@ -368,11 +368,18 @@ class TrainerConfig:
     rollouts_in_flight: int | None = None
     """How many of the buffered rollouts (max_off_policy_steps k) run at once with async_mode=continuous, each on
     env actors of its own (agent_proxy.num_env_actors more per rollout); their engine calls are taken one at a
-    time, and each weight sync waits for the call in flight. A rollout that waits on slow environments leaves the
-    engines to the others, so the next steps' batches are ready sooner: the producer gets up to k steps ahead.
+    time, the waiting ones together (share_engine_calls), and each weight sync waits for the call in flight. A
+    rollout that waits on slow environments leaves the engines to the others, so the next steps' batches are
+    ready sooner: the producer gets up to k steps ahead.
     null (the default): k with async_mode=continuous, else 1 (one rollout at a time, the only choice with
     buffered, where an episode must not change policy). Between 1 and k. AReaL's max_concurrent_rollouts.
     docs/architecture.md, "Several rollouts in flight"."""
+    share_engine_calls: bool = True
+    """With several rollouts in flight (rollouts_in_flight > 1) and rollout.mode=async: their requests that wait
+    for the engines go out in one engine call (true), each prompt with its own seed, so a rollout samples the
+    tokens it samples alone; the leader waits for the other rollouts' next requests at most a quarter of the last
+    calls' time (and 50 ms). false: each engine call carries one rollout's requests. docs/architecture.md,
+    "Several rollouts in flight"."""
     stale_groups: str = "drop"
     """A group of a taken batch whose oldest generated token is more than max_off_policy_steps versions behind:
     drop (the group leaves the batch, the step trains the others; the whole batch is dropped when no group is

@@ -1,11 +1,16 @@
 """The rollout engines, called from the turn loops: one turn's prompts fanned out over the engines
-(:func:`generate`), an engine that dies or stalls restarted and the turn generated once more."""
+(:func:`generate`), an engine that dies or stalls restarted and the turn generated once more; the engine calls of
+several rollouts in flight sent together (:class:`EngineCalls`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import ray
@@ -104,3 +109,112 @@ def get_or_kill(refs: list, engines: list, timeout_s: float) -> list:
         raise GetTimeoutError(f"{len(stuck)} rollout engine(s) did not finish a turn within {timeout_s:g} s "
                               "(actor_rollout_ref.rollout.generate_timeout_s); killed them for a restart")
     return ray.get(refs)
+
+
+def engine_ids(owner) -> list:
+    """The engines a rollout generates on, by Ray actor id (handles of one actor may be distinct objects)."""
+    return [getattr(e, "_actor_id", None) or id(e) for e in getattr(owner, "engines", [])]
+
+
+@dataclass(eq=False)
+class WaitingCall:
+    """One rollout's engine call waiting for the engines (:meth:`EngineCalls.call`)."""
+
+    owner: object
+    """The rollout asking: requests of different owners may share a call."""
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    seed: int
+    budgets: list[int]
+    """Each prompt's max new tokens."""
+    prompt_seeds: list[int] | None
+    """Each prompt's own seed; None (one seed for the call) never shares a call: sharing would change its draws."""
+    outputs: list | None = None
+    error: BaseException | None = None
+    done: bool = False
+    shared: bool = False
+    """Sent in one call with another rollout's request."""
+
+    def joins(self, other: WaitingCall) -> bool:
+        """Whether this request may go in ``other``'s call: both seeded per prompt, sampled alike (but for the
+        per-prompt budgets) and for the same engines."""
+        alike = dataclasses.replace(self.sampling, max_tokens=0) == dataclasses.replace(other.sampling, max_tokens=0)
+        return (self.prompt_seeds is not None and other.prompt_seeds is not None and alike
+                and engine_ids(self.owner) == engine_ids(other.owner))
+
+
+@dataclass(eq=False)
+class EngineCalls:
+    """The engines as rollouts share them: one call at a time (:attr:`lock`), and the requests of several rollouts
+    playing at once (``trainer.rollouts_in_flight``) that wait for the engines sent together in one call.
+
+    The first waiting request to take the lock leads: it takes every waiting request that :meth:`WaitingCall.joins`
+    it, sends them in one call and hands each its outputs. A rollout whose call just ended takes a moment to step
+    its replies and ask again, so with other rollouts playing the leader waits for their requests up to a quarter
+    of the last calls' time (at most :attr:`max_gather_s`, which the first call waits), and no longer once every
+    playing rollout has a request waiting.
+    Each prompt keeps its own seed, so it samples the same tokens whichever requests share its call."""
+
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held around each engine call and the weight sync before it: a sync finds no call in flight, and the version
+    read after a call is the one that generated it."""
+    share: bool = True
+    """False: each call carries the leader's request alone (``trainer.share_engine_calls=false``)."""
+    max_gather_s: float = 0.05
+    playing: int = 0
+    """Rollouts playing now (:meth:`play`)."""
+    _waiting: list[WaitingCall] = field(default_factory=list)
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+    _call_s: float = 0.0
+    """The last call's duration (smoothed)."""
+
+    @contextmanager
+    def play(self) -> Iterator[None]:
+        """Around a rollout's turns: while it plays, a leader may wait for its requests."""
+        with self._changed:
+            self.playing += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.playing -= 1
+                self._changed.notify_all()
+
+    def call(self, request: WaitingCall, send: Callable[[list[WaitingCall]], list[list]]) -> list:
+        """``request``'s outputs, from a call that ``send`` makes for it and the requests that joined it (each
+        request's outputs in order), or from another request's call that it joined. ``send``'s error is raised in
+        every request of its call."""
+        with self._changed:
+            self._waiting.append(request)
+            self._changed.notify_all()
+        with self.lock:
+            if not request.done:
+                batch = self._gather(request)
+                start = time.perf_counter()
+                try:
+                    for req, outputs in zip(batch, send(batch), strict=True):
+                        req.outputs = outputs
+                except BaseException as err:  # noqa: BLE001 - raised again in every request's own thread
+                    for req in batch:
+                        req.error = err
+                finally:
+                    self._call_s = 0.5 * self._call_s + 0.5 * (time.perf_counter() - start)
+                    for req in batch:
+                        req.shared, req.done = len({id(r.owner) for r in batch}) > 1, True
+        if request.error is not None:
+            raise request.error
+        return request.outputs
+
+    def _gather(self, leader: WaitingCall) -> list[WaitingCall]:
+        """The leader and the waiting requests that join it, after waiting for the other playing rollouts'."""
+        wait = min(self.max_gather_s, self._call_s / 4) if self._call_s else self.max_gather_s  # first: unknown
+        deadline = time.perf_counter() + (wait if self.share and leader.prompt_seeds is not None else 0.0)
+        with self._changed:
+            while True:
+                batch = [leader] + [r for r in self._waiting if r is not leader and self.share and r.joins(leader)]
+                left = deadline - time.perf_counter()
+                if left <= 0 or len({id(r.owner) for r in [leader, *self._waiting]}) >= self.playing:
+                    break
+                self._changed.wait(left)
+            self._waiting = [r for r in self._waiting if r not in batch]
+        return batch

@@ -102,8 +102,8 @@ class BarrierFreeLoop(TurnLoop):
                            budgets, seeds)
 
     def generate_alone(self, *args, **kwargs) -> list[tuple[list[int], list[float]]]:
-        """``_generate``, which no other lane thread enters meanwhile (the rollout's ``engine_lock``): an engine
-        restart re-syncs the weights once."""
+        """``_generate``, one call at a time (the rollout's ``engine_calls``): an engine restart re-syncs the
+        weights once."""
         return self.rollout._generate(*args, **kwargs)
 
     def timed(self, phase: str, turn: int, fn: Callable, *args):

@@ -8,7 +8,6 @@ errors) and hands one rollout's work to its parts: the resets (:mod:`.resets`), 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -20,7 +19,7 @@ from agent_trainer.config import AgentTrainerConfig, split_config
 from agent_trainer.config.splits import Split
 from agent_trainer.rollout.env_pool import EnvActorPool
 from agent_trainer.episode.es_manager import EpisodeSpec, plan_episodes
-from agent_trainer.rollout.engines import generate
+from agent_trainer.rollout.engines import EngineCalls, WaitingCall, generate
 from agent_trainer.rollout.lanes import BarrierFreeLoop
 from agent_trainer.rollout.resets import EnvResets
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult, assemble, check_env_errors
@@ -107,10 +106,12 @@ class MultiTurnRollout:
         self.last_versions: dict[int, list[int]] = defaultdict(list)
         """With :attr:`engine_version`: the policy version of each episode's turns in the last rollout (one per
         entry of :attr:`last_generations`)."""
-        self.engine_lock: threading.RLock = threading.RLock()
-        """Held around each engine call (:meth:`_generate`): one call of this rollout at a time. Rollouts that run
-        at once (``trainer.rollouts_in_flight``) share one, so a weight sync at a safe point finds no call of
-        any of them in flight, and the version read after a call is the one that generated it."""
+        self.engine_calls = EngineCalls()
+        """The engines as this rollout shares them (:class:`~agent_trainer.rollout.engines.EngineCalls`): one call
+        at a time. Rollouts that run at once (``trainer.rollouts_in_flight``) share one, so a weight sync at a safe
+        point finds no call of any of them in flight, and their waiting calls go to the engines together."""
+        self.engine_call_counts = [0, 0]
+        """Engine calls of the last (or the running) rollout, and those of them shared with another rollout."""
 
     @property
     def num_resets(self) -> int:
@@ -168,9 +169,11 @@ class MultiTurnRollout:
         sampling = self.sampling_params()
         self.last_generations, self.last_versions = defaultdict(list), defaultdict(list)
         faults = self.faults = RolloutFaults()
+        self.engine_call_counts = [0, 0]
         ctxs = {out.env_id: self.ctx.start(out) for out in self.resets.reset(seeds, faults)}
         loop = self.make_loop(sampling, step, faults)
-        loop.play(ctxs)
+        with self.engine_calls.play():
+            loop.play(ctxs)
         call = self.env_pool.call("get_rollout_states", {i: None for i in range(len(self.env_actors))},
                                   self.cfg.es_manager.env_reset_timeout_s)
         faults.count_call(call)
@@ -196,20 +199,37 @@ class MultiTurnRollout:
                   prompt_seeds: list[int] | None = None) -> Generations:
         """One turn on the engines (:func:`~agent_trainer.rollout.engines.generate`); a failed engine call counts in
         ``<prefix>/engine_failures``. The turn loops call it through this method (a test may wrap it), one call at
-        a time: before it the engines may take new weights (:attr:`in_flight_sync`), and its result carries the
+        a time (:attr:`engine_calls`; with rollouts in flight, requests seeded per prompt may share a call with
+        theirs): before it the engines may take new weights (:attr:`in_flight_sync`), and its result carries the
         version that generated it (:attr:`engine_version`; an engine restarted mid-call is re-synced before the
-        call is repeated, so the version read after it is the one that generated). It runs under
-        :attr:`engine_lock`."""
-        def count_failure():
-            self.faults.engine_failures += 1
+        call is repeated, so the version read after it is the one that generated)."""
+        request = WaitingCall(self, prompts, sampling, seed, budgets or [sampling.max_tokens] * len(prompts),
+                              prompt_seeds)
+        outputs = self.engine_calls.call(request, self._send)
+        self.engine_call_counts[0] += 1
+        self.engine_call_counts[1] += int(request.shared)
+        return outputs
 
-        with self.engine_lock:
-            if self.in_flight_sync is not None:
-                self.in_flight_sync()
-            out = generate(self.engines, prompts, sampling, seed,
-                           self.cfg.actor_rollout_ref.rollout.generate_timeout_s, self.on_engine_restart,
-                           count_failure, budgets=budgets, prompt_seeds=prompt_seeds)
-            return Generations(out, None if self.engine_version is None else self.engine_version())
+    def _send(self, requests: list[WaitingCall]) -> list[Generations]:
+        """One engine call for ``requests`` (this rollout's first, then those that joined it), under the engine
+        lock: each request's outputs, all with the version that generated them."""
+        def count_failure():
+            for owner in {id(r.owner): r.owner for r in requests}.values():
+                owner.faults.engine_failures += 1
+
+        if self.in_flight_sync is not None:
+            self.in_flight_sync()
+        first = requests[0]
+        seeds = None if first.prompt_seeds is None else [s for r in requests for s in r.prompt_seeds]
+        out = generate(self.engines, [p for r in requests for p in r.prompts], first.sampling, first.seed,
+                       self.cfg.actor_rollout_ref.rollout.generate_timeout_s, self.on_engine_restart,
+                       count_failure, budgets=[b for r in requests for b in r.budgets], prompt_seeds=seeds)
+        version = None if self.engine_version is None else self.engine_version()
+        outputs, start = [], 0
+        for r in requests:
+            outputs.append(Generations(out[start:start + len(r.prompts)], version))
+            start += len(r.prompts)
+        return outputs
 
     def log_env_error(self, env_id: int, method: str, error: str) -> None:
         """Log an environment's error with its text, once per (tag, exception type) per run."""

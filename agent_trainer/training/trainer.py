@@ -36,6 +36,7 @@ from agent_trainer.config import AgentTrainerConfig, rollouts_in_flight
 from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
+from agent_trainer.rollout.engines import EngineCalls
 from agent_trainer.core_algos import trainer_splits
 from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.observe.tracking import Tracking, timer
@@ -102,9 +103,10 @@ class AgentTrainer:
         flight; the producer threads take a free one for each buffered step."""
         self.idle_train: queue.Queue[SyncMultiTurnRollout] = queue.Queue()
         """The rollouts of :attr:`train_pool` no producer thread is playing."""
-        self.engine_lock = threading.RLock()
-        """Shared by the train rollouts (their engine calls, one at a time) and the producer's syncs: a sync never
-        runs while an engine call is in flight (``MultiTurnRollout.engine_lock``)."""
+        self.engine_calls = EngineCalls(share=cfg.trainer.share_engine_calls)
+        """Shared by the train rollouts (their engine calls, one at a time, the waiting ones sent together) and the
+        producer's syncs (its ``lock``): a sync never runs while an engine call is in flight
+        (``MultiTurnRollout.engine_calls``)."""
         self.scoring_lock = threading.Lock()
         """Around the scoring of a finished rollout (judge, reward model and its score dump, ReMax's one greedy
         rollout), which rollouts in flight reach from several producer threads."""
@@ -145,7 +147,7 @@ class AgentTrainer:
         self.idle_train = queue.Queue()
         for rollout in self.train_pool:
             self.idle_train.put(rollout)
-            rollout.engine_lock = self.engine_lock
+            rollout.engine_calls = self.engine_calls
             if self.in_flight > 1:  # the step's seeds are drawn when it is queued, for whichever rollout plays it
                 rollout.resets.prefetch = False
             if self.continuous:  # the train split's tokens carry their policy version; its engine calls may sync
@@ -371,7 +373,7 @@ class AgentTrainer:
         try:
             if self.producer_syncs:
                 with timer("producer_sync", metrics):
-                    self.versions.sync_when_free(self.ship_weights, self.engine_lock)
+                    self.versions.sync_when_free(self.ship_weights, self.engine_calls.lock)
             pending.mark_started(resets=rollout.num_resets, version=self.versions.engines)
             syncs = self.in_flight_syncs
             result = self.collect(pending.step, rollout, pending.seeds)
@@ -379,6 +381,10 @@ class AgentTrainer:
             self.idle_train.put(rollout)
         if self.continuous:
             result.metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - syncs)
+        if self.in_flight > 1:
+            calls, shared = rollout.engine_call_counts
+            result.metrics["rollout/engine_calls"] = float(calls)
+            result.metrics["rollout/engine_calls_shared"] = float(shared)
         result.metrics.update(metrics)
         return result
 

@@ -80,6 +80,12 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
     (["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous", "trainer.rollouts_in_flight=3"],
      "trainer.rollouts_in_flight = 3 is more rollouts than trainer.max_off_policy_steps = 2 lets run ahead of "
      "training; set trainer.rollouts_in_flight=2 (or null), or raise trainer.max_off_policy_steps"),
+    (["trainer.share_engine_calls=false"],
+     "trainer.share_engine_calls = false keeps apart the engine calls of rollouts in flight, but this run has 1 "
+     "rollout(s) in flight with actor_rollout_ref.rollout.mode = 'sync', so no call is ever shared; drop the key, "
+     "or set trainer.async_mode=continuous, trainer.max_off_policy_steps=2 and actor_rollout_ref.rollout.mode=async"),
+    (["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous", "trainer.share_engine_calls=false"],
+     "this run has 2 rollout(s) in flight with actor_rollout_ref.rollout.mode = 'sync', so no call is ever shared"),
     (["algorithm.rollout_correction.rollout_rs=sequence"], "algorithm.rollout_correction.rollout_rs = 'sequence'"),
     (["algorithm.rollout_correction.rollout_rs=token", "actor_rollout_ref.rollout.temperature=0.7"],
      "algorithm.rollout_correction.rollout_rs = 'token' masks by the ratio"),
@@ -108,6 +114,10 @@ def test_continuous_asynchronous_training_and_icepop_masking_load():
     assert rollouts_in_flight(_load("trainer.max_off_policy_steps=2")) == 1  # buffered: one at a time
     assert rollouts_in_flight(_load("trainer.max_off_policy_steps=4", "trainer.async_mode=continuous",
                                     "trainer.rollouts_in_flight=3")) == 3
+    assert cfg.trainer.share_engine_calls  # the default: the waiting requests of rollouts in flight go together
+    assert not _load("trainer.max_off_policy_steps=2", "trainer.async_mode=continuous",
+                     "trainer.share_engine_calls=false",
+                     "actor_rollout_ref.rollout.mode=async").trainer.share_engine_calls
 
 
 def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():

@@ -113,11 +113,11 @@ def _kill_env_actors_after_each_test():
     _made.clear()
 
 
-def _rollout(cfg, tokenizer, engine, tags=None) -> SyncMultiTurnRollout:
+def _rollout(cfg, tokenizer, engine, tags=None, label=None) -> SyncMultiTurnRollout:
     from agent_trainer.workers.env_worker import EnvWorker
 
     rollout = SyncMultiTurnRollout(cfg, tokenizer, [engine], EnvWorker, tags or _slow_tags(), split="train",
-                                   num_env_actors=2)
+                                   num_env_actors=2, label=label)
     _made.append(rollout)
     return rollout
 
@@ -145,6 +145,48 @@ def test_sampled_rollout_without_barrier_equals_the_synchronous_one(engine, mode
     rollout.barrier_free = True
     rollout.rollout(step=6, seeds=free.group_seeds)
     assert dict(rollout.last_generations) != replies  # the seeds follow the step: not one fixed sample
+
+
+@pytest.mark.e2e
+def test_rollouts_in_flight_share_engine_calls_and_sample_what_each_samples_alone(engine, model_path, tokenizer):
+    """Two rollouts playing at once (``trainer.rollouts_in_flight``, each on env actors of its own) send their
+    waiting requests to the engine together; each request is seeded on its own, so each rollout's batch is the one
+    it plays alone, row for row."""
+    import threading
+    import time
+
+    from agent_trainer.rollout.engines import EngineCalls
+
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]")
+    rollouts = [_rollout(cfg, tokenizer, engine), _rollout(cfg, tokenizer, engine, label="train-2")]
+    calls = EngineCalls()
+    for rollout in rollouts:
+        rollout.engine_calls = calls
+    seeds = [rollouts[0].next_group_seeds(), rollouts[0].next_group_seeds()]
+    results: dict[int, object] = {}
+
+    def play(i):
+        results[i] = rollouts[i].rollout(step=5 + i, seeds=seeds[i])
+
+    with calls.lock:  # as if a call were in flight: the two rollouts' first requests wait for it together
+        threads = [threading.Thread(target=play, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 300
+        while len({id(r.owner) for r in calls._waiting}) < 2:
+            assert time.monotonic() < deadline and all(t.is_alive() for t in threads), "no request came"
+            time.sleep(0.01)
+    for t in threads:
+        t.join()
+    together = [(results[i], dict(rollouts[i].last_generations)) for i in range(2)]
+    shared = [rollout.engine_call_counts[1] for rollout in rollouts]
+    assert min(shared) >= 1, shared  # their first calls at least went out as one
+    for i, rollout in enumerate(rollouts):  # now one at a time, from the same seeds and steps
+        alone = rollout.rollout(step=5 + i, seeds=seeds[i])
+        assert rollout.engine_call_counts[1] == 0
+        assert dict(rollout.last_generations) == together[i][1]
+        _assert_same_batch(alone, together[i][0], logprob_atol=1e-4)  # a logprob's last bits follow the batch
+    assert together[0][0].metrics["rollout/num_turns_mean"] > 1
 
 
 @pytest.mark.e2e
