@@ -223,7 +223,8 @@ def _other_sections(r: dict) -> list[str]:
                 render_table(["run", "axis", "s/step", "ratio to base"], rows), ""]
     if r.get("P8"):
         rows = [[name, v["step_s"], v["episodes_per_step"], v["episodes_per_s"], v["episodes_speedup"],
-                 v["trained_tokens_per_s"], v["tokens_speedup"], v["max_staleness"], v.get("stale_dropped"), v.get("shared_calls")]
+                 v["trained_tokens_per_s"], v["tokens_speedup"], v["max_staleness"], v.get("stale_dropped"),
+                 v.get("shared_calls")]
                 for name, v in r["P8"].items()]
         out += ["### P8: synchronous, one-step-off and asynchronous training", "",
                 "P6's `SlowFrozenLake3x3` with the barrier-free rollout (`actor_rollout_ref.rollout.mode=async`), "

@@ -199,8 +199,9 @@ class EngineCalls:
                         req.error = err
                 finally:
                     self._call_s = 0.5 * self._call_s + 0.5 * (time.perf_counter() - start)
+                    shared = len({id(r.owner) for r in batch}) > 1
                     for req in batch:
-                        req.shared, req.done = len({id(r.owner) for r in batch}) > 1, True
+                        req.shared, req.done = shared, True
         if request.error is not None:
             raise request.error
         return request.outputs

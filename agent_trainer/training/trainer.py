@@ -377,14 +377,14 @@ class AgentTrainer:
             pending.mark_started(resets=rollout.num_resets, version=self.versions.engines)
             syncs = self.in_flight_syncs
             result = self.collect(pending.step, rollout, pending.seeds)
+            if self.in_flight > 1:  # read before another producer thread takes the rollout (and resets them)
+                calls, shared = rollout.engine_call_counts
+                result.metrics["rollout/engine_calls"] = float(calls)
+                result.metrics["rollout/engine_calls_shared"] = float(shared)
         finally:
             self.idle_train.put(rollout)
         if self.continuous:
             result.metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - syncs)
-        if self.in_flight > 1:
-            calls, shared = rollout.engine_call_counts
-            result.metrics["rollout/engine_calls"] = float(calls)
-            result.metrics["rollout/engine_calls_shared"] = float(shared)
         result.metrics.update(metrics)
         return result
 
