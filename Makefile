@@ -8,7 +8,7 @@ RM     := models/tiny-qwen2-rm
 STAMP  := $(VENV)/.installed-cpu
 ARGS   ?=
 
-.PHONY: install install-gpu gpu-model model shellcheck chromium train train-clock train-gpu distill test test-gpu test-fast bench clean
+.PHONY: install install-gpu gpu-model model shellcheck chromium train train-env train-clock train-gpu distill test test-gpu test-fast bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -143,6 +143,23 @@ train: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/confi
 	$(RL_CMD) $(ARGS)
 	$(PY) bench/baselines.py --config-name $(TRAIN_CONFIG) --sft-dir $(SFT_RUN) --rl-dir $(RL_RUN) \
 	  --started-at "$$(cat $(VENV)/.train-started)" model_path=$(SFT_RUN)/final trainer.seed=$(SEED) $(ARGS)
+
+# make train-env ENVS=my_envs.yaml TAG=MyEnv: make train's recipe on an env of your own (launch/train_env.py,
+# docs/writing_an_environment.md): the model that knows the env (seeded by SEED), a warm start from the env's expert
+# (or DEMONSTRATOR=package.module:function) with NOISE of its moves random (0.25 by
+# default; 0 where the env's actions are prose), GiGPO, the held-out table with baselines.
+# ENVS_WARMUP sets the build's warm-up steps, SFT_ARGS the warm start's overrides, ARGS RL's; OUT is where models/
+# and outputs/ go (this repository by default).
+TAG ?=
+DEMONSTRATOR ?= expert
+NOISE ?=
+SFT_ARGS ?=
+OUT ?= $(CURDIR)
+train-env: install train-clock
+	@test -n "$(ENVS)" -a -n "$(TAG)" || { echo "make train-env needs ENVS=<your tags file> TAG=<its tag>, e.g. make train-env ENVS=examples/thermostat/thermostat_envs.yaml TAG=Thermostat"; exit 2; }
+	$(PY) -m launch.train_env --envs-file $(ENVS) --tag $(TAG) --seed $(SEED) --demonstrator $(DEMONSTRATOR) \
+	  $(if $(NOISE),--noise $(NOISE)) --warmup-steps $(ENVS_WARMUP) $(foreach o,$(SFT_ARGS),--sft $(o)) --out-dir $(OUT) \
+	  --started-at "$$(cat $(VENV)/.train-started)" $(ARGS)
 
 train-clock: install
 	@date +%s > $(VENV)/.train-started

@@ -131,12 +131,17 @@ def best_fixed_sequence(tag: str, env_tags: dict, train_seeds: range, max_turn: 
 
 def baselines(tag: str, env_tags: dict, val_seeds: list[int], max_turn: int, repeats: int = 8,
               train_seeds: range = range(1000)) -> dict[str, Score]:
-    """Every baseline that applies to ``tag`` (FrozenLake-only heuristics are skipped elsewhere)."""
+    """Every baseline that applies to ``tag``: FrozenLake's heuristics on FrozenLake only, random valid actions
+    where the env lists its actions, the best fixed sequence and the expert where it has an expert."""
     env = make_env(tag, env_tags)
-    is_frozen_lake = isinstance(env, FrozenLakeEnv)
-    has_expert = has_expert_solver(env)
-    env.close()
-    policies: dict[str, tuple[Policy, int]] = {"random valid": (random_valid, repeats)}
+    try:
+        is_frozen_lake = isinstance(env, FrozenLakeEnv)
+        has_expert = has_expert_solver(env)
+        env.reset(seed=val_seeds[0])
+        lists_actions = bool(valid_actions(env))  # prose actions ("a whole number from 1 to 10"): none to draw from
+    finally:
+        env.close()
+    policies: dict[str, tuple[Policy, int]] = {"random valid": (random_valid, repeats)} if lists_actions else {}
     if is_frozen_lake:
         policies["random Down/Right"] = (random_down_right, repeats)
     if has_expert:

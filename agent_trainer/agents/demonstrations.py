@@ -145,8 +145,8 @@ def check_demo_tags(tags: list[str], env_tags: Mapping, *, expert: bool = True,
                                  "(expert_action); use a FrozenLake or Sokoban tag")
             if noise_actions:  # reset only to read the action list: an env's reset may be costly (a web shop)
                 env.reset(seed=0)
-                actions = valid_actions(env)
-                unknown = [a for a in noise_actions if a not in actions]
+                actions = valid_actions(env)  # [] for prose ("a whole number from 1 to 10"): the user's list stands
+                unknown = [a for a in noise_actions if a not in actions] if actions else []
                 if unknown:
                     raise ValueError(f"data.noise_actions = {list(noise_actions)}: {unknown} not among tag {tag!r}'s "
                                      f"actions {actions}; e.g. data.noise_actions={actions[:2]}")
@@ -214,8 +214,8 @@ def _expert_turn(ctx_mgr: ContextManager, manager: EnvStateManager, demo: _Playi
     valid = list(noise_actions) or valid_actions(env)
     if noise > 0 and not valid:
         raise ValueError(f"data.noise = {noise} needs a list of valid actions to draw from, but {demo.spec.tag} "
-                         f"describes its actions in prose ({env.action_description()[:80]!r}); use noise 0 for "
-                         "this tag")
+                         f"describes its actions in prose ({env.action_description()[:80]!r}); list the random "
+                         "actions in data.noise_actions (e.g. data.noise_actions=[1,2,3]) or use noise 0 for this tag")
     action, think, from_expert = None, None, False
     if demo.rng.random() >= noise:
         try:

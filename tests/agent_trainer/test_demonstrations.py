@@ -129,6 +129,14 @@ def test_noise_needs_a_list_of_actions(ctx_mgr):
                             noise=0.5)
 
 
+def test_a_prose_action_tag_draws_noise_from_the_listed_actions(ctx_mgr):
+    """GuessNumber describes its actions in prose: noise draws from data.noise_actions, taken as given."""
+    check_demo_tags(["GuessNumber"], TAGS, noise_actions=["1", "2", "99"])
+    demos = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("GuessNumber", s) for s in range(6)], max_turn=3,
+                                turn_budget={"GuessNumber": 64}, noise=1.0, noise_actions=["1", "2", "99"])
+    assert {a for d in demos for a in d.actions} <= {"1", "2", "99"} and not any(e for d in demos for e in d.expert)
+
+
 def test_an_episode_cut_by_max_turn_ends_with_its_last_observation(ctx_mgr):
     demo = _play(ctx_mgr, "FrozenLake", [0], max_turn=2)[0]
     assert not demo.success and [m["role"] for m in demo.messages][-2:] == ["assistant", "user"]
