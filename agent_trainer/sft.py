@@ -180,7 +180,7 @@ def make_demonstrations(cfg: SFTConfig, rl: AgentTrainerConfig, env_tags: dict, 
         turn_budget={tag: min(tag_cfgs[tag].max_tokens, response_length) for tag in tags},
         noise=cfg.data.noise, noise_seed=cfg.data.seed, format_penalty=rl.es_manager.format_penalty,
         max_actions_per_turn=rl.es_manager.max_actions_per_turn, noise_actions=list(cfg.data.noise_actions),
-        demonstrator=demonstrator)
+        demonstrator=demonstrator, think=cfg.data.think)
 
 
 def split_held_out(items: list, val_fraction: float, seed: int) -> tuple[list, list]:

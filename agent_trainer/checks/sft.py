@@ -6,7 +6,7 @@ Each refusal is one line naming the key, the value and the fix, before ``ray.ini
 from __future__ import annotations
 
 from agent_trainer.checks.rules import Rule, above, at_least, between, check_optim, get_key, is_number, optional
-from agent_trainer.config.choices import DATA_SOURCES, LOGGERS
+from agent_trainer.config.choices import DATA_SOURCES, LOGGERS, THINK_MODES
 from agent_trainer.config.errors import check_choice
 from agent_trainer.config.sft import SFTConfig
 
@@ -39,6 +39,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
         if not ok:
             raise ValueError(f"{key} = {value!r} {rule.text}; e.g. {key}={example}")
     check_choice("data.source", cfg.data.source, DATA_SOURCES)
+    check_choice("data.think", cfg.data.think, THINK_MODES)
     for name in cfg.trainer.logger:
         check_choice("trainer.logger", name, LOGGERS)
     check_optim("train.optim", cfg.train.optim)
@@ -52,7 +53,7 @@ def validate_sft_config(cfg: SFTConfig) -> None:
     if data.source == "jsonl":
         set_keys = [f"data.{key} = {value!r}" for key, value, default in (
             ("tags", list(data.tags), []), ("noise", data.noise, 0.0), ("noise_actions", list(data.noise_actions), []),
-            ("demonstrator", data.demonstrator, "expert")) if value != default]
+            ("demonstrator", data.demonstrator, "expert"), ("think", data.think, "plain")) if value != default]
         if set_keys:
             raise ValueError(f"{' / '.join(set_keys)} apply to data.source=demonstrations only; drop them with "
                              "data.source=jsonl (a config that sets them: override with the default, e.g. "

@@ -46,6 +46,11 @@ class SFTDataConfig:
     """demonstrations: who picks the non-noisy moves: expert (the environment's ``expert_action``) or the
     import path "package.module:function" of a scripted policy ``function(env, rng) -> action`` (e.g.
     ``envs.frozen_lake:step_into_holes``, a policy that reads the map with the opposite aim)."""
+    think: str = "plain"
+    """demonstrations: what each reply thinks before its answer: plain ("The best move now is <action>.") or note
+    (the env's ``note()`` when it has one, else the observation the reply answers, copied: the model learns to
+    write what it reads, then to answer from its own note a few tokens back; noisy turns note too). A scripted
+    policy that returns (action, think) keeps its own."""
     seed: int = 0
     """First demonstration seed; also seeds the noise and the train/held-out split. Demonstration seeds must stay
     out of the RL config's validation seeds (es_manager.seed + 2**30 + group)."""

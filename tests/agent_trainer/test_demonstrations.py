@@ -137,6 +137,23 @@ def test_a_prose_action_tag_draws_noise_from_the_listed_actions(ctx_mgr):
     assert {a for d in demos for a in d.actions} <= {"1", "2", "99"} and not any(e for d in demos for e in d.expert)
 
 
+def test_a_noting_reply_thinks_the_observation_it_answers_or_the_envs_note(ctx_mgr):
+    """think="note": GuessNumber (no note()) thinks the observation it answers, noisy turns too; FrozenLake thinks
+    its note() ("Down: ice, Right: hole.")."""
+    demos = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("GuessNumber", s) for s in range(4)], max_turn=4,
+                                turn_budget={"GuessNumber": 64}, noise=0.5, noise_actions=["1", "99"], think="note")
+    for demo in demos:
+        observations = [m["content"].split("Observation:\n")[1].split("\n")[0] for m in demo.messages
+                        if m["role"] == "user"]
+        replies = [m["content"] for m in demo.messages if m["role"] == "assistant"]
+        assert replies and all(r == f"<think>{o}</think><answer>{a}</answer>"
+                               for r, o, a in zip(replies, observations, demo.actions))
+    assert not all(e for d in demos for e in d.expert)  # noisy turns note as well
+    [lake] = play_demonstrations(ctx_mgr, TAGS, [DemoEpisode("FrozenLakeNoDeadEnds", 3)], max_turn=2,
+                                 turn_budget={"FrozenLakeNoDeadEnds": 64}, think="note")
+    assert all(m["content"].startswith("<think>Down: ") for m in lake.messages if m["role"] == "assistant")
+
+
 def test_an_episode_cut_by_max_turn_ends_with_its_last_observation(ctx_mgr):
     demo = _play(ctx_mgr, "FrozenLake", [0], max_turn=2)[0]
     assert not demo.success and [m["role"] for m in demo.messages][-2:] == ["assistant", "user"]
