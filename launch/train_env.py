@@ -116,7 +116,8 @@ def tag_overrides(envs_file: Path, tag: str) -> list[str]:
 
 
 def commands(envs_file: Path, tag: str, seed: int, *, demonstrator: str = "expert", noise: float = NOISE,
-             warmup_steps: int = WARMUP_STEPS, out_dir: Path = REPO, started_at: float | None = None, sft_overrides: list[str] = (),
+             warmup_steps: int = WARMUP_STEPS, out_dir: Path = REPO, started_at: float | None = None,
+             sft_overrides: list[str] = (),
              rl_overrides: list[str] = ()) -> list[tuple[str, list[str], Path | None]]:
     """The recipe's steps: (name, argv, the folder a reusable step writes, or None for a step that always runs)."""
     py = sys.executable
@@ -192,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     # the env to play it; the runs import it beside the tags file themselves).
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(envs_file.parent), str(REPO), env.get("PYTHONPATH")) if p)
-    digest = inputs_digest(envs_file, args.tag)
+    digest, remade = inputs_digest(envs_file, args.tag), False
     for number, (name, argv_, folder) in enumerate(steps, 1):
         stamp = {"argv": argv_[1:], "inputs": digest}
-        if folder is not None and reusable(folder, stamp):
+        if folder is not None and not remade and reusable(folder, stamp):  # a new model makes a new warm start
             print(f"[{number}/{len(steps)}] {name}: reused ({folder})", flush=True)
             continue
         print(f"[{number}/{len(steps)}] {name}: {' '.join(argv_)}", flush=True)
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         if folder is not None and folder.exists():  # made from other inputs (or cut short): made again
             print(f"    {folder} was made from other inputs or did not finish: made again", flush=True)
             shutil.rmtree(folder)
+        remade = remade or folder is not None
         code = subprocess.call(argv_, cwd=REPO, env=env)
         if code:
             print(f"make train-env stopped at step {number} ({name}): exit {code}", file=sys.stderr)

@@ -7,7 +7,7 @@ A block is marked by the comment line above it: ``<!-- first-hour: run -->`` (a 
 added to the page is run here or says why not. The e2e test trains 2 steps instead of 10 on fewer
 validation and evaluation seeds (:data:`SHORTER`), on the shipped tiny model instead of the one the page's
 step 4 builds (:data:`NOT_BUILT`: that build is ``tests/launch/test_new_env_validity.py``'s), and runs the recipe
-(``make train-env``) at a small size (a short model build, a 24-episode warm start, 2 RL steps), nothing else
+(``make train-env``) at a small size (a short model build, a 24-episode warm start, 2 RL steps of 2 turns), nothing else
 changed.
 """
 
@@ -32,8 +32,10 @@ SHORTER = {
     "es_manager.val.env_groups=128 es_manager.val.env_configs.n_groups=[128]":
         "es_manager.val.env_groups=4 es_manager.val.env_configs.n_groups=[4]",
     "TAG=MyGuess OUT=$PWD":
-        "TAG=MyGuess OUT=$PWD ENVS_WARMUP=40 SFT_ARGS='data.num_episodes=24 train.total_epochs=1 eval.env_success=false' "
-        "ARGS='trainer.total_training_steps=2 es_manager.val.env_groups=4 es_manager.val.env_configs.n_groups=[4]'",
+        "TAG=MyGuess OUT=$PWD ENVS_WARMUP=40 "
+        "SFT_ARGS='data.num_episodes=24 train.total_epochs=1 eval.env_success=false' "
+        "ARGS='trainer.total_training_steps=2 agent_proxy.max_turn=2 es_manager.val.env_groups=4 "
+        "es_manager.val.env_configs.n_groups=[4]'",
 }
 """What the e2e test shortens in the page's commands (each must be there)."""
 NOT_BUILT = "model_path=$PWD/models/my_envs"
@@ -76,7 +78,7 @@ def test_the_first_hour_runs_as_written(tmp_path, tiny_model_path):
     recipe = tmp_path / "my_project" / "outputs" / "agent_trainer" / "env_MyGuess_seed0"
     assert (tmp_path / "my_project" / "models" / "tiny-qwen2-my_envs-seed0" / "train_env_step.json").is_file()
     assert "[5/5] the held-out table" in proc.stdout
-    assert "Held-out greedy success on 4 validation seeds (MyGuess, 8 turns):" in proc.stdout
+    assert "Held-out greedy success on 4 validation seeds (MyGuess, 2 turns):" in proc.stdout
     summary = json.loads((recipe / "learning_summary.json").read_text())
     assert summary["task"] == "MyGuess" and summary["held_out_episodes"] == 4
     assert {b["name"] for b in summary["baselines"]} == {"best fixed sequence [MyGuess]", "expert [MyGuess]"}

@@ -143,30 +143,56 @@ class WaitingCall:
                 and engine_ids(self.owner) == engine_ids(other.owner))
 
 
+@dataclass(frozen=True)
+class GatherRule:
+    """How long the leader of an engine call waits for other requests to join it (:meth:`EngineCalls._gather`).
+
+    It never waits once every asker it expects has a request waiting."""
+
+    max_s: float = 0.05
+    """At most this long (and this long for the first call, whose time is not known yet)."""
+    call_fraction: float = 0.25
+    """... and at most this share of the last calls' time (smoothed); 0: :attr:`max_s` alone."""
+    quiet_s: float | None = None
+    """... and no longer once no request has arrived for this long (None: not used)."""
+
+    def deadline(self, start: float, call_s: float) -> float:
+        return start + (min(self.max_s, call_s * self.call_fraction) if self.call_fraction and call_s
+                        else self.max_s)
+
+
 @dataclass(eq=False)
 class EngineCalls:
-    """The engines as rollouts share them: one call at a time (:attr:`lock`), and the requests of several rollouts
-    playing at once (``trainer.rollouts_in_flight``) that wait for the engines sent together in one call.
+    """The engines as their askers share them: one call at a time (:attr:`lock`), and the requests that wait for
+    the engines meanwhile sent together in one call. The askers are the rollouts in flight
+    (``trainer.rollouts_in_flight``) on the run's engines, and a gateway rollout's sessions
+    (``agent_trainer.rollout.gateway.EngineBatcher``, with a rule of its own).
 
-    The first waiting request to take the lock leads: it takes every waiting request that :meth:`WaitingCall.joins`
-    it, sends them in one call and hands each its outputs. A rollout whose call just ended takes a moment to step
-    its replies and ask again, so with other rollouts playing the leader waits for their requests up to a quarter
-    of the last calls' time (at most :attr:`max_gather_s`, which the first call waits), and no longer once every
-    playing rollout has a request waiting.
-    Each prompt keeps its own seed, so it samples the same tokens whichever requests share its call."""
+    The first waiting request to take the lock leads: it takes every waiting request that joins it
+    (:attr:`joins`), sends them in one call and hands each its outputs. An asker whose call just ended takes a
+    moment to step its replies and ask again, so the leader waits for the others' requests by :attr:`rule` (for
+    rollouts: up to a quarter of the last calls' time, at most 50 ms, which the first call waits), and no longer
+    once every expected asker (:attr:`expected`, default the rollouts playing) has a request waiting.
+    Rollouts' prompts keep their own seeds, so a prompt samples the same tokens whichever requests share its call."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Held around each engine call and the weight sync before it: a sync finds no call in flight, and the version
     read after a call is the one that generated it."""
     share: bool = True
     """False: each call carries the leader's request alone (``trainer.share_engine_calls=false``)."""
-    max_gather_s: float = 0.05
+    rule: GatherRule = GatherRule()
+    joins: Callable[[WaitingCall, WaitingCall], bool] = WaitingCall.joins
+    """(a waiting request, the leader) -> whether it may go in the leader's call (the rollouts': seeded per prompt,
+    sampled alike, the same engines)."""
+    expected: Callable[[], int] | None = None
+    """How many askers may have a request waiting now (None: :attr:`playing`)."""
     playing: int = 0
     """Rollouts playing now (:meth:`play`)."""
     _waiting: list[WaitingCall] = field(default_factory=list)
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _call_s: float = 0.0
     """The last call's duration (smoothed)."""
+    _last_arrival: float = 0.0
 
     @contextmanager
     def play(self) -> Iterator[None]:
@@ -180,12 +206,18 @@ class EngineCalls:
                 self.playing -= 1
                 self._changed.notify_all()
 
-    def call(self, request: WaitingCall, send: Callable[[list[WaitingCall]], list[list]]) -> list:
+    def wake(self) -> None:
+        """The expected askers changed (an asker ended): a leader waiting for their requests looks again."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def call(self, request: WaitingCall, send: Callable[[list[WaitingCall]], list]) -> list:
         """``request``'s outputs, from a call that ``send`` makes for it and the requests that joined it (each
-        request's outputs in order), or from another request's call that it joined. ``send``'s error is raised in
-        every request of its call."""
+        request's outputs in order, or an exception for that request alone), or from another request's call that it
+        joined. ``send``'s error is raised in every request of its call."""
         with self._changed:
             self._waiting.append(request)
+            self._last_arrival = time.perf_counter()
             self._changed.notify_all()
         with self.lock:
             if not request.done:
@@ -193,7 +225,10 @@ class EngineCalls:
                 start = time.perf_counter()
                 try:
                     for req, outputs in zip(batch, send(batch), strict=True):
-                        req.outputs = outputs
+                        if isinstance(outputs, BaseException):
+                            req.error = outputs
+                        else:
+                            req.outputs = outputs
                 except BaseException as err:  # noqa: BLE001 - raised again in every request's own thread
                     for req in batch:
                         req.error = err
@@ -207,15 +242,19 @@ class EngineCalls:
         return request.outputs
 
     def _gather(self, leader: WaitingCall) -> list[WaitingCall]:
-        """The leader and the waiting requests that join it, after waiting for the other playing rollouts'."""
-        wait = min(self.max_gather_s, self._call_s / 4) if self._call_s else self.max_gather_s  # first: unknown
-        deadline = time.perf_counter() + (wait if self.share and leader.prompt_seeds is not None else 0.0)
+        """The leader and the waiting requests that join it, after waiting for the other expected askers'."""
+        now = time.perf_counter()
+        may_share = self.share and self.joins(leader, leader)  # a request that joins nothing does not wait
+        deadline = self.rule.deadline(now, self._call_s) if may_share else now
         with self._changed:
             while True:
-                batch = [leader] + [r for r in self._waiting if r is not leader and self.share and r.joins(leader)]
-                left = deadline - time.perf_counter()
-                if left <= 0 or len({id(r.owner) for r in [leader, *self._waiting]}) >= self.playing:
+                batch = [leader] + [r for r in self._waiting
+                                    if r is not leader and self.share and self.joins(r, leader)]
+                now = time.perf_counter()
+                until = deadline if self.rule.quiet_s is None else min(deadline, self._last_arrival + self.rule.quiet_s)
+                expected = self.playing if self.expected is None else self.expected()
+                if now >= until or len({id(r.owner) for r in [leader, *self._waiting]}) >= expected:
                     break
-                self._changed.wait(left)
+                self._changed.wait(until - now)
             self._waiting = [r for r in self._waiting if r not in batch]
         return batch

@@ -27,7 +27,6 @@ import dataclasses
 import inspect
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,20 +46,12 @@ from agent_trainer.gateway.app import eos_ids
 from agent_trainer.gateway.host import EngineRequest, GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
 from agent_trainer.gateway.task import EpisodeOver, StepResult, SyncTask, Task, is_sync_agent, resolve_agent_fn
+from agent_trainer.rollout.engines import EngineCalls, GatherRule, WaitingCall
 from agent_trainer.rollout.multiturn import MultiTurnRollout
 from agent_trainer.rollout.results import RolloutFaults, RolloutResult
 from agent_trainer.rollout.splits import SamplingParams, sampling_seed
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Pending:
-    prompts: list[list[int]]
-    max_tokens: int
-    stop_token_ids: tuple[int, ...]
-    outputs: list | None = None
-    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -72,10 +63,17 @@ class Sampled:
     finish_reason: str
 
 
+GATHER = GatherRule(max_s=1.0, call_fraction=0.0, quiet_s=0.2)
+"""The gateway's wait for the other sessions' requests: until every live session asked, 1 s at most, and no longer
+once no request has arrived for 0.2 s (agents that step in lockstep share one engine call, as the built-in turn
+loop's episodes do; one busy elsewhere, with a slow tool or a long computation, holds the others back 0.2 s)."""
+
+
 class EngineBatcher:
     """The gateway's ``generate`` in a rollout: the requests of all sessions batched onto the run's engines.
 
-    Whatever requests arrive while the engines are busy go out together in the next engine call (through the
+    Whatever requests arrive while the engines are busy go out together in the next engine call (an
+    :class:`~agent_trainer.rollout.engines.EngineCalls` of its own, by :data:`GATHER`; each call through the
     rollout's ``_generate``: restart-and-retry, the failure count). Every call samples at the split's sampling
     (``actor_rollout_ref.rollout.temperature`` / ``top_p``, ``val_kwargs`` in validation) and a seed of the run's;
     a request asking for another temperature, top_p or seed is counted in ``gateway_sampling_overridden``.
@@ -83,95 +81,57 @@ class EngineBatcher:
     caps it already, and to the context left after the prompt; this keeps the engine call within it regardless).
     """
 
-    max_wait_s = 1.0
-    """The longest the first queued request waits for the other live sessions' before the engine call goes out."""
-    quiet_s = 0.2
-    """... and the wait ends sooner once no request has arrived for this long (the others are busy elsewhere)."""
-
     def __init__(self, rollout: MultiTurnRollout, sampling: SamplingParams, step: int,
                  live: Callable[[], int] = lambda: 1):
-        self.rollout, self.sampling, self.step, self.live = rollout, sampling, step, live
+        self.rollout, self.sampling, self.step = rollout, sampling, step
         self.eos_ids = eos_ids(rollout.ctx.tokenizer)
         self.engine_calls = self.requests = self.overridden = 0
-        self._queue: list[_Pending] = []
-        self._last_arrival = 0.0
         self.batch_sizes: list[int] = []
         """Requests per engine call, in order."""
-        self._busy = False
-        self._cv = threading.Condition()
+        self.calls = EngineCalls(rule=GATHER, joins=lambda request, leader: True, expected=live)
+        """Every request joins the next call (:meth:`_send` splits it by stop ids); the leader waits for every live
+        session's request."""
+        self._count = threading.Lock()
 
     def __call__(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float,
                  stop_token_ids: list[int] | None, seed: int | None) -> list[Sampled]:
         cap = self.rollout.cfg.actor_rollout_ref.rollout.response_length
-        pending = _Pending(prompts, min(max_tokens, cap), tuple(sorted(set(stop_token_ids or ()))))
-        with self._cv:
+        stops = sorted(set(stop_token_ids or ()))
+        with self._count:
             self.requests += 1
             asked = (temperature, top_p)  # the defaults (1, 1) are what a request that asks nothing sends
             if seed is not None or asked not in ((1.0, 1.0), (self.sampling.temperature, self.sampling.top_p)):
                 self.overridden += 1
-            self._queue.append(pending)
-            self._last_arrival = time.monotonic()
-            self._cv.notify_all()
-            while pending.outputs is None and pending.error is None:
-                if not self._busy:
-                    self._busy = True
-                    self._gather()
-                    batch, self._queue = self._queue, []
-                    break
-                self._cv.wait()
-            else:
-                return self._result(pending)
-        try:
-            self._run(batch)
-        finally:
-            with self._cv:
-                self._busy = False
-                self._cv.notify_all()
-        return self._result(pending)
+        size = min(max_tokens, cap)
+        request = WaitingCall(object(), prompts, dataclasses.replace(self.sampling, stop_token_ids=stops or None),
+                              seed=0, budgets=[size] * len(prompts), prompt_seeds=None)  # its seed: the call's
+        return self.calls.call(request, self._send)
 
     def wake(self) -> None:
         """A session ended: the request waiting for it need not wait any longer."""
-        with self._cv:
-            self._cv.notify_all()
+        self.calls.wake()
 
-    def _gather(self) -> None:
-        """Wait (holding the engine, lock released while waiting) until every live session has a request queued,
-        until no request has arrived for :attr:`quiet_s`, or :attr:`max_wait_s` at most: agents that step in
-        lockstep share one engine call, as the built-in turn loop's episodes do, and one that is busy elsewhere
-        (a slow tool, a long computation) holds the others back by ``quiet_s``."""
-        start = time.monotonic()
-        while len(self._queue) < self.live():
-            now = time.monotonic()
-            quiet_until = self._last_arrival + self.quiet_s
-            if now >= quiet_until or now - start >= self.max_wait_s:
-                return
-            self._cv.wait(min(quiet_until, start + self.max_wait_s) - now)
-
-    @staticmethod
-    def _result(pending: _Pending) -> list[Sampled]:
-        if pending.error is not None:
-            raise pending.error
-        return pending.outputs
-
-    def _run(self, batch: list[_Pending]) -> None:
+    def _send(self, batch: list[WaitingCall]) -> list:
+        """One engine call per stop-id set of ``batch``; each request's samples, or the error of its call (500 for
+        its session; the others are unaffected)."""
         r = self.rollout
         self.batch_sizes.append(len(batch))
-        for stops in sorted({p.stop_token_ids for p in batch}):
-            group = [p for p in batch if p.stop_token_ids == stops]
+        results: dict[int, list | BaseException] = {}
+        for stops in sorted({tuple(req.sampling.stop_token_ids or ()) for req in batch}):
+            group = [req for req in batch if tuple(req.sampling.stop_token_ids or ()) == stops]
             try:
-                prompts = [prompt for p in group for prompt in p.prompts]
-                budgets = [p.max_tokens for p in group for _ in p.prompts]
                 seed = sampling_seed(r.cfg.trainer.seed, r.split, self.step, 1 + self.engine_calls)
                 self.engine_calls += 1
-                sampling = dataclasses.replace(self.sampling, stop_token_ids=list(stops) or None)
-                outputs = iter(r._generate(prompts, sampling, seed, budgets=budgets))
+                outputs = iter(r._generate([p for req in group for p in req.prompts], group[0].sampling, seed,
+                                           budgets=[b for req in group for b in req.budgets]))
                 ends = self.eos_ids | set(stops)
-                for p in group:
-                    p.outputs = [Sampled(ids, logprobs, "stop" if ids and ids[-1] in ends else "length")
-                                 for ids, logprobs in (next(outputs) for _ in p.prompts)]
-            except Exception as err:  # every request of the call fails with it (500); the others are unaffected
-                for p in group:
-                    p.error = err
+                for req in group:
+                    results[id(req)] = [Sampled(ids, logprobs, "stop" if ids and ids[-1] in ends else "length")
+                                        for ids, logprobs in (next(outputs) for _ in req.prompts)]
+            except Exception as err:  # noqa: BLE001 - every request of the call fails with it; the others do not
+                for req in group:
+                    results[id(req)] = err
+        return [results[id(req)] for req in batch]
 
 
 class GatewayLoop:

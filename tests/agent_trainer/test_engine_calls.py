@@ -8,7 +8,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from agent_trainer.rollout.engines import EngineCalls, WaitingCall
+from agent_trainer.rollout.engines import EngineCalls, GatherRule, WaitingCall
 from agent_trainer.rollout.splits import SamplingParams
 
 HANG_GUARD_S = 600.0
@@ -84,7 +84,7 @@ def test_waiting_requests_of_two_rollouts_go_in_one_call_each_with_its_own_outpu
 
 
 def test_a_leader_waits_for_the_other_playing_rollout_and_no_longer():
-    engines, engine, calls, out = [object()], Engine(), EngineCalls(max_gather_s=HANG_GUARD_S), {}
+    engines, engine, calls, out = [object()], Engine(), EngineCalls(rule=GatherRule(max_s=HANG_GUARD_S)), {}
     a, b = request(Owner("a", engines), 1), request(Owner("b", engines), 1)
     with calls.play():  # b's rollout plays: a waits for its request ...
         first = ask(calls, a, engine, out)
@@ -94,7 +94,7 @@ def test_a_leader_waits_for_the_other_playing_rollout_and_no_longer():
         for t in (first, second):
             t.join(HANG_GUARD_S)
     assert [set(c) for c in engine.calls] == [{a, b}]
-    # the only rollout playing: nothing to wait for, at once (the guard is far below max_gather_s)
+    # the only rollout playing: nothing to wait for, at once (the guard is far below the rule's max_s)
     alone = request(Owner("a", engines), 1)
     ask(calls, alone, engine, out).join(HANG_GUARD_S)
     assert out[id(alone)] == [("a", 0)] and not alone.shared
@@ -108,7 +108,7 @@ def test_a_leader_waits_for_the_other_playing_rollout_and_no_longer():
 ])
 def test_requests_that_cannot_share_go_in_calls_of_their_own(other):
     engines, engine, out = [object()], Engine(), {}
-    calls = EngineCalls(max_gather_s=HANG_GUARD_S, share=other.pop("share", True))
+    calls = EngineCalls(rule=GatherRule(max_s=HANG_GUARD_S), share=other.pop("share", True))
     a = request(Owner("a", engines), 2)
     b = request(Owner("b", other.pop("engines", engines)), 2, **other)
     with calls.lock:

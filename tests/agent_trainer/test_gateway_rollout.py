@@ -17,6 +17,7 @@ from agent_trainer.checks.prepare import compose_and_prepare
 from agent_trainer.rollout.results import rollout_metrics
 from agent_trainer.observe.tracking import format_metrics
 from agent_trainer.agents.gateway import CondensedGatewayAgent, GatewayAgent, GatewayEpisode, training_rows
+from agent_trainer.rollout.engines import GatherRule
 from agent_trainer.rollout.gateway import EngineBatcher
 from agent_trainer.rollout.splits import SamplingParams
 
@@ -203,7 +204,7 @@ def test_concurrent_requests_share_engine_calls_and_each_gets_its_own_reply():
 def test_the_first_request_waits_for_every_live_session_so_lockstep_agents_share_one_call():
     engines = _Engines()
     batcher, out = _batcher(engines, live=6), {}
-    batcher.max_wait_s = 600.0  # only the six queued requests end the wait, however slowly the threads start
+    batcher.calls.rule = GatherRule(max_s=600.0, call_fraction=0.0, quiet_s=600.0)  # only the six requests end it
     threads = [threading.Thread(target=_ask, args=(batcher, [k], out)) for k in range(6)]
     for t in threads:
         t.start()

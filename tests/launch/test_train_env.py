@@ -93,3 +93,35 @@ def test_a_step_is_reused_only_from_the_same_command_and_inputs(tmp_path):
     module = project / "my_rooms" / "thermostat.py"
     module.write_text(module.read_text().replace('"The room is too hot."', '"The room is far too hot."'))
     assert train_env.inputs_digest(envs, "Thermostat") != digest  # the env's code changed: made again
+
+
+def test_a_remade_model_remakes_the_warm_start_and_a_finished_recipe_reruns_only_rl(tmp_path, monkeypatch):
+    """The steps' order of reuse (the commands themselves run in tests/test_first_hour_doc.py): here each command
+    only records itself and makes its folder."""
+    ran: list[str] = []
+
+    def call(argv, cwd, env):
+        ran.append(argv[2] if argv[1] == "-m" else Path(argv[1]).name)
+        made = [argv[argv.index("--out") + 1]] if "--out" in argv else []
+        made += [a.split("=", 1)[1] for a in argv if a.startswith("trainer.default_local_dir=")]
+        for folder in made:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        return 0
+
+    monkeypatch.setattr(train_env.subprocess, "call", call)
+    args = ["--envs-file", str(ENVS), "--tag", "Thermostat", "--out-dir", str(tmp_path)]
+    folders = train_env.paths(ENVS, "Thermostat", 0, tmp_path)
+    for key in ("model", "sft"):
+        folders[key].mkdir(parents=True)
+    assert train_env.main(args) == 0
+    everything = ["launch.build_tiny_model", "agent_trainer.sft", "launch.warm_start_report", "agent_trainer.main",
+                  "baselines.py"]
+    assert ran == everything  # folders without stamps: made again
+    ran.clear()
+    assert train_env.main(args) == 0
+    assert ran == everything[2:]  # both stamped: reused
+    ran.clear()
+    stamp = folders["model"] / train_env.STAMP
+    stamp.write_text(stamp.read_text().replace('"--seed"', '"--seed "'))  # made by another command
+    assert train_env.main(args) == 0
+    assert ran == everything  # the model remade, so the warm start too
