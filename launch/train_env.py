@@ -56,15 +56,17 @@ def inputs_digest(envs_file: Path, tag: str) -> str:
 
     digest = hashlib.sha256(envs_file.read_bytes())
     module, colon, _ = load_env_tags(envs_file)[tag].env_type.partition(":")  # a registered name has no module here
-    if colon:
-        beside = envs_file.parent / (module.replace(".", "/") + ".py")  # where the runs import it from first
+    if not colon:
+        return digest.hexdigest()
+    source = envs_file.parent / (module.replace(".", "/") + ".py")  # where the runs import it from first
+    if not source.is_file():
         try:
-            spec = None if beside.is_file() else importlib.util.find_spec(module)
+            spec = importlib.util.find_spec(module)
         except (ImportError, ValueError):
             spec = None
-        source = beside if beside.is_file() else Path(spec.origin) if spec is not None and spec.origin else None
-        if source is not None and source.is_file():
-            digest.update(source.read_bytes())
+        source = Path(spec.origin) if spec is not None and spec.origin else None
+    if source is not None and source.is_file():
+        digest.update(source.read_bytes())
     return digest.hexdigest()
 
 

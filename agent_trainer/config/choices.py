@@ -21,9 +21,9 @@ CTX_MODES = ("full", "condensed")
 LR_SCHEDULERS = ("constant", "cosine")
 """*.optim.lr_scheduler_type: the learning rate after the warm-up (agent_trainer.workers.fsdp_base)."""
 DATA_SOURCES = ("demonstrations", "jsonl")
+"""SFT data.source."""
 THINK_MODES = ("plain", "note")
 """``data.think`` of an SFT run's demonstrations: the template think, or a copy of the env's note/observation."""
-"""SFT data.source."""
 WEIGHT_SYNC_TRANSPORTS = ("auto", "object_store", "collective", "cuda_ipc")
 """actor_rollout_ref.rollout.weight_sync (the same tuple as agent_trainer.workers.sync_transports.TRANSPORTS; a test keeps them
 equal)."""

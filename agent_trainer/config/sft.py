@@ -40,8 +40,9 @@ class SFTDataConfig:
     noise_actions: list[str] = field(default_factory=list)
     """demonstrations: the actions a noisy turn draws from (each must be one of the tag's valid actions);
     [] = all of them. Where a tag describes its actions in prose ("a whole number from 1 to 10") there is no list
-    to draw from: noise needs this list (e.g. [1, 2, 3]), taken as given. With noise 1.0 this is a format-only warm start: replies in format, moves drawn from
-    these actions, nothing learned about the maps (e.g. [Down, Right] on FrozenLake)."""
+    to draw from: noise needs this list (e.g. [1, 2, 3]), taken as given. With noise 1.0 this is a format-only
+    warm start: replies in format, moves drawn from these actions, nothing learned about the maps (e.g. [Down,
+    Right] on FrozenLake)."""
     demonstrator: str = "expert"
     """demonstrations: who picks the non-noisy moves: expert (the environment's ``expert_action``) or the
     import path "package.module:function" of a scripted policy ``function(env, rng) -> action`` (e.g.
