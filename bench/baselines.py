@@ -10,9 +10,10 @@ itself (``envs.make_env``), one action per turn:
 
 - ``random valid``: a uniformly random action of the env's action list each turn;
 - ``random Down/Right`` (FrozenLake): Down or Right at random, never reading the map;
-- ``best fixed sequence``: the expert's most common action sequence on training seeds
-  (seeds below the validation range), replayed blindly on every held-out map: the best a
-  policy that ignores the observation can do when one sequence solves many maps;
+- ``best fixed sequence``: the one action sequence that wins the most training episodes
+  (seeds below the validation range) played blind, replayed on every held-out seed: the best
+  of the expert's most common paths and a beam search over the actions the expert plays
+  (``best_fixed_sequence``); what a policy that ignores the observation can reach;
 - ``safe Down/Right`` (FrozenLake): Down or Right at random among those not leading into a
   hole or off the map: a heuristic that reads the tiles next to the player;
 - ``expert``: the env's expert solver (``expert_action``).
@@ -123,10 +124,65 @@ def expert_sequence(tag: str, env_tags: dict, seed: int, max_turn: int) -> tuple
         env.close()
 
 
-def best_fixed_sequence(tag: str, env_tags: dict, train_seeds: range, max_turn: int) -> list[str]:
-    """The expert's most common action sequence on ``train_seeds`` (ties: the first seen)."""
-    counts = collections.Counter(expert_sequence(tag, env_tags, s, max_turn) for s in train_seeds)
-    return list(counts.most_common(1)[0][0])
+def blind_outcome(env, seeds, actions: tuple[str, ...]) -> tuple[int, int, tuple]:
+    """Play ``actions`` blind on each of ``seeds``: (episodes won, episodes still running, what each seed's
+    episode shows now: its last observation, None once it ended)."""
+    wins = running = 0
+    shown = []
+    for seed in seeds:
+        observation, done, info = env.reset(seed=seed), False, {}
+        for action in actions:
+            observation, _, done, info = env.step(action)
+            if done:
+                break
+        wins += done and bool(info.get("success", False))
+        running += not done
+        shown.append(None if done else observation)
+    return wins, running, tuple(shown)
+
+
+def best_fixed_sequence(tag: str, env_tags: dict, train_seeds: range, max_turn: int, paths: int = 20,
+                        width: int = 8, search_seeds: int = 256) -> list[str]:
+    """The action sequence that wins the most of the first ``search_seeds`` training episodes played blind.
+
+    Candidates: the expert's ``paths`` most common paths on ``train_seeds``, and a beam search over the
+    actions the expert plays there and the env lists: ``width`` prefixes a depth, ranked by episodes won plus
+    still running (what a longer sequence could still win), a prefix whose episodes all stand where a shorter
+    prefix's stood dropped (a move into a wall changes nothing). Ties: the first found, the expert's paths first.
+    A sequence shorter than the turn limit ends every episode it plays.
+    """
+    limit = min(max_turn, normalize_tags(env_tags)[tag].max_actions_per_traj)
+    counts = collections.Counter(expert_sequence(tag, env_tags, s, limit) for s in train_seeds)
+    seeds = list(train_seeds)[:search_seeds]
+    env = make_env(tag, env_tags)
+    try:
+        env.reset(seed=seeds[0])
+        vocabulary = sorted({a for path in counts for a in path} | set(valid_actions(env)))
+        best, best_wins = (), -1
+        for path, _ in counts.most_common(paths):
+            path += (path[-1],) * (limit - len(path))  # as fixed_sequence replays it
+            wins = blind_outcome(env, seeds, path)[0]
+            if wins > best_wins:
+                best, best_wins = path, wins
+        beam, seen = [()], {blind_outcome(env, seeds, ())[2]}
+        for depth in range(1, limit + 1):
+            ranked = []
+            for prefix in beam:
+                for action in vocabulary:
+                    candidate = prefix + (action,)
+                    wins, running, shown = blind_outcome(env, seeds, candidate)
+                    if (depth == limit or not running) and wins > best_wins:  # complete: a win is kept for good
+                        best, best_wins = candidate, wins
+                    if running and wins + running > best_wins and shown not in seen:
+                        seen.add(shown)
+                        ranked.append((wins + running, wins, candidate))
+            ranked.sort(key=lambda r: (-r[0], -r[1]))
+            beam = [candidate for _, _, candidate in ranked[:width]]
+            if not beam:
+                break
+    finally:
+        env.close()
+    return list(best)
 
 
 def baselines(tag: str, env_tags: dict, val_seeds: list[int], max_turn: int, repeats: int = 8,

@@ -44,7 +44,7 @@ class GuessNumberEnv(BaseEnv):
         return self.render(), float(self.done), self.done, make_info(self.done, True, effective)
 
     def render(self):
-        return f"{self.text} The number is between 1 and {self.config.high}."
+        return f"{self.text} The number is between {self.lo} and {self.hi}."
 
     def action_description(self):
         return f"a whole number from 1 to {self.config.high}"

@@ -28,11 +28,31 @@ def test_frozenlake_baselines_order_from_blind_to_expert():
     assert scores["random valid"].episodes == 4 * len(SEEDS) and scores["expert"].episodes == len(SEEDS)
 
 
-def test_best_fixed_sequence_is_the_most_common_expert_path_and_replays_blindly():
-    seq = bl.best_fixed_sequence("FrozenLakeDescribed", TAGS, range(200), max_turn=6)
-    assert len(seq) == 6 and set(seq) <= {"Down", "Right"} and seq.count("Down") == 3
-    policy = bl.fixed_sequence(seq)
+def test_best_fixed_sequence_wins_at_least_what_each_expert_path_wins_blind():
+    seeds = range(200)
+    seq = bl.best_fixed_sequence("FrozenLakeDescribed", TAGS, seeds, max_turn=6, search_seeds=200)
+    assert len(seq) == 6 and set(seq) <= {"Up", "Down", "Left", "Right"}
+    env = bl.make_env("FrozenLakeDescribed", TAGS)
+    try:
+        won = bl.blind_outcome(env, seeds, tuple(seq))[0]
+        paths = {bl.expert_sequence("FrozenLakeDescribed", TAGS, s, 6) for s in range(20)}
+        rivals = [bl.blind_outcome(env, seeds, p + (p[-1],) * (6 - len(p)))[0] for p in paths]
+    finally:
+        env.close()
+    assert won >= max(rivals) and won > 0
+    policy = bl.fixed_sequence(seq)  # replayed whatever the observation; the last move repeats past the end
     assert [policy(None, None, t) for t in range(8)] == seq + [seq[-1]] * 2
+
+
+def test_best_fixed_sequence_of_a_guessing_game_is_four_distinct_guesses(tmp_path):
+    """On 1..10 in 4 guesses a blind player wins at most 4 numbers in 10: the expert's paths (most of them 2-3
+    guesses, the last one repeated) win fewer; the search must find four different numbers."""
+    tags_file = Path(__file__).resolve().parents[2] / "examples" / "guess_number" / "guess10_envs.yaml"
+    tags = {**TAGS, **load_env_tags(tags_file)}
+    seq = bl.best_fixed_sequence("GuessNumber10", tags, range(300), max_turn=4)
+    assert len(seq) == 4 and len(set(seq)) == 4 and all(1 <= int(a) <= 10 for a in seq)
+    score = bl.play("GuessNumber10", tags, SEEDS, bl.fixed_sequence(seq), max_turn=4)
+    assert 0.25 < score.success < 0.6  # about 0.4 on any 48 seeds
 
 
 def test_sokoban_gets_the_generic_baselines_only():
