@@ -142,14 +142,15 @@ def blind_outcome(env, seeds, actions: tuple[str, ...]) -> tuple[int, int, tuple
 
 
 def best_fixed_sequence(tag: str, env_tags: dict, train_seeds: range, max_turn: int, paths: int = 20,
-                        width: int = 8, search_seeds: int = 256) -> list[str]:
+                        width: int = 8, search_seeds: int = 256, max_plays: int = 200_000) -> list[str]:
     """The action sequence that wins the most of the first ``search_seeds`` training episodes played blind.
 
     Candidates: the expert's ``paths`` most common paths on ``train_seeds``, and a beam search over the
     actions the expert plays there and the env lists: ``width`` prefixes a depth, ranked by episodes won plus
     still running (what a longer sequence could still win), a prefix whose episodes all stand where a shorter
     prefix's stood dropped (a move into a wall changes nothing). Ties: the first found, the expert's paths first.
-    A sequence shorter than the turn limit ends every episode it plays.
+    A sequence shorter than the turn limit ends every episode it plays. The search stops after ``max_plays``
+    episodes (an env with many actions and long episodes: the best found by then).
     """
     limit = min(max_turn, normalize_tags(env_tags)[tag].max_actions_per_traj)
     counts = collections.Counter(expert_sequence(tag, env_tags, s, limit) for s in train_seeds)
@@ -165,20 +166,22 @@ def best_fixed_sequence(tag: str, env_tags: dict, train_seeds: range, max_turn: 
             if wins > best_wins:
                 best, best_wins = path, wins
         beam, seen = [()], {blind_outcome(env, seeds, ())[2]}
+        plays = 0
         for depth in range(1, limit + 1):
             ranked = []
-            for prefix in beam:
-                for action in vocabulary:
-                    candidate = prefix + (action,)
-                    wins, running, shown = blind_outcome(env, seeds, candidate)
-                    if (depth == limit or not running) and wins > best_wins:  # complete: a win is kept for good
-                        best, best_wins = candidate, wins
-                    if running and wins + running > best_wins and shown not in seen:
-                        seen.add(shown)
-                        ranked.append((wins + running, wins, candidate))
+            for candidate in (prefix + (action,) for prefix in beam for action in vocabulary):
+                plays += len(seeds)
+                if plays > max_plays:
+                    break
+                wins, running, shown = blind_outcome(env, seeds, candidate)
+                if (depth == limit or not running) and wins > best_wins:  # complete: a win is kept for good
+                    best, best_wins = candidate, wins
+                if running and wins + running > best_wins and shown not in seen:
+                    seen.add(shown)
+                    ranked.append((wins + running, wins, candidate))
             ranked.sort(key=lambda r: (-r[0], -r[1]))
             beam = [candidate for _, _, candidate in ranked[:width]]
-            if not beam:
+            if not beam or plays > max_plays:
                 break
     finally:
         env.close()

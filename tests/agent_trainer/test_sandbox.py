@@ -22,6 +22,10 @@ from agent_trainer.trajectory_rewards import (
 from agent_trainer.trajectory_rewards.sandbox import SANDBOX_UID_BASE, isolation
 
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, mem_mb=256, max_output_bytes=64 * 1024)
+"""For the programs a deadline must stop."""
+ROOMY = SandboxLimits(wall_s=30.0, cpu_s=1, mem_mb=256, max_output_bytes=64 * 1024)
+"""For every other program: the same limits but the wall time, which a loaded machine stretches (the interpreter's
+start alone has taken more than 2 s there), so that only the limit a test is about can stop its program."""
 HANG_S = 120
 """A sandbox whose deadline did not fire hangs the test: pytest-timeout fails it after this long. The deadline
 itself is checked by what load cannot fake (the limit named in the result, the CPU seconds the program got),
@@ -53,7 +57,7 @@ def sandbox_processes() -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def coding():
-    return make_reward_computer(RewardComputationConfig(domain="coding", sandbox=LIMITS))
+    return make_reward_computer(RewardComputationConfig(domain="coding", sandbox=ROOMY))
 
 
 def reward_of(coding, program: str, tests: str):
@@ -63,34 +67,35 @@ def reward_of(coding, program: str, tests: str):
 
 
 def test_a_correct_program_passes_and_wrong_or_evasive_ones_do_not():
-    ok = run_python("def f(x):\n    return x + 1\nprint('hi')", "assert f(1) == 2", limits=LIMITS)
+    ok = run_python("def f(x):\n    return x + 1\nprint('hi')", "assert f(1) == 2", limits=ROOMY)
     assert ok.passed and ok.exit_code == 0 and ok.stdout_tail == "hi\n" and not ok.timed_out
     assert ok.isolation in ("netns", "userns", "sockets")
-    wrong = run_python("def f(x):\n    return x", "assert f(1) == 2", limits=LIMITS)
+    wrong = run_python("def f(x):\n    return x", "assert f(1) == 2", limits=ROOMY)
     assert not wrong.passed and wrong.exit_code == 1 and "AssertionError" in wrong.stderr_tail
     # sys.exit(0) does not skip the tests; os._exit(0) before them is not a pass
-    exits = run_python("import sys\nsys.exit(0)\ndef f(x):\n    return x + 1", "assert f(1) == 2", limits=LIMITS)
+    exits = run_python("import sys\nsys.exit(0)\ndef f(x):\n    return x + 1", "assert f(1) == 2", limits=ROOMY)
     assert not exits.passed and "NameError" in exits.stderr_tail
-    hard_exit = run_python("import os\nos._exit(0)", "assert False", limits=LIMITS)
+    hard_exit = run_python("import os\nos._exit(0)", "assert False", limits=ROOMY)
     assert not hard_exit.passed and hard_exit.exit_code == 0
-    echo = run_python("print(int(input()) * 2)", stdin="21\n", limits=LIMITS)
+    echo = run_python("print(int(input()) * 2)", stdin="21\n", limits=ROOMY)
     assert echo.passed and echo.stdout_tail == "42\n"
 
 
 HOSTILE = {
-    "infinite loop": ("while True:\n    pass", "timed out"),
-    "sleeping forever": ("import time\nwhile True:\n    time.sleep(1)", "timed out"),
+    "infinite loop": ("while True:\n    pass", "timed out", LIMITS),
+    "sleeping forever": ("import time\nwhile True:\n    time.sleep(1)", "timed out", LIMITS),
     "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n        os.setsid()\n"
-                  "    except OSError:\n        pass", "timed out"),
-    "10 GB allocation": ("x = bytearray(10 * 1024 ** 3)", "failed"),
-    "huge print": ("while True:\n    print('x' * 100000)", "output limit exceeded"),
+                  "    except OSError:\n        pass", "timed out", LIMITS),
+    "10 GB allocation": ("x = bytearray(10 * 1024 ** 3)", "failed", ROOMY),
+    "huge print": ("while True:\n    print('x' * 100000)", "output limit exceeded", ROOMY),
 }
 
 
 @pytest.mark.timeout(HANG_S)
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_programs_get_reward_0_in_time_and_leave_the_host_alone(coding, name):
-    program, reason = HOSTILE[name]
+def test_hostile_programs_get_reward_0_in_time_and_leave_the_host_alone(name):
+    program, reason, limits = HOSTILE[name]
+    coding = make_reward_computer(RewardComputationConfig(domain="coding", sandbox=limits))
     present_before = {p.pid for p in sandbox_processes()}
     rss_before = psutil.Process().memory_info().rss
     cpu_before = children_cpu_s()
@@ -106,12 +111,12 @@ def test_hostile_programs_get_reward_0_in_time_and_leave_the_host_alone(coding, 
 
 @pytest.mark.timeout(HANG_S)
 def test_the_raw_results_say_which_limit_stopped_the_program():
-    mem = run_python("x = bytearray(10 * 1024 ** 3)", limits=LIMITS)
+    mem = run_python("x = bytearray(10 * 1024 ** 3)", limits=ROOMY)
     assert "MemoryError" in mem.stderr_tail and not mem.timed_out
     loop = run_python("while True:\n    pass", limits=LIMITS)
     # a busy loop is stopped by a limit, and not before it has had its CPU second (load only makes that later)
     assert loop.timed_out and loop.seconds >= LIMITS.cpu_s
-    printer = run_python("while True:\n    print('x' * 100000)", limits=LIMITS)
+    printer = run_python("while True:\n    print('x' * 100000)", limits=ROOMY)
     assert printer.output_exceeded and len(printer.stdout_tail.encode()) <= LIMITS.max_output_bytes
 
 
@@ -156,14 +161,14 @@ def test_a_network_connect_fails_and_nothing_reaches_the_host(coding):
 def test_as_root_the_program_cannot_write_outside_its_directory(tmp_path):
     assert isolation().drop_root
     target = tmp_path / "owned_by_root.txt"
-    result = run_python(f"open({str(target)!r}, 'w').write('x')", limits=LIMITS)
+    result = run_python(f"open({str(target)!r}, 'w').write('x')", limits=ROOMY)
     assert not result.passed and "PermissionError" in result.stderr_tail and not target.exists()
-    local = run_python("open('scratch.txt', 'w').write('x')\nprint(open('scratch.txt').read())", limits=LIMITS)
+    local = run_python("open('scratch.txt', 'w').write('x')\nprint(open('scratch.txt').read())", limits=ROOMY)
     assert local.passed and local.stdout_tail == "x\n"
 
 
 def test_with_namespaces_the_program_sees_only_its_own_processes():
     if isolation().mode == "sockets":
         pytest.skip("no namespaces on this host: the socket-blocking fallback is in use")
-    result = run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", limits=LIMITS)
+    result = run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", limits=ROOMY)
     assert result.passed and result.stdout_tail == "[1, 2]\n"  # the launcher (init) and the program

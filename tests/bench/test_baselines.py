@@ -44,6 +44,12 @@ def test_best_fixed_sequence_wins_at_least_what_each_expert_path_wins_blind():
     assert [policy(None, None, t) for t in range(8)] == seq + [seq[-1]] * 2
 
 
+def test_the_search_stops_at_its_budget_with_the_best_expert_path():
+    seq = bl.best_fixed_sequence("FrozenLakeDescribed", TAGS, range(100), max_turn=6, search_seeds=50, max_plays=0)
+    paths = {bl.expert_sequence("FrozenLakeDescribed", TAGS, s, 6) for s in range(100)}
+    assert any(tuple(seq) == p + (p[-1],) * (6 - len(p)) for p in paths)
+
+
 def test_best_fixed_sequence_of_a_guessing_game_is_four_distinct_guesses(tmp_path):
     """On 1..10 in 4 guesses a blind player wins at most 4 numbers in 10: the expert's paths (most of them 2-3
     guesses, the last one repeated) win fewer; the search must find four different numbers."""
