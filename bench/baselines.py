@@ -85,6 +85,18 @@ def fixed_sequence(actions: list[str]) -> Policy:
     return policy
 
 
+def play_episode(env, seed: int, policy: Policy, limit: int, rng: random.Random | None = None) -> tuple:
+    """One episode of ``policy`` from ``seed``, ``limit`` moves at most: (last observation, total reward, done,
+    last info)."""
+    observation, reward, done, info = env.reset(seed=seed), 0.0, False, {}
+    for turn in range(limit):
+        observation, r, done, info = env.step(policy(env, rng, turn))
+        reward += r
+        if done:
+            break
+    return observation, reward, done, info
+
+
 def play(tag: str, env_tags: dict, seeds: list[int], policy: Policy, max_turn: int, repeats: int = 1,
          rng_seed: int = 0) -> Score:
     """Mean success and reward of ``policy`` over ``seeds`` x ``repeats`` episodes of ``max_turn`` moves at most."""
@@ -95,13 +107,8 @@ def play(tag: str, env_tags: dict, seeds: list[int], policy: Policy, max_turn: i
     try:
         for seed in seeds:
             for _ in range(repeats):
-                env.reset(seed=seed)
-                info: dict = {}
-                for turn in range(limit):
-                    _, r, done, info = env.step(policy(env, rng, turn))
-                    reward += r
-                    if done:
-                        break
+                _, r, _, info = play_episode(env, seed, policy, limit, rng)
+                reward += r
                 wins += bool(info.get("success", False))
     finally:
         env.close()
@@ -129,12 +136,9 @@ def blind_outcome(env, seeds, actions: tuple[str, ...]) -> tuple[int, int, tuple
     episode shows now: its last observation, None once it ended)."""
     wins = running = 0
     shown = []
+    policy = fixed_sequence(list(actions))
     for seed in seeds:
-        observation, done, info = env.reset(seed=seed), False, {}
-        for action in actions:
-            observation, _, done, info = env.step(action)
-            if done:
-                break
+        observation, _, done, info = play_episode(env, seed, policy, len(actions))
         wins += done and bool(info.get("success", False))
         running += not done
         shown.append(None if done else observation)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import socket
@@ -23,7 +24,7 @@ from agent_trainer.trajectory_rewards.sandbox import SANDBOX_UID_BASE, isolation
 
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, mem_mb=256, max_output_bytes=64 * 1024)
 """For the programs a deadline must stop."""
-ROOMY = SandboxLimits(wall_s=30.0, cpu_s=1, mem_mb=256, max_output_bytes=64 * 1024)
+ROOMY = dataclasses.replace(LIMITS, wall_s=30.0)
 """For every other program: the same limits but the wall time, which a loaded machine stretches (the interpreter's
 start alone has taken more than 2 s there), so that only the limit a test is about can stop its program."""
 HANG_S = 120
