@@ -482,11 +482,13 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
           "trainer.async_mode = 'continuous' updates the engines' weights while rollouts run ahead of training, but "
           "trainer.max_off_policy_steps = 0 runs no rollout ahead; set trainer.max_off_policy_steps=2 (or 1), or "
           "trainer.async_mode=buffered")
-    check(not continuous or not cfg.agent_proxy.gateway.agent,
-          f"trainer.async_mode = 'continuous' tags each generated token with its policy version, which the gateway's "
-          f"agents (agent_proxy.gateway.agent = {cfg.agent_proxy.gateway.agent!r}) do not record yet; set "
-          "trainer.async_mode=buffered")
     in_flight = cfg.trainer.rollouts_in_flight
+    gateway = cfg.agent_proxy.gateway
+    check(not gateway.agent or not gateway.port or rollouts_in_flight(cfg) == 1,
+          f"agent_proxy.gateway.port = {gateway.port} is one port, but {rollouts_in_flight(cfg)} rollouts run at once "
+          "(trainer.rollouts_in_flight; with trainer.async_mode=continuous its default is "
+          "trainer.max_off_policy_steps), each serving its episodes on a gateway of its own; set "
+          "agent_proxy.gateway.port=0 (a free port each), or trainer.rollouts_in_flight=1")
     check(in_flight is None or in_flight == 1 or continuous,
           f"trainer.rollouts_in_flight = {in_flight} runs rollouts at once, which take new weights while the others "
           f"run, but trainer.async_mode = {cfg.trainer.async_mode!r} keeps an episode on one policy; set "

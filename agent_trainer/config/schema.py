@@ -363,8 +363,9 @@ class TrainerConfig:
     weights, each generated token records the version that produced it (batch key token_versions) and the
     bound applies per token: a group whose oldest token is more than k versions behind the weights its step
     trains from is handled by stale_groups (slime's --partial-rollout, AReaL's max_head_offpolicyness, verl's
-    fully-async trainer, prime-rl's max_off_policy_steps). Needs k >= 1 and a critic-free estimator; not with
-    the gateway's agents. docs/architecture.md, "Rollout overlapping training"."""
+    fully-async trainer, prime-rl's max_off_policy_steps). Needs k >= 1 and a critic-free estimator. The gateway's
+    agents too: each chat completion's tokens carry the version of the engine call that served it.
+    docs/architecture.md, "Rollout overlapping training"."""
     rollouts_in_flight: int | None = None
     """How many of the buffered rollouts (max_off_policy_steps k) run at once with async_mode=continuous, each on
     env actors of its own (agent_proxy.num_env_actors more per rollout); their engine calls are taken one at a

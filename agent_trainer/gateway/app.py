@@ -41,6 +41,8 @@ class Generation(Protocol):
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    # An output may also carry ``version``: the policy version that generated it (a training rollout's engine
+    # calls, ``rollout.gateway.Sampled``); the record keeps it instead of the version read before the call.
 
 
 class Generate(Protocol):
@@ -140,7 +142,8 @@ def _sample(gateway: Gateway, session_id: str, req: chat_request.ChatRequest) ->
                            "different lengths; nothing is recorded")
     records = [CallRecord(request_index=index, choice_index=i, prompt_ids=tuple(req.prompt_ids),
                           completion_ids=tuple(out.token_ids), logprobs=tuple(out.logprobs),
-                          finish_reason=out.finish_reason, policy_version=version,
+                          finish_reason=out.finish_reason,
+                          policy_version=version if getattr(out, "version", None) is None else out.version,
                           rendered=chat.rendered(gateway.tokenizer, [*req.prompt_ids, *out.token_ids]))
                for i, out in enumerate(outputs)]
     try:

@@ -61,6 +61,8 @@ class Sampled:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    version: int | None = None
+    """The policy version that generated it (the engines' after the call; None when the run counts none)."""
 
 
 GATHER = GatherRule(max_s=1.0, call_fraction=0.0, quiet_s=0.2)
@@ -122,11 +124,13 @@ class EngineBatcher:
             try:
                 seed = sampling_seed(r.cfg.trainer.seed, r.split, self.step, 1 + self.engine_calls)
                 self.engine_calls += 1
-                outputs = iter(r._generate([p for req in group for p in req.prompts], group[0].sampling, seed,
-                                           budgets=[b for req in group for b in req.budgets]))
+                generations = r._generate([p for req in group for p in req.prompts], group[0].sampling, seed,
+                                          budgets=[b for req in group for b in req.budgets])
+                outputs = iter(generations)
                 ends = self.eos_ids | set(stops)
                 for req in group:
-                    results[id(req)] = [Sampled(ids, logprobs, "stop" if ids and ids[-1] in ends else "length")
+                    results[id(req)] = [Sampled(ids, logprobs, "stop" if ids and ids[-1] in ends else "length",
+                                                getattr(generations, "version", None))
                                         for ids, logprobs in (next(outputs) for _ in req.prompts)]
             except Exception as err:  # noqa: BLE001 - every request of the call fails with it; the others do not
                 for req in group:
@@ -173,7 +177,9 @@ class GatewayLoop:
             pump.join()
         for ctx in ctxs.values():
             ctx.finish()
-            r.last_generations[ctx.env_id] = _generations_in_row_order(ctx)
+            calls = _calls_in_row_order(ctx)
+            r.last_generations[ctx.env_id] = [list(c.completion_ids) for c in calls]
+            r.last_versions[ctx.env_id] = [c.policy_version for c in calls]
 
     def _serve(self, request: EngineRequest) -> None:
         """One request of the gateway's actor through the batched engine calls; its result goes back to it."""
@@ -324,12 +330,12 @@ def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable, *args, name: str) -
     return future
 
 
-def _generations_in_row_order(ctx: GatewayEpisode) -> list[list[int]]:
-    """The sampled ids of the episode's calls in the order its rows hold them (the contract check's turns),
-    then any call no row holds (which the check then reports)."""
-    by_call = {(r.request_index, r.choice_index): list(r.completion_ids) for r in ctx.records}
+def _calls_in_row_order(ctx: GatewayEpisode) -> list:
+    """The episode's recorded calls (``CallRecord`` s) in the order its rows hold them (the contract check's turns,
+    each with the policy version that sampled it), then any call no row holds (which the check then reports)."""
+    by_call = {(r.request_index, r.choice_index): r for r in ctx.records}
     ordered = [call for row in ctx.rows for call in row.calls]
-    return [by_call[c] for c in ordered] + [ids for c, ids in sorted(by_call.items()) if c not in set(ordered)]
+    return [by_call[c] for c in ordered] + [r for c, r in sorted(by_call.items()) if c not in set(ordered)]
 
 
 class GatewayRollout(MultiTurnRollout):

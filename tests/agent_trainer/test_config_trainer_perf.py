@@ -86,6 +86,11 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
      "or set trainer.async_mode=continuous, trainer.max_off_policy_steps=2 and actor_rollout_ref.rollout.mode=async"),
     (["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous", "trainer.share_engine_calls=false"],
      "this run has 2 rollout(s) in flight with actor_rollout_ref.rollout.mode = 'sync', so no call is ever shared"),
+    (["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous",
+      "agent_proxy.gateway.agent=examples.gateway.frozenlake_openai.run", "agent_proxy.gateway.port=8123"],
+     "agent_proxy.gateway.port = 8123 is one port, but 2 rollouts run at once (trainer.rollouts_in_flight; with "
+     "trainer.async_mode=continuous its default is trainer.max_off_policy_steps), each serving its episodes on a "
+     "gateway of its own; set agent_proxy.gateway.port=0 (a free port each), or trainer.rollouts_in_flight=1"),
     (["algorithm.rollout_correction.rollout_rs=sequence"], "algorithm.rollout_correction.rollout_rs = 'sequence'"),
     (["algorithm.rollout_correction.rollout_rs=token", "actor_rollout_ref.rollout.temperature=0.7"],
      "algorithm.rollout_correction.rollout_rs = 'token' masks by the ratio"),
@@ -111,6 +116,9 @@ def test_continuous_asynchronous_training_and_icepop_masking_load():
     assert (cfg.trainer.async_mode, cfg.trainer.stale_groups) == ("continuous", "replace")
     assert needs_old_log_probs(cfg) and cfg.es_manager.min_group_left == 2
     assert rollouts_in_flight(cfg) == 2  # null: k rollouts at once with continuous
+    gateway = _load("trainer.max_off_policy_steps=2", "trainer.async_mode=continuous",
+                    "agent_proxy.gateway.agent=examples.gateway.frozenlake_openai.run")  # a free port per rollout
+    assert rollouts_in_flight(gateway) == 2 and gateway.agent_proxy.gateway.port == 0
     assert rollouts_in_flight(_load("trainer.max_off_policy_steps=2")) == 1  # buffered: one at a time
     assert rollouts_in_flight(_load("trainer.max_off_policy_steps=4", "trainer.async_mode=continuous",
                                     "trainer.rollouts_in_flight=3")) == 3

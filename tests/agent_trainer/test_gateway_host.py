@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer.gateway.host import GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
+from agent_trainer.rollout.gateway import Sampled
 from agent_trainer.workers.rollout import GenerationOutput, HFRolloutWorker
 
 MESSAGES = [{"role": "user", "content": "You are on a frozen lake. Where do you go?"}]
@@ -61,6 +62,22 @@ def test_a_call_waits_for_the_driver_and_gets_what_it_delivered(host, tiny_model
     assert host.before_step(session) == (1, outputs[0].token_ids)
     [record] = host.close_session(session)
     assert list(record.completion_ids) == outputs[0].token_ids and record.policy_version == 5
+
+
+def test_a_call_served_by_a_later_policy_version_is_recorded_with_it(host, tiny_model_path):
+    """Continuous asynchronous training: the engines may take new weights between two calls of a session, and each
+    call's record carries the version of the engine call that served it, not the one the session opened with."""
+    engine = HFRolloutWorker(tiny_model_path, max_model_len=512, seed=0)
+    session = host.open_session(policy_version=3)
+    for version in (3, 4):
+        thread, got = _call_in_thread(host, session)
+        [request] = host.take(wait_s=30)
+        outputs = [Sampled(o.token_ids, o.logprobs, o.finish_reason, version)
+                   for o in engine.generate(request.prompts, **request.sampling())]
+        host.deliver(request.request_id, outputs)
+        thread.join(30)
+        assert got["reply"].choices[0].model_extra["token_ids"] == outputs[0].token_ids
+    assert [r.policy_version for r in host.close_session(session)] == [3, 4]
 
 
 def test_a_failed_or_abandoned_engine_call_is_a_500_for_its_agent_only(host):

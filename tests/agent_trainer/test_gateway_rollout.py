@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from agent_trainer.observe.tracking import format_metrics
 from agent_trainer.agents.gateway import CondensedGatewayAgent, GatewayAgent, GatewayEpisode, training_rows
 from agent_trainer.rollout.engines import GatherRule
 from agent_trainer.rollout.gateway import EngineBatcher
+from agent_trainer.rollout.multiturn import Generations
 from agent_trainer.rollout.splits import SamplingParams
 
 G = "agent_proxy.gateway"
@@ -155,8 +157,8 @@ def test_an_episode_whose_calls_do_not_merge_trains_as_one_row_per_call_in_eithe
 
 
 class _Engines:
-    """A stand-in for the rollout's ``_generate``: each prompt's reply is its last id + 1; slow enough that
-    requests queue while one call runs."""
+    """A stand-in for the rollout's ``_generate``: each prompt's reply is its last id + 1, from policy version n at
+    the n-th call; slow enough that requests queue while one call runs."""
 
     def __init__(self, fail: bool = False):
         self.calls, self.fail = [], fail
@@ -166,7 +168,7 @@ class _Engines:
         time.sleep(0.2)
         if self.fail:
             raise RuntimeError("engine down")
-        return [([p[-1] + 1, 9], [-0.1, -0.2]) for p in prompts]
+        return Generations([([p[-1] + 1, 9], [-0.1, -0.2]) for p in prompts], version=len(self.calls))
 
 
 def _batcher(engines: _Engines, live: int = 1) -> EngineBatcher:
@@ -197,6 +199,8 @@ def test_concurrent_requests_share_engine_calls_and_each_gets_its_own_reply():
     assert {k: (v[0].token_ids, v[0].finish_reason) for k, v in out.items()} == {k: ([k + 1, 9], "stop")
                                                                                  for k in range(8)}
     assert sum(n for n, _, _ in engines.calls) == 8 and len(engines.calls) < 8  # batched
+    # each reply carries the policy version of the engine call that served it (continuous async training's tag)
+    assert Counter(v[0].version for v in out.values()) == {i + 1: n for i, (n, _, _) in enumerate(engines.calls)}
     assert all(budgets == [16] * n for n, _, budgets in engines.calls)  # max_tokens capped by response_length
     assert batcher.requests == 8 and batcher.overridden == 1 and batcher.engine_calls == len(engines.calls)
 

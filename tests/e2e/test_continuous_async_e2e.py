@@ -11,7 +11,9 @@ cached by the older weights served it). Two runs: k = 2 with the full model over
 without a turn barrier (rollout.mode=async), two rollouts in flight at once (``trainer.rollouts_in_flight``'
 default with k = 2: each on env actors of its own, one engine call at a time, their waiting requests sent
 together), and k = 1 with a LoRA actor whose adapters are merged on the way, over the collective (gloo)
-transport, in the turn-synchronous loop.
+transport, in the turn-synchronous loop; and k = 2 with an agent written with the plain ``openai`` client
+(examples/gateway/frozenlake_openai.py) through the gateway, two gateways in flight, each call's tokens tagged
+with the version of the engine call that served it.
 """
 
 from pathlib import Path
@@ -80,7 +82,8 @@ def slow_envs(tmp_path: Path) -> Path:
     (2, ["actor_rollout_ref.rollout.weight_sync=object_store", "actor_rollout_ref.actor.optim.lr=1e-3",
          "actor_rollout_ref.rollout.mode=async"]),
     (1, ["actor_rollout_ref.rollout.weight_sync=collective", *LORA]),
-], ids=["k2-object_store-lanes", "k1-lora-collective"])
+    (2, ["actor_rollout_ref.actor.optim.lr=1e-3", "agent_proxy.gateway.agent=examples.gateway.frozenlake_openai.run"]),
+], ids=["k2-object_store-lanes", "k1-lora-collective", "k2-gateway"])
 def test_episodes_in_flight_take_new_weights_and_no_token_is_more_than_k_versions_old(tiny_model_path, tmp_path,
                                                                                       k, overrides):
     trainer, metrics = train_here(
