@@ -190,7 +190,9 @@ distill: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/con
 	  --rl-dir $(RL_RUN) --started-at "$$(cat $(VENV)/.train-started)" model_path=$(SFT_RUN)/final trainer.seed=$(SEED)
 
 # Two pytest-xdist workers (TEST_WORKERS=1 runs in one process): a module runs whole on one worker, the
-# shared-cluster e2e runs all on one (tests/conftest.py): 31 minutes on 2 idle cores (2026-12-02).
+# shared-cluster e2e runs all on one (tests/conftest.py): 31 minutes on 2 idle cores (2026-12-02). Three workers took
+# 35 minutes with the cores 97% busy (2026-12-03): the suite is bound by CPU (docs/benchmarks.md, "Where a short
+# run's time goes").
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
 
