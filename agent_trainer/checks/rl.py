@@ -348,6 +348,12 @@ def _check_agent(cfg: AgentTrainerConfig) -> None:
           f"agent_proxy.gateway.host = {g.host!r} must be an address to listen on; e.g. agent_proxy.gateway.host=127.0.0.1")
     check(isinstance(g.port, int) and 0 <= g.port <= 65535,
           f"agent_proxy.gateway.port = {g.port!r} must be 0 (a free port) to 65535")
+    at_once = rollouts_in_flight(cfg)
+    check(not g.port or at_once == 1,
+          f"agent_proxy.gateway.port = {g.port} is one port, but {at_once} rollouts run at once "
+          "(trainer.rollouts_in_flight; with trainer.async_mode=continuous its default is "
+          "trainer.max_off_policy_steps), each serving its episodes on a gateway of its own; set "
+          "agent_proxy.gateway.port=0 (a free port each), or trainer.rollouts_in_flight=1")
     check(is_number(g.episode_timeout_s) and g.episode_timeout_s > 0,
           f"agent_proxy.gateway.episode_timeout_s = {g.episode_timeout_s!r} must be > 0 seconds; e.g. 300")
 
@@ -483,12 +489,6 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
           "trainer.max_off_policy_steps = 0 runs no rollout ahead; set trainer.max_off_policy_steps=2 (or 1), or "
           "trainer.async_mode=buffered")
     in_flight = cfg.trainer.rollouts_in_flight
-    gateway = cfg.agent_proxy.gateway
-    check(not gateway.agent or not gateway.port or rollouts_in_flight(cfg) == 1,
-          f"agent_proxy.gateway.port = {gateway.port} is one port, but {rollouts_in_flight(cfg)} rollouts run at once "
-          "(trainer.rollouts_in_flight; with trainer.async_mode=continuous its default is "
-          "trainer.max_off_policy_steps), each serving its episodes on a gateway of its own; set "
-          "agent_proxy.gateway.port=0 (a free port each), or trainer.rollouts_in_flight=1")
     check(in_flight is None or in_flight == 1 or continuous,
           f"trainer.rollouts_in_flight = {in_flight} runs rollouts at once, which take new weights while the others "
           f"run, but trainer.async_mode = {cfg.trainer.async_mode!r} keeps an episode on one policy; set "

@@ -130,7 +130,7 @@ class EngineBatcher:
                 ends = self.eos_ids | set(stops)
                 for req in group:
                     results[id(req)] = [Sampled(ids, logprobs, "stop" if ids and ids[-1] in ends else "length",
-                                                getattr(generations, "version", None))
+                                                generations.version)
                                         for ids, logprobs in (next(outputs) for _ in req.prompts)]
             except Exception as err:  # noqa: BLE001 - every request of the call fails with it; the others do not
                 for req in group:
