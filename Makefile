@@ -193,8 +193,10 @@ distill: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/con
 # shared-cluster e2e runs all on one (tests/conftest.py): 31 minutes on 2 idle cores (2026-12-02). Three workers took
 # 35 minutes with the cores 97% busy (2026-12-03): the suite is bound by CPU (docs/benchmarks.md, "Where a short
 # run's time goes").
+# --max-worker-restart=0: a worker that dies ends the run at once, naming the test it was running (pytest-xdist
+# 3.8's loadgroup scheduler can wait forever after it replaces a dead worker, with the finished groups requeued).
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0,)
 
 test: model shellcheck chromium
 	AGENT_TRAINER_TEST_MODEL=$(MODEL) $(PY) -m pytest tests -q -p no:cacheprovider --durations=30 $(XDIST) $(ARGS)

@@ -16,7 +16,10 @@ What it runs (each part prints one JSON line and the whole record goes to ``--ou
    ``update_weights`` (the e2e test's tolerance is 1e-2 on GPUs); ``sleep``/``wake_up`` free and restore memory.
 5. ``offload_to_cpu`` / ``reload_to_device`` of the actor (``fsdp.param_offload`` / ``optimizer_offload``) free
    the GPU memory they say and the next update still runs.
-6. ``--sweep``: the update alone with other micro-batch sizes and without gradient checkpointing.
+6. ``--sweep``: the update alone in four micro-batch layouts (the main one, 8 rows with checkpointing, 2 and 4
+   rows without), each beside a plain single-process loop on the same job in this process (the Hugging Face model,
+   AdamW, bf16 autocast, the clipped loss on float32 log-probs of the full logits, and again with log-probs in
+   chunks): tokens/s and peak memory, project / plain per layout.
 7. ``--lora R``: the full update and then the LoRA actor at rank R (docs/lora.md) on the same job: what trains,
    speed, peak memory, the reference as the adapter switched off, and the merged weights of a sync in the HF
    engine (``--skip-main`` leaves out parts 2-5).
@@ -206,9 +209,11 @@ def actor_update(model_dir: Path, n_params: int, args) -> object:
 
 
 SWEEP = [(8, True), (2, False), (4, False)]  # (rows per micro-batch, gradient checkpointing) after the main case
+PLAIN_CHUNK = 4096
+"""Tokens per chunk of the plain loop's chunked log-probs."""
 
 
-def update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpointing: bool) -> None:
+def update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpointing: bool) -> dict:
     """The actor update alone (no reference) with another micro-batch size or checkpointing: speed and peak."""
     import gc
 
@@ -233,12 +238,102 @@ def update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpoi
     tokens = args.rows * args.seq
     achieved = flops_per_token(n_params, config, args.seq) * tokens / median / 1e12
     peak_tf = peak_tflops(torch.cuda.get_device_name() if on_gpu() else "cpu")
-    report(f"actor_update_micro{micro_rows}_{'ckpt' if checkpointing else 'nockpt'}", micro_rows=micro_rows,
-           micro_tokens=micro_rows * args.seq, gradient_checkpointing=checkpointing,
-           seconds_per_update=[round(t, 3) for t in times], tokens_per_s=round(tokens / median),
-           mfu=round(achieved / peak_tf, 3) if peak_tf else None,
-           peak_allocated_gib=round(torch.cuda.max_memory_allocated() / GIB, 2) if on_gpu() else 0)
+    out = dict(micro_rows=micro_rows, micro_tokens=micro_rows * args.seq, gradient_checkpointing=checkpointing,
+               seconds_per_update=[round(t, 3) for t in times], tokens_per_s=round(tokens / median),
+               mfu=round(achieved / peak_tf, 3) if peak_tf else None,
+               peak_allocated_gib=round(torch.cuda.max_memory_allocated() / GIB, 2) if on_gpu() else 0)
+    report(f"actor_update_micro{micro_rows}_{'ckpt' if checkpointing else 'nockpt'}", **out)
     del worker
+    return out
+
+
+def plain_update_speed(model_dir: Path, n_params: int, args, micro_rows: int, checkpointing: bool,
+                       chunked: bool) -> dict:
+    """The same update as the simplest loop a user could write, in this process: the Hugging Face model on the
+    device, float32 weights and AdamW (fused on a GPU), bf16 autocast on a GPU, the clipped PPO loss (token mean
+    over the mini-batch) on float32 log-probs of every next token, gradient clipping at 1.0, one optimizer step.
+    ``chunked``: the log-probs from the last hidden states in chunks of :data:`PLAIN_CHUNK` tokens, each chunk's
+    projection and log-softmax recomputed in the backward (activation checkpointing)."""
+    import gc
+
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+    from transformers import AutoModelForCausalLM
+
+    gc.collect()
+    if on_gpu():
+        torch.cuda.empty_cache()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(DEVICE)
+    model.config.use_cache = False
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=on_gpu())
+    batch = rows(args.rows, args.seq, args.prompt, model.config.vocab_size, seed=0)
+    ids = batch["input_ids"].to(DEVICE)
+    mask = batch["response_mask"][:, 1:].to(DEVICE).float()
+    advantages = batch["advantages"][:, 1:].to(DEVICE)
+
+    def taken(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, model.lm_head.weight).float()
+        return torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+
+    def log_probs(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=on_gpu()):
+            if not chunked:
+                logits = model(input_ids=x).logits[:, :-1]
+                return torch.log_softmax(logits.float(), -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+            hidden = model.model(input_ids=x).last_hidden_state[:, :-1]
+            b, t, h = hidden.shape
+            flat, targets = hidden.reshape(-1, h), x[:, 1:].reshape(-1)
+            parts = [checkpoint(taken, flat[i:i + PLAIN_CHUNK], targets[i:i + PLAIN_CHUNK], use_reentrant=False)
+                     for i in range(0, flat.shape[0], PLAIN_CHUNK)]
+            return torch.cat(parts).view(b, t)
+
+    with torch.no_grad():
+        old = torch.cat([log_probs(ids[i:i + micro_rows]) for i in range(0, args.rows, micro_rows)])
+    tokens_scored = mask.sum()
+
+    def update() -> None:
+        for i in range(0, args.rows, micro_rows):
+            ratio = torch.exp(log_probs(ids[i:i + micro_rows]) - old[i:i + micro_rows])
+            a = advantages[i:i + micro_rows]
+            loss = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+            ((loss * mask[i:i + micro_rows]).sum() / tokens_scored).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    reset_peak()
+    times = [synced(update)[1] for _ in range(args.steps + 1)][1:]
+    median = sorted(times)[len(times) // 2]
+    tokens = args.rows * args.seq
+    achieved = flops_per_token(n_params, model.config, args.seq) * tokens / median / 1e12
+    peak_tf = peak_tflops(torch.cuda.get_device_name() if on_gpu() else "cpu")
+    out = dict(micro_rows=micro_rows, gradient_checkpointing=checkpointing, chunked_log_probs=chunked,
+               seconds_per_update=[round(t, 3) for t in times], tokens_per_s=round(tokens / median),
+               mfu=round(achieved / peak_tf, 3) if peak_tf else None,
+               peak_allocated_gib=round(torch.cuda.max_memory_allocated() / GIB, 2) if on_gpu() else 0)
+    report(f"plain_update_micro{micro_rows}_{'ckpt' if checkpointing else 'nockpt'}_"
+           f"{'chunked' if chunked else 'full'}", **out)
+    del model, optimizer
+    return out
+
+
+def sweep_against_plain(model_dir: Path, n_params: int, args) -> None:
+    """Each micro-batch layout of the sweep (the main one first): the project's update, then the plain loop with
+    full and with chunked log-probs, in this process one after the other; project / plain per layout."""
+    for micro_rows, checkpointing in [(args.micro_rows, True), *SWEEP]:
+        ours = update_speed(model_dir, n_params, args, micro_rows, checkpointing)
+        full = plain_update_speed(model_dir, n_params, args, micro_rows, checkpointing, chunked=False)
+        chunked = plain_update_speed(model_dir, n_params, args, micro_rows, checkpointing, chunked=True)
+        report(f"project_vs_plain_micro{micro_rows}_{'ckpt' if checkpointing else 'nockpt'}",
+               project_tokens_per_s=ours["tokens_per_s"], plain_tokens_per_s=full["tokens_per_s"],
+               plain_chunked_tokens_per_s=chunked["tokens_per_s"],
+               project_over_plain=round(ours["tokens_per_s"] / full["tokens_per_s"], 3),
+               project_over_plain_chunked=round(ours["tokens_per_s"] / chunked["tokens_per_s"], 3),
+               project_peak_gib=ours["peak_allocated_gib"], plain_peak_gib=full["peak_allocated_gib"],
+               plain_chunked_peak_gib=chunked["peak_allocated_gib"])
 
 
 def sampled_rows(engine, prompts: list[list[int]], max_tokens: int) -> tuple[list, TensorBatch, torch.Tensor]:
@@ -558,8 +653,8 @@ def main(argv: list[str] | None = None) -> int:
                 worker = actor_update(model_dir, n_params, args)
                 hf_rollout(model_dir, worker, args)
                 del worker
-            for micro_rows, checkpointing in SWEEP if args.sweep else ():
-                update_speed(model_dir, n_params, args, micro_rows, checkpointing)
+            if args.sweep:
+                sweep_against_plain(model_dir, n_params, args)
             if args.lora:  # full fine-tuning of the same job beside it, in the same run
                 update_speed(model_dir, n_params, args, args.micro_rows, True)
                 lora_check(model_dir, n_params, args)

@@ -10,7 +10,7 @@ worktree), P1 rollout vs raw vLLM tokens/s, P2 GRPO step vs TRL GRPOTrainer (tin
 ~19M model; TRL in bench/.venv-trl), P3 weight-sync share, P4 env-actor overhead,
 P5 peak RSS of the process tree vs TRL, P6 slow env (turn barrier, overlap, prefetched reset),
 P7 scaling (rows, turns, actor ranks, 19M model), P8 synchronous vs one-step-off vs asynchronous
-training (continuous, k = 1, 2, 4) on the slow env. Writes ``results.json``,
+training (continuous, k = 1, 2, 4) on the slow env, P9 the log-prob head, plain vs chunked (P2's models). Writes ``results.json``,
 ``report.md``, PNG charts and every run's log to the results folder and prints its
 path; ``docs/benchmarks.md`` and ``docs/bench/`` change only with ``--update-docs``.
 """
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                            "working tree)")
     p.add_argument("--repeats", type=int, default=None, help="alternating ref / working-tree runs of the main "
                                                                "job (default 2, quick 1)")
-    p.add_argument("--models", default="", help="P2's models: comma-separated of tiny,20m (default both; "
+    p.add_argument("--models", default="", help="P2's and P9's models: comma-separated of tiny,20m (default both; "
                                                  "quick: tiny)")
     p.add_argument("--trl-threads", default="0", help="comma-separated torch thread counts for TRL's process, "
                                                       "one TRL run each (0: torch's default, all cores)")
@@ -106,7 +106,7 @@ def run_parts(b: suites.Bench, parts: list[str], quick: bool, models: list[Path]
              "P2": lambda: suites.p2_vs_trl(b, models), "P3": lambda: suites.p3_sync_share(b),
              "P4": lambda: suites.p4_env_actor(b), "P5": lambda: suites.p5_peak_rss(b),
              "P6": lambda: suites.p6_slow_env(b), "P7": lambda: suites.p7_scaling(b, with_20m=not quick),
-             "P8": lambda: suites.p8_async(b)}
+             "P8": lambda: suites.p8_async(b), "P9": lambda: suites.p9_log_prob_head(b, models)}
     out, errors = {}, {}
     for part in parts:
         try:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"[bench] results folder: {folder}", flush=True)
     machine = machine_info()
-    if ("P2" in a.parts and "20m" in a.models) or ("P7" in a.parts and not a.quick):
+    if (("P2" in a.parts or "P9" in a.parts) and "20m" in a.models) or ("P7" in a.parts and not a.quick):
         ensure_20m_model()
     b = suites.Bench(out=folder, steps=a.steps, ref=a.ref or default_ref(), tree=a.tree.resolve(),
                      repeats=a.repeats, trl_threads=a.trl_threads, precisions=a.precision)

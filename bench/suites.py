@@ -21,7 +21,7 @@ from project_run import REPO, RunResult, RunSpec
 from results import ratio, steady_median
 from trl_venv import ensure_trl_venv
 
-PARTS = ("main", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8")
+PARTS = ("main", "P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8", "P9")
 TINY = REPO / "models" / "tiny-qwen2"
 MODEL_20M = REPO / "models" / "tiny-qwen2-20m"
 MODELS = {"tiny": TINY, "20m": MODEL_20M}
@@ -242,6 +242,28 @@ def p2_vs_trl(b: Bench, models: list[Path]) -> dict:
                      "trl_version": theirs["trl"], "n_params": theirs["n_params"],
                      "project_load": ours.mean_load_1m, "trl_load": theirs.get("mean_load_1m"),
                      "project_command": ours.command, "trl_command": theirs["command"]}
+    return out
+
+
+def p9_log_prob_head(b: Bench, models: list[Path]) -> dict:
+    """The scored tokens' log-probs and entropy through the output head, the plain [N, V] head against the workers'
+    chunked one (``bench/log_prob_head.py``, one process each): seconds of a forward and backward, bytes kept for
+    the backward, growth of peak resident memory; per model."""
+    out = {}
+    for model in models:
+        work = b.out / "p9" / model.name
+        work.mkdir(parents=True, exist_ok=True)
+        res = {}
+        for variant in ("plain", "chunked"):
+            print(f"[bench] P9 log-prob head on {model.name}, {variant} ...", flush=True)
+            _run_logged([sys.executable, str(REPO / "bench" / "log_prob_head.py"), "--model", str(model),
+                         "--variant", variant, "--out", str(work / f"{variant}.json")], work / f"{variant}.log")
+            res[variant] = json.loads((work / f"{variant}.json").read_text())
+        plain, chunked = res["plain"], res["chunked"]
+        out[model.name] = {"plain": plain, "chunked": chunked,
+                           "speedup": ratio(plain["seconds"], chunked["seconds"]),
+                           "saved_ratio": chunked["saved_bytes"] / plain["saved_bytes"],
+                           "rss_growth_ratio": chunked["peak_rss_growth_bytes"] / max(1, plain["peak_rss_growth_bytes"])}
     return out
 
 

@@ -235,7 +235,9 @@ def activation_bytes(model_config: Any, tokens: int, compute: int, checkpointing
     So A = c (8h + 4kv + 4i) + 8h bytes per token per layer; layers x A without gradient checkpointing,
     layers x c h (each layer's input) + A (one layer recomputed in the backward) with it.
     The head (``causal``): the scored positions' logits in the compute dtype, their float32 copy, the
-    log-softmax kept for the backward and its gradient: tokens x vocab x (c + 12) (all tokens counted as
+    softmax and the logits' gradient: rows x vocab x (c + 12), where the workers' chunked head
+    (``agent_trainer/workers/fused_head.py``) holds one chunk of :func:`logit_chunk_rows` rows at a time, and a
+    model whose logits are changed after the head (:func:`logits_untouched` false) all tokens (counted as
     scored: a bound). A value head (``value``) has one output per token: nothing worth counting.
     """
     text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -247,8 +249,26 @@ def activation_bytes(model_config: Any, tokens: int, compute: int, checkpointing
     body = (layers * compute * h + per_layer) if checkpointing else layers * per_layer
     out = {"layers": body * tokens}
     if head == "causal":
-        out["logits"] = tokens * text.vocab_size * (compute + 12)
+        rows = min(tokens, logit_chunk_rows(text.vocab_size)) if logits_untouched(text) else tokens
+        out["logits"] = rows * text.vocab_size * (compute + 12)
     return out
+
+
+LOGIT_CHUNK_ELEMENTS = 2 ** 26
+"""Logits the workers' output head computes at a time (positions x vocabulary): 256 MiB of float32, 441 positions
+of a 151,936-token vocabulary (``agent_trainer/workers/fused_head.py``)."""
+LOGIT_CHANGING_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+"""Model config keys (Gemma, Cohere, Granite, ...) under which a model changes its logits after the output head."""
+
+
+def logit_chunk_rows(vocab: int) -> int:
+    """Positions per chunk of the output head for a vocabulary of ``vocab`` tokens."""
+    return max(1, LOGIT_CHUNK_ELEMENTS // max(1, vocab))
+
+
+def logits_untouched(model_config: Any) -> bool:
+    """True when a model of this config returns its output head's output as its logits (no scale, no soft cap)."""
+    return all(getattr(model_config, key, None) in (None, 1, 1.0) for key in LOGIT_CHANGING_KEYS)
 
 
 def kv_bytes_per_token(model_config: Any, dtype_bytes: int) -> int:

@@ -13,7 +13,9 @@ packages, stdlib only), with:
   otherwise every socket constructor raises inside the child (a weaker
   fallback, reported as ``isolation="sockets"``);
 - as root, a per-run unprivileged uid (so ``RLIMIT_NPROC`` is enforced, which
-  root ignores, and project files are read-only to the program);
+  root ignores, and project files are read-only to the program), leased for the
+  run under a host-wide lock: no two runs share one, whichever processes of the
+  host (reward workers, env actors, test workers) start them;
 - ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_NPROC`` (fork bombs),
   ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE`` set by the launcher just before the
   program runs (not in ``preexec_fn``, which is unsafe in the threaded trainer
@@ -31,9 +33,10 @@ exit before the tests is ``passed=False``, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
-import itertools
 import json
 import os
 import secrets
@@ -52,8 +55,11 @@ from agent_trainer.config.rewards import SandboxLimits
 CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
 UNSHARE = ("unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
 SANDBOX_UID_BASE = 1_500_000
-"""As root, run k uses uid SANDBOX_UID_BASE + (k mod 4096): unused ids, one per run."""
-_uid_counter = itertools.count()
+SANDBOX_UIDS = 4096
+"""As root, each run leases one of the uids SANDBOX_UID_BASE .. + SANDBOX_UIDS - 1 (ids no account uses)."""
+UID_LOCKS = Path(tempfile.gettempdir()) / "agent-trainer-sandbox-uids"
+"""One lock file per leased uid (root's, mode 700): held with ``flock`` for the whole run, released by the kernel
+when the holder dies."""
 _TAIL_GRACE_S = 0.5
 """After the launcher exits, how long to wait for the pipes to close before killing the group."""
 
@@ -116,7 +122,11 @@ def _run_in(workdir: Path, iso: Isolation, code: str, tests: str, stdin: str, li
     nonce = secrets.token_hex(16)
     for name, text in ((".nonce", nonce), ("solution.py", code), ("tests.py", tests), (".stdin", stdin)):
         (workdir / name).write_text(text, encoding="utf-8")
-    uid = SANDBOX_UID_BASE + next(_uid_counter) % 4096 if iso.drop_root else -1
+    with _leased_uid(iso.drop_root) as uid:
+        return _run_as(workdir, iso, uid, nonce, limits)
+
+
+def _run_as(workdir: Path, iso: Isolation, uid: int, nonce: str, limits: SandboxLimits) -> SandboxResult:
     if uid >= 0:
         os.chown(workdir, uid, uid)  # the program's cwd; the launcher reads and deletes the files before dropping root
         os.chmod(workdir, 0o700)
@@ -148,6 +158,33 @@ def _run_in(workdir: Path, iso: Isolation, code: str, tests: str, stdin: str, li
                          stdout_tail=outputs["stdout"].decode(errors="replace"),
                          stderr_tail=outputs["stderr"].decode(errors="replace"), seconds=0.0,
                          output_exceeded=exceeded)
+
+
+@contextlib.contextmanager
+def _leased_uid(drop_root: bool):
+    """A sandbox uid no other run on this host holds while the block runs (-1 when root is not dropped).
+
+    Every run kills whatever is left under its uid when it ends, so two runs sharing one would kill each other's
+    programs: the lease is an exclusive ``flock`` on the uid's lock file, tried from a random uid on."""
+    if not drop_root:
+        yield -1
+        return
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    first = secrets.randbelow(SANDBOX_UIDS)
+    for i in range(SANDBOX_UIDS):
+        uid = SANDBOX_UID_BASE + (first + i) % SANDBOX_UIDS
+        fd = os.open(UID_LOCKS / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # releases the lock
+        return
+    raise OSError(f"all {SANDBOX_UIDS} sandbox uids are in use on this host")
 
 
 def _collect(proc: subprocess.Popen, result_fd: int, deadline: float, cap: int) -> tuple[dict[str, bytes], bool, bool]:

@@ -21,8 +21,8 @@ from agent_trainer import core_algos
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from agent_trainer.workers.critic import CriticWorker
-from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, TargetLogits, micro_batches,
-                                             micro_weight, scalar, scored_mask, target_logits)
+from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, Prepared, TargetLogits, TargetScores,
+                                             device_means, micro_batches, scored_mask, target_logits, target_scores)
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
@@ -84,8 +84,8 @@ class ReferenceWorker(FSDPWorker):
         score) gets every attended token's."""
         temperature = float(batch.meta.temperature)
 
-        def per_token(micro: TensorBatch) -> torch.Tensor:
-            return self._target_logits(model, micro).log_probs(temperature)
+        def per_token(micro: Prepared) -> torch.Tensor:
+            return self._scores(model, micro, temperature).log_probs
 
         return self.forward_rows(batch, batching, per_token)
 
@@ -93,6 +93,13 @@ class ReferenceWorker(FSDPWorker):
         """``model``'s logits of ``micro``'s scored tokens (:func:`scored_mask`), in this role's precision."""
         with self.precision():
             return target_logits(model, self.model_inputs(micro), scored_mask(micro))
+
+    def _scores(self, model: torch.nn.Module, micro: Prepared, temperature: float = 1.0, entropy: bool = False,
+                hits: bool = False) -> TargetScores:
+        """``model``'s scores of ``micro``'s scored tokens (:func:`target_scores`: the output head in chunks), in
+        this role's precision."""
+        with self.precision():
+            return target_scores(model, micro.inputs, micro.index, temperature, entropy, hits)
 
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """``ref_log_prob`` [B, T] for this rank's shard under the frozen reference weights (generated tokens only)."""
@@ -273,48 +280,51 @@ class ActorWorker(ReferenceWorker):
         """
         self.follow_progress(batch.meta.progress)
         self.model.train()
-        totals: dict[str, float] = defaultdict(float)
-        for micro in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu):
+        plan = [self.prepare(micro, batch["response_mask"]) for micro in
+                micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu)]
+        totals: dict[str, list] = defaultdict(list)
+        for micro in plan:
             loss, stats = self._sft_micro_loss(micro)
-            (loss * micro_weight(micro["response_mask"], batch["response_mask"], "token-mean")).backward()
+            (loss * micro.weight).backward()
             for key, value in stats.items():
-                totals[key] += value
-        totals["sft/lr"] = self.lr_scheduler.get_last_lr()[0]
-        totals["sft/grad_norm"] = self.optimizer_step(self.config.grad_clip)
-        return dict(totals)
+                totals[key].append(value)
+        out = device_means(totals, self.device, total=True)
+        out["sft/lr"] = self.lr_scheduler.get_last_lr()[0]
+        out["sft/grad_norm"] = self.optimizer_step(self.config.grad_clip)
+        return out
 
     @torch.no_grad()
     def compute_sft_loss(self, batch: TensorBatch) -> dict[str, float]:
         """``sft/nll_sum``, ``sft/tokens``, ``sft/correct`` on this rank's shard, without an update (validation)."""
         self.model.eval()
-        totals: dict[str, float] = defaultdict(float)
-        for micro in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu):
+        totals: dict[str, list] = defaultdict(list)
+        for micro in [self.prepare(m) for m in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu)]:
             for key, value in self._sft_micro_loss(micro)[1].items():
-                totals[key] += value
-        return dict(totals)
+                totals[key].append(value)
+        return device_means(totals, self.device, total=True)
 
-    def _sft_micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _sft_micro_loss(self, micro: Prepared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Token-mean NLL of the masked tokens, and the sums behind it (NLL, tokens, greedy-correct tokens)."""
-        mask = micro["response_mask"].to(self.device).float()
-        logits = self._target_logits(self.model, micro)
-        nll = -logits.log_probs()
-        stats = {"sft/nll_sum": scalar((nll * mask).sum()), "sft/tokens": scalar(mask.sum()),
-                 "sft/correct": scalar((logits.greedy_hits() * mask).sum())}
+        mask = micro["response_mask"].float()
+        scores = self._scores(self.model, micro, hits=True)
+        nll = -scores.log_probs
+        stats = {"sft/nll_sum": (nll * mask).sum().detach(), "sft/tokens": mask.sum(),
+                 "sft/correct": (scores.greedy_hits * mask).sum()}
         return core_algos.agg_loss(nll, mask, "token-mean"), stats
 
-    def _micro_loss(self, micro: TensorBatch, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_loss(self, micro: Prepared, temperature: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config
         (clip_low, clip_high), agg_mode = cfg.clip_ratios(), cfg.loss_agg()
         scale = micro.meta.seq_len  # the uncut width: seq-mean-token-sum-norm divides by it
-        mask = micro["response_mask"].to(self.device).float()
-        logits = self._target_logits(self.model, micro)
-        log_prob = logits.log_probs(temperature)
-        old_log_prob = _old_log_prob(micro, log_prob.detach(), self.device)
-        is_weights = micro["rollout_is_weights"].to(self.device) if "rollout_is_weights" in micro else None
+        mask = micro["response_mask"].float()
+        scores = self._scores(self.model, micro, temperature, entropy=bool(cfg.entropy_coeff))
+        log_prob = scores.log_probs
+        old_log_prob = _old_log_prob(micro, log_prob.detach())
+        is_weights = micro["rollout_is_weights"] if "rollout_is_weights" in micro else None
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss_fn(
             old_log_prob=old_log_prob,
             log_prob=log_prob,
-            advantages=micro["advantages"].to(self.device),
+            advantages=micro["advantages"],
             response_mask=mask,
             cliprange_low=clip_low,  # as set, else clip_ratio, else the policy loss's default (ActorConfig)
             cliprange_high=clip_high,
@@ -324,34 +334,33 @@ class ActorWorker(ReferenceWorker):
             loss_scale_factor=scale,
         )
         loss = pg_loss
-        metrics = {
-            "actor/pg_loss": scalar(pg_loss),
-            "actor/pg_clipfrac": scalar(pg_clipfrac),
-            "actor/ppo_kl": scalar(ppo_kl),
-            "actor/pg_clipfrac_lower": scalar(pg_clipfrac_lower),
+        metrics = {  # 0-d tensors, read once per update (run_update)
+            "actor/pg_loss": pg_loss.detach(),
+            "actor/pg_clipfrac": pg_clipfrac,
+            "actor/ppo_kl": ppo_kl,
+            "actor/pg_clipfrac_lower": pg_clipfrac_lower,
         }
         # the driver reports it when it ran the old-log-prob pass
         if "on_policy_rows" in micro and "rollout_log_probs" in micro:
-            diff = (micro["rollout_log_probs"].to(self.device) - old_log_prob).abs()
-            metrics["actor/rollout_vs_actor_logprob_diff"] = scalar(core_algos.masked_mean(diff, mask))
-            metrics["rollout/mismatch_kl"] = scalar(core_algos.mismatch_kl(old_log_prob, micro["rollout_log_probs"]
-                                                                           .to(self.device), mask))
+            diff = (micro["rollout_log_probs"] - old_log_prob).abs()
+            metrics["actor/rollout_vs_actor_logprob_diff"] = core_algos.masked_mean(diff, mask)
+            metrics["rollout/mismatch_kl"] = core_algos.mismatch_kl(old_log_prob, micro["rollout_log_probs"], mask)
         if cfg.entropy_coeff:
-            entropy = core_algos.agg_loss(logits.entropy(), mask, agg_mode, scale)
+            entropy = core_algos.agg_loss(scores.entropy, mask, agg_mode, scale)
             loss = loss - cfg.entropy_coeff * entropy
-            metrics["actor/entropy"] = scalar(entropy)
+            metrics["actor/entropy"] = entropy.detach()
         if cfg.use_kl_loss:
-            kl = core_algos.kl_penalty(log_prob, micro["ref_log_prob"].to(self.device), cfg.kl_loss_type)
+            kl = core_algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
             kl_loss = core_algos.agg_loss(kl, mask, agg_mode, scale)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = scalar(kl_loss)
+            metrics["actor/kl_loss"] = kl_loss.detach()
         return loss, metrics
 
 
-def _old_log_prob(micro: TensorBatch, current: torch.Tensor, device: torch.device) -> torch.Tensor:
+def _old_log_prob(micro: Prepared, current: torch.Tensor) -> torch.Tensor:
     """PPO's old log-probs of ``micro``: ``old_log_probs``, with ``current`` (detached) on the rows the update
     found on-policy (``on_policy_rows``, set when the trainer gave no old log-probs)."""
-    old = micro["old_log_probs"].to(device)
+    old = micro["old_log_probs"]
     if "on_policy_rows" not in micro:
         return old
-    return torch.where(micro["on_policy_rows"].to(device)[:, None], current, old)
+    return torch.where(micro["on_policy_rows"][:, None], current, old)

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from agent_trainer import core_algos
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import CriticConfig
-from agent_trainer.workers.fsdp_base import FSDPWorker, MicroBatching, run_model, scalar
+from agent_trainer.workers.fsdp_base import FSDPWorker, MicroBatching, Prepared, run_model
 
 
 def token_values(scores: torch.Tensor) -> torch.Tensor:
@@ -63,9 +63,9 @@ class CriticWorker(FSDPWorker):
                     head.bias.zero_()
         self.build_optimizer(self.config.optim)
 
-    def _values(self, micro: TensorBatch) -> torch.Tensor:
+    def _values(self, micro: Prepared) -> torch.Tensor:
         """Values [b, w] of ``micro``; 0 in a shared prefix's columns, which no generated token reads."""
-        inputs = self.model_inputs(micro)
+        inputs = micro.inputs
         with self.precision():
             scores = run_model(self.model, inputs).logits
         return token_values(torch.nn.functional.pad(scores, (0, 0, inputs.shared_prefix, 0)))
@@ -84,17 +84,17 @@ class CriticWorker(FSDPWorker):
                                batching=self.update_batching, loss_agg_mode=cfg.loss_agg_mode,
                                grad_clip=cfg.grad_clip, micro_loss=self._micro_loss, prefix="critic")
 
-    def _micro_loss(self, micro: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = micro["response_mask"].to(self.device).float()
+    def _micro_loss(self, micro: Prepared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = micro["response_mask"].float()
         vpreds = self._values(micro)
         vf_loss, vf_clipfrac = core_algos.compute_value_loss(
             vpreds=vpreds,
-            returns=micro["returns"].to(self.device),
-            values=micro["values"].to(self.device),
+            returns=micro["returns"],
+            values=micro["values"],
             response_mask=mask,
             cliprange_value=self.config.cliprange_value,
             loss_agg_mode=self.config.loss_agg_mode,
             loss_scale_factor=micro.meta.seq_len,
         )
-        return vf_loss, {"critic/vf_loss": scalar(vf_loss), "critic/vf_clipfrac": scalar(vf_clipfrac),
-                         "critic/vpred_mean": core_algos.masked_mean(vpreds.detach(), mask).item()}
+        return vf_loss, {"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac,
+                         "critic/vpred_mean": core_algos.masked_mean(vpreds.detach(), mask)}

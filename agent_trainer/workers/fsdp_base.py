@@ -46,15 +46,13 @@ from agent_trainer.checks.memory_plan import decoder_layers
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import FSDPConfig, OptimConfig
 from agent_trainer.workers import sharded_checkpoint
+from agent_trainer.workers.fused_head import fusable, head_scores
 
 
+MICRO_BATCH_LOOP = "agent_trainer.micro_batch_loop"
+"""The name of each mini-batch's micro-batch loop in a ``torch.profiler`` trace (forwards and backwards only)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """``*.model.dtype`` -> the torch dtype weights are loaded in."""
-
-
-def scalar(value) -> float:
-    """A detached Python float from a tensor or number (metrics only)."""
-    return float(value.detach()) if torch.is_tensor(value) else float(value)
 
 
 def pick_device(device: str, gpu_ids: Sequence | None = None, visible_devices: str | None = "") -> torch.device:
@@ -160,6 +158,9 @@ class ModelInputs:
     suffix_lengths: tuple[int, ...] | None = None
     """With a shared prefix: each row's columns after it that a pass reads (through its last scored token),
     run packed with the prefix in one row (:func:`choose_layout`)."""
+    counting_positions: bool = False
+    """``attention_mask`` is None and ``position_ids`` are 0, 1, 2, ... in every row: a whole-row forward may leave
+    both to the model (:func:`causal_only`)."""
 
 
 SHARED_PREFIX_MIN_TOKENS = 16
@@ -547,36 +548,61 @@ class FSDPWorker:
         dist.all_reduce(t, op=op)
         return t.tolist()
 
+    def prepare(self, micro: TensorBatch, mini_mask: torch.Tensor | None = None,
+                loss_agg_mode: str = "token-mean") -> "Prepared":
+        """``micro`` made ready for its forward before the loop that runs it (:class:`Prepared`): its tensors on
+        this rank's device, its model inputs, the flat positions of its scored tokens and, with ``mini_mask``
+        (its mini-batch's ``response_mask``), its loss weight (:func:`micro_weight`). Everything that reads a
+        tensor's value on the host happens here, so the forward and backward after it never wait for the device."""
+        inputs = self.model_inputs(micro)
+        weight = 0.0 if mini_mask is None else micro_weight(micro["response_mask"], mini_mask, loss_agg_mode)
+        index = scored_index(scored_mask(micro), inputs.shared_prefix).to(self.device)
+        on_device = TensorBatch({k: v.to(self.device, non_blocking=True) for k, v in micro.tensors.items()},
+                                micro.meta.copy())
+        return Prepared(on_device, inputs, index, weight)
+
     @torch.no_grad()
     def forward_rows(self, batch: TensorBatch, batching: MicroBatching,
-                     per_token: Callable[[TensorBatch], torch.Tensor]) -> torch.Tensor:
-        """``per_token(micro)`` ([b, w] each) over the micro-batches, as one [B, T] tensor in row order on CPU."""
-        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        for rows, micro in self.plan_micro_batches(batch, batching):
-            out[rows] = pad_columns(per_token(micro).float().cpu(), out.shape[1])
-        return out
+                     per_token: Callable[["Prepared"], torch.Tensor]) -> torch.Tensor:
+        """``per_token(micro)`` ([b, w] each) over the micro-batches, as one [B, T] tensor in row order on CPU
+        (gathered on the device, copied to the host once)."""
+        plan = [(rows, self.prepare(micro)) for rows, micro in self.plan_micro_batches(batch, batching)]
+        out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=self.device)
+        for rows, micro in plan:
+            out[rows.to(self.device)] = pad_columns(per_token(micro).float(), out.shape[1])
+        return out.cpu()
 
     def run_update(self, batch: TensorBatch, *, epochs: int, mini_batch_size: int, batching: MicroBatching,
-                   loss_agg_mode: str, grad_clip: float, micro_loss: Callable[[TensorBatch], tuple],
+                   loss_agg_mode: str, grad_clip: float, micro_loss: Callable[["Prepared"], tuple],
                    prefix: str) -> dict[str, float]:
         """The PPO update loop shared by the actor and the critic: epochs x mini-batches x micro-batches.
 
-        Each mini-batch is one optimizer step; each micro-batch's loss (``micro_loss``
-        returns it with its metrics) is weighted by its share of the mini-batch
-        (:func:`micro_weight`) before backward, so the accumulated gradient is the
-        mini-batch loss's whatever the micro-batching. Returns the metrics averaged over
-        micro-batches, and ``<prefix>/grad_norm`` averaged over optimizer steps.
+        Each mini-batch is one optimizer step; each micro-batch's loss (``micro_loss`` returns it with its
+        metrics, 0-d tensors or numbers) is weighted by its share of the mini-batch (:func:`micro_weight`)
+        before backward, so the accumulated gradient is the mini-batch loss's whatever the micro-batching.
+        A mini-batch's micro-batches are planned and moved to the device (:meth:`prepare`) before the first
+        of them runs, and the metrics stay on the device until the update ends: nothing in the micro-batch
+        loop waits for the device. Returns the metrics averaged over micro-batches, and
+        ``<prefix>/grad_norm`` averaged over optimizer steps (one read of the norm per step, in
+        :meth:`optimizer_step`).
         """
-        metrics: dict[str, list[float]] = defaultdict(list)
+        metrics: dict[str, list] = defaultdict(list)
+        norms = []
         for _ in range(epochs):
             for mini in batch.split(mini_batch_size):
-                for _, micro in self.plan_micro_batches(mini, batching):
-                    loss, micro_metrics = micro_loss(micro)
-                    (loss * micro_weight(micro["response_mask"], mini["response_mask"], loss_agg_mode)).backward()
-                    for key, value in micro_metrics.items():
-                        metrics[key].append(value)
-                metrics[f"{prefix}/grad_norm"].append(self.optimizer_step(grad_clip))
-        return {k: sum(v) / len(v) for k, v in metrics.items()}
+                plan = [self.prepare(micro, mini["response_mask"], loss_agg_mode)
+                        for _, micro in self.plan_micro_batches(mini, batching)]
+                with torch.profiler.record_function(MICRO_BATCH_LOOP):
+                    for micro in plan:
+                        loss, micro_metrics = micro_loss(micro)
+                        (loss * micro.weight).backward()
+                        for key, value in micro_metrics.items():
+                            metrics[key].append(value.detach() if torch.is_tensor(value) else value)
+                norms.append(self.optimizer_step(grad_clip))
+        out = device_means(metrics, self.device)
+        if norms:
+            out[f"{prefix}/grad_norm"] = sum(norms) / len(norms)
+        return out
 
     def precision(self) -> contextlib.AbstractContextManager:
         """The context every forward of this role runs in.
@@ -636,6 +662,7 @@ class FSDPWorker:
             position_ids=positions.to(self.device),
             shared_prefix=layout.shared,
             suffix_lengths=layout.spans,
+            counting_positions=mask is None,
         )
 
     def layout(self, batch: TensorBatch, two_calls: bool | None = None) -> Layout:
@@ -812,7 +839,8 @@ def linear_per_attention_pair(config) -> float:
 
 
 def run_model(model: torch.nn.Module, inputs: ModelInputs,
-              head_input: Callable[[torch.Tensor], torch.Tensor] | None = None):
+              head_input: Callable[[torch.Tensor], torch.Tensor] | None = None,
+              head_forward: Callable[[torch.Tensor], torch.Tensor] | None = None):
     """``model``'s output on ``inputs`` from column ``inputs.shared_prefix`` on.
 
     With a shared prefix of L columns (Prefix Grouper's shared-prefix forward, arXiv 2506.05433), one
@@ -824,17 +852,20 @@ def run_model(model: torch.nn.Module, inputs: ModelInputs,
     rows' gradients through the prefix sum into it. Outputs equal the whole forward's to float
     rounding (tests/workers/test_fsdp_workers.py). ``head_input`` selects what the output head
     (``get_output_embeddings()``) sees of the suffix's hidden states; the prefix call feeds it nothing.
+    ``head_forward``, when given, runs in place of the head's own forward on that input (the fused scores of
+    :func:`target_scores`); the model's ``logits`` are then whatever it returns.
 
     With ``inputs.suffix_lengths`` the prefix and the rows' spans after it run packed in one row
     (:func:`_run_packed`); callers see the same ``[rows, width - L, ...]`` outputs either way.
     """
     length = inputs.shared_prefix
     if not length:
-        with _output_head_input(model, head_input):
-            return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                         position_ids=inputs.position_ids)
+        causal = inputs.counting_positions and causal_only(model)
+        with _output_head_input(model, head_input, head_forward):
+            return model(input_ids=inputs.input_ids, position_ids=None if causal else inputs.position_ids,
+                         attention_mask={"full_attention": None} if causal else inputs.attention_mask)
     if inputs.suffix_lengths is not None:
-        return _run_packed(model, inputs, head_input)
+        return _run_packed(model, inputs, head_input, head_forward)
     prefix = (inputs.input_ids[:1, :length], inputs.position_ids[:1, :length])
     if torch.is_grad_enabled():
         keys_values = torch.utils.checkpoint.checkpoint(_prefix_keys_values, model, *prefix, use_reentrant=False)
@@ -844,12 +875,30 @@ def run_model(model: torch.nn.Module, inputs: ModelInputs,
     cache = DynamicCache(config=model.config)
     for layer, (keys, values) in enumerate(zip(keys_values[0::2], keys_values[1::2])):
         cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
-    with _output_head_input(model, head_input):
+    with _output_head_input(model, head_input, head_forward):
         return model(input_ids=inputs.input_ids[:, length:], position_ids=inputs.position_ids[:, length:],
                      past_key_values=cache)
 
 
-def _run_packed(model: torch.nn.Module, inputs: ModelInputs, head_input: Callable | None):
+PREPARED_MASK_MODELS = frozenset({"qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "mistral"})
+"""Model types whose transformers decoder takes a prepared mask mapping (``{"full_attention": None}``: causal
+attention, no mask tensor) in place of ``attention_mask``, as ``generate`` passes it."""
+
+
+def causal_only(model: torch.nn.Module) -> bool:
+    """True when ``model``'s decoder can run right-padded rows with its causal kernel and no mask built at all.
+
+    Given neither a mask nor positions, transformers' mask builder looks for packed rows in the positions it
+    derives, reading them back from the device once per forward; a prepared mapping of every layer's attention
+    type to no mask skips the builder. Only for :data:`PREPARED_MASK_MODELS` whose layers all attend fully
+    (a sliding-window layer needs its mask); other models build their mask as usual."""
+    config = getattr(model, "config", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return getattr(config, "model_type", None) in PREPARED_MASK_MODELS and layer_types == {"full_attention"}
+
+
+def _run_packed(model: torch.nn.Module, inputs: ModelInputs, head_input: Callable | None,
+                head_forward: Callable | None = None):
     """:func:`run_model` as one row: the shared prefix once, then each row's span (``inputs.suffix_lengths``)
     back to back. The prefix attends causally to itself, each span to the prefix and, causally, to its own
     tokens (a [1, 1, N, N] boolean mask), at the positions the rows give them. One forward, no cache and no
@@ -873,7 +922,7 @@ def _run_packed(model: torch.nn.Module, inputs: ModelInputs, head_input: Callabl
 
     hook = model.base_model.register_forward_hook(unpack)
     try:
-        with _output_head_input(model, head_input):
+        with _output_head_input(model, head_input, head_forward):
             ids = torch.cat([inputs.input_ids[0, :length], inputs.input_ids[row, column]])
             positions = torch.cat([inputs.position_ids[0, :length], inputs.position_ids[row, column]])
             return model(input_ids=ids[None], position_ids=positions[None], attention_mask=mask[None, None])
@@ -891,19 +940,24 @@ def _prefix_keys_values(model: torch.nn.Module, input_ids: torch.Tensor,
 
 
 @contextlib.contextmanager
-def _output_head_input(model: torch.nn.Module, select: Callable[[torch.Tensor], torch.Tensor] | None):
+def _output_head_input(model: torch.nn.Module, select: Callable[[torch.Tensor], torch.Tensor] | None,
+                       forward: Callable[[torch.Tensor], torch.Tensor] | None = None):
     """Inside the block, ``model``'s output head (``get_output_embeddings()``, when it has one) gets
-    ``select(hidden_states)`` in place of its input. The hook lives inside the model's own forward,
-    so FSDP has unsharded the head's (tied) weights as usual."""
+    ``select(hidden_states)`` in place of its input, and with ``forward`` runs it instead of its own forward.
+    The hook lives inside the model's own forward, so FSDP has unsharded the head's (tied) weights as usual."""
     head = model.get_output_embeddings() if select is not None else None
     if head is None:
         yield
         return
     hook = head.register_forward_pre_hook(lambda _module, args: (select(args[0]), *args[1:]))
+    if forward is not None:
+        head.forward = forward  # an instance attribute: nn.Module.__call__ (and its hooks) runs it
     try:
         yield
     finally:
         hook.remove()
+        if forward is not None:
+            del head.forward
 
 
 def _add_adapter(model: torch.nn.Module, lora_cfg) -> None:
@@ -1050,24 +1104,88 @@ def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mod
     return float(part) / float(whole) if whole > 0 else 0.0
 
 
+def device_means(values: dict[str, list], device: torch.device, total: bool = False) -> dict[str, float]:
+    """The mean (with ``total``: the sum) of each key's values (0-d tensors on ``device`` or numbers), read from
+    the device in one copy."""
+    if not values:
+        return {}
+    stacked = [torch.stack([torch.as_tensor(v, device=device).reshape(()).double() for v in vs])
+               for vs in values.values()]
+    return dict(zip(values, torch.stack([s.sum() if total else s.mean() for s in stacked]).tolist()))
+
+
+@dataclass
+class ScoredIndex:
+    """Where a micro-batch's scored tokens are, as flat positions (no boolean mask is read on the device).
+
+    ``targets`` [N]: the scored tokens' positions in the row-major [b, w] batch; ``hidden`` [N]: the positions
+    that predict them (one column before) among :func:`run_model`'s outputs, [b, w - shared_prefix] row-major.
+    Column 0 has no predicting position and is never scored."""
+
+    targets: torch.Tensor
+    hidden: torch.Tensor
+    shape: tuple[int, int]
+
+    def to(self, device: torch.device) -> ScoredIndex:
+        return ScoredIndex(self.targets.to(device, non_blocking=True), self.hidden.to(device, non_blocking=True),
+                           self.shape)
+
+
+def scored_index(where: torch.Tensor, shared_prefix: int = 0) -> ScoredIndex:
+    """:class:`ScoredIndex` of the true entries of ``where`` [b, w] (on the host: computed before the forward)."""
+    where = where.bool().clone()
+    where[:, 0] = False
+    rows, columns = where.nonzero(as_tuple=True)
+    b, w = where.shape
+    return ScoredIndex(rows * w + columns, rows * (w - shared_prefix) + columns - 1 - shared_prefix, (b, w))
+
+
+@dataclass
+class Prepared:
+    """A micro-batch made ready before the loop that runs it (:meth:`FSDPWorker.prepare`)."""
+
+    batch: TensorBatch
+    """Its tensors, on the rank's device."""
+    inputs: ModelInputs
+    index: ScoredIndex
+    """Its scored tokens (on the device)."""
+    weight: float
+    """Its loss's share of its mini-batch's (:func:`micro_weight`); 0 outside an update."""
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.batch[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.batch
+
+    @property
+    def meta(self):
+        return self.batch.meta
+
+
+def _scatter(index: ScoredIndex, values: torch.Tensor) -> torch.Tensor:
+    """[N] -> [b, w]: ``values`` at the scored tokens, 0 elsewhere (differentiable; no boolean mask)."""
+    b, w = index.shape
+    return values.new_zeros(b * w).index_copy(0, index.targets, values).view(b, w)
+
+
 @dataclass
 class TargetLogits:
-    """The next-token logits of the positions that predict the tokens at ``where``, and only those.
+    """The next-token logits of the positions that predict the scored tokens, and only those.
 
-    ``logits`` [N, V] belong to the N true entries of ``where`` [b, w] in row-major order:
-    ``logits[n]`` is the model's output at the position before the n-th target token, which
-    is ``targets[n]``. Results are scattered back to [b, w] aligned with ``input_ids`` (the
-    batch contract: the logit at t-1 scores token t), 0 where ``where`` is false.
+    ``logits`` [N, V] belong to the N scored tokens in row-major order (``index``): ``logits[n]`` is the
+    model's output at the position before the n-th scored token, which is ``targets[n]``. Results are
+    scattered back to [b, w] aligned with ``input_ids`` (the batch contract: the logit at t-1 scores token t),
+    0 elsewhere.
     """
 
     logits: torch.Tensor
     targets: torch.Tensor
-    where: torch.Tensor
+    index: ScoredIndex
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """[N] -> [b, w]: ``values`` at the target tokens, 0 elsewhere (differentiable)."""
-        zeros = torch.zeros(self.where.shape, dtype=values.dtype, device=values.device)
-        return zeros.masked_scatter(self.where, values)
+        return _scatter(self.index, values)
 
     def log_probs(self, temperature: float = 1.0) -> torch.Tensor:
         """``out[b, t] = log softmax(logits at t-1 / temperature)[input_ids[b, t]]`` on the targets."""
@@ -1086,27 +1204,77 @@ class TargetLogits:
         return self.scatter((self.logits.argmax(-1) == self.targets).float())
 
 
-def target_logits(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tensor) -> TargetLogits:
-    """Run ``model`` on ``inputs``, projecting to the vocabulary only the positions that predict ``where``'s tokens.
+def _check_causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    head = model.get_output_embeddings()
+    if head is None:
+        raise RuntimeError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None); "
+                           "target_logits needs a causal LM")
+    return head
+
+
+def _as_index(inputs: ModelInputs, where: torch.Tensor | ScoredIndex) -> ScoredIndex:
+    if isinstance(where, ScoredIndex):
+        return where
+    return scored_index(where.cpu(), inputs.shared_prefix).to(inputs.input_ids.device)
+
+
+def _select(index: ScoredIndex) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The output head's input: the hidden states [rows, w', H] at the predicting positions, [N, H]."""
+    return lambda hidden: hidden.reshape(-1, hidden.shape[-1]).index_select(0, index.hidden)
+
+
+def target_logits(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tensor | ScoredIndex) -> TargetLogits:
+    """Run ``model`` on ``inputs``, projecting to the vocabulary only the positions that predict the scored tokens
+    (``where`` [b, w], or its :class:`ScoredIndex`).
 
     The output projection (``lm_head``) and the log-softmax after it are a quarter of the tiny model's
     forward and backward, and their [b, w, V] float output the largest activation of a large vocabulary's;
     the trainer needs them on the generated tokens only (``response_mask``, about 12% of the main job's
     tokens). A pre-forward hook on the model's output embeddings hands them the
     selected hidden states [N, H] in place of [b, w, H] (TRL's ``logits_to_keep``, per token instead of
-    a suffix). Column 0 has no predicting position and is never a target. The hook lives only for this
-    call, inside the model's own forward, so FSDP has unsharded the head's (tied) weights as usual.
+    a suffix). The hook lives only for this call, inside the model's own forward, so FSDP has unsharded the
+    head's (tied) weights as usual. The training passes use :func:`target_scores`, which never holds [N, V].
     """
-    where = where.to(inputs.input_ids.device).bool().clone()
-    where[:, 0] = False
-    predicts = where[:, 1:]
-    if model.get_output_embeddings() is None:
-        raise RuntimeError(f"{type(model).__name__} has no output embeddings (get_output_embeddings() is None); "
-                           "target_logits needs a causal LM")
-    suffix = predicts[:, inputs.shared_prefix:]  # run_model's outputs start at the shared prefix's end
-    logits = run_model(model, inputs, head_input=lambda hidden: hidden[:, :-1][suffix]).logits
-    if logits.shape[:-1] != (int(predicts.sum()),):
+    _check_causal_lm(model)
+    index = _as_index(inputs, where)
+    logits = run_model(model, inputs, head_input=_select(index)).logits
+    if logits.shape[:-1] != index.targets.shape:
         raise RuntimeError(f"{type(model).__name__}'s output head did not take the selected positions "
                            f"(logits {tuple(logits.shape)}); target_logits needs a model that applies "
                            f"get_output_embeddings() to its last hidden states")
-    return TargetLogits(logits, inputs.input_ids[where], where)
+    return TargetLogits(logits, inputs.input_ids.reshape(-1).index_select(0, index.targets), index)
+
+
+@dataclass
+class TargetScores:
+    """Per scored token, [b, w] aligned with ``input_ids`` and 0 elsewhere: the taken token's log-prob at the
+    temperature asked, and when asked the next-token entropy (temperature 1) and the argmax hits."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    greedy_hits: torch.Tensor | None = None
+
+
+def target_scores(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tensor | ScoredIndex,
+                  temperature: float = 1.0, entropy: bool = False, hits: bool = False) -> TargetScores:
+    """:func:`target_logits`' scores without the logits: the output head runs in chunks
+    (``agent_trainer/workers/fused_head.py``), inside the model's own forward (so FSDP has unsharded its
+    weights), and keeps no [N, V] tensor for the backward. Models whose logits are not the head's plain
+    ``nn.Linear`` output (:func:`fusable`) take the plain path, with the same results."""
+    head = _check_causal_lm(model)
+    index = _as_index(inputs, where)
+    if not fusable(model):
+        picked = target_logits(model, inputs, index)
+        return TargetScores(picked.log_probs(temperature), picked.entropy() if entropy else None,
+                            picked.greedy_hits() if hits else None)
+    targets = inputs.input_ids.reshape(-1).index_select(0, index.targets)
+    out = {}
+
+    def fused(hidden: torch.Tensor) -> torch.Tensor:
+        out["scores"] = head_scores(hidden, head, targets, temperature, entropy, hits)
+        return out["scores"][0][:, None]  # what the model returns as logits: unused
+
+    run_model(model, inputs, head_input=_select(index), head_forward=fused)
+    log_prob, ent, hit = out["scores"]
+    return TargetScores(_scatter(index, log_prob), _scatter(index, ent) if entropy else None,
+                        _scatter(index, hit) if hits else None)

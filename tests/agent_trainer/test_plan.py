@@ -123,7 +123,12 @@ def test_gradient_checkpointing_and_micro_batch_shrink_activations():
     per_layer = 2 * (8 * h + 4 * kv + 4 * i) + 8 * h
     assert full["layers"] == layers * per_layer * 4096
     assert ckpt["layers"] == (layers * 2 * h + per_layer) * 4096
-    assert full["logits"] == ckpt["logits"] == 4096 * 152064 * 14
+    chunk = 2 ** 26 // 152064  # 441 positions: the chunked output head holds one chunk of logits
+    assert full["logits"] == ckpt["logits"] == chunk * 152064 * 14
+    assert plan.activation_bytes(config, 100, 2, True, "causal")["logits"] == 100 * 152064 * 14  # under one chunk
+    capped = AutoConfig.from_pretrained(QWEN_7B)
+    capped.final_logit_softcapping = 30.0  # as Gemma's: logits changed after the head, kept whole
+    assert plan.activation_bytes(capped, 4096, 2, True, "causal")["logits"] == 4096 * 152064 * 14
     assert plan.activation_bytes(config, 2048, 2, True, "causal")["layers"] * 2 == ckpt["layers"]
     assert "logits" not in plan.activation_bytes(config, 4096, 2, True, "value")
     assert plan.kv_bytes_per_token(config, 2) == 2 * 28 * 4 * 128 * 2

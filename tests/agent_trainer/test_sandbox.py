@@ -5,9 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,8 +25,9 @@ from agent_trainer.trajectory_rewards import (
     make_reward_computer,
     run_python,
 )
-from agent_trainer.trajectory_rewards.sandbox import SANDBOX_UID_BASE, isolation
+from agent_trainer.trajectory_rewards.sandbox import SANDBOX_UID_BASE, SANDBOX_UIDS, isolation
 
+REPO = Path(__file__).resolve().parents[2]
 LIMITS = SandboxLimits(wall_s=2.0, cpu_s=1, mem_mb=256, max_output_bytes=64 * 1024)
 """For the programs a deadline must stop."""
 ROOMY = dataclasses.replace(LIMITS, wall_s=30.0)
@@ -50,7 +56,7 @@ def sandbox_processes() -> list[psutil.Process]:
     mine = {p.pid for p in leftovers} | {os.getpid()}
     for p in psutil.process_iter(["uids", "ppid"]):
         uids, parent = p.info["uids"], p.info["ppid"]
-        if uids and SANDBOX_UID_BASE <= uids.real < SANDBOX_UID_BASE + 4096 and p.pid not in mine and (
+        if uids and SANDBOX_UID_BASE <= uids.real < SANDBOX_UID_BASE + SANDBOX_UIDS and p.pid not in mine and (
                 parent in mine or parent <= 1 or not psutil.pid_exists(parent)):
             leftovers.append(p)
     return leftovers
@@ -173,3 +179,40 @@ def test_with_namespaces_the_program_sees_only_its_own_processes():
         pytest.skip("no namespaces on this host: the socket-blocking fallback is in use")
     result = run_python("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))", limits=ROOMY)
     assert result.passed and result.stdout_tail == "[1, 2]\n"  # the launcher (init) and the program
+
+
+RUN_ONE = """import sys
+from agent_trainer.trajectory_rewards.sandbox import run_python
+result = run_python(sys.argv[1], wall_s=60.0, cpu_s=5)
+print(result.passed, result.exit_code, result.stderr_tail[-300:].replace(chr(10), ' '), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root host drops the program to an unprivileged uid")
+def test_runs_of_two_processes_at_once_never_kill_each_others_programs():
+    """Each process that computes rewards (env actors, reward workers, test workers) starts sandboxes of its own,
+    and a run that ends kills whatever is left under its uid: a uid two processes' runs shared would let the first
+    to end kill the other's program. Process B's program runs until the test says; process A runs a whole program
+    meanwhile; B's program must still pass."""
+    signals = Path(tempfile.mkdtemp(prefix="sandbox-pair-"))
+    signals.chmod(0o777)  # the programs run as unprivileged uids
+    started, done = signals / "started", signals / "done"
+    waiting = (f"import os, time\nopen({str(started)!r}, 'w').close()\ndeadline = time.monotonic() + 45\n"
+               f"while not os.path.exists({str(done)!r}) and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+               f"assert os.path.exists({str(done)!r})")
+    b = subprocess.Popen([sys.executable, "-c", RUN_ONE, waiting], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120  # a hang guard: the start of B's sandbox, however loaded the machine
+        while not started.exists():
+            assert b.poll() is None and time.monotonic() < deadline, b.stdout.read()
+            time.sleep(0.05)
+        a = subprocess.run([sys.executable, "-c", RUN_ONE, "print(1)"], capture_output=True, text=True, cwd=REPO,
+                           timeout=120)
+        assert a.stdout.startswith("True 0"), a.stdout + a.stderr
+        done.touch()
+        out, _ = b.communicate(timeout=120)
+    finally:
+        if b.poll() is None:
+            b.kill()
+        shutil.rmtree(signals, ignore_errors=True)
+    assert out.startswith("True 0"), out  # not killed by A's end

@@ -212,3 +212,29 @@ def test_p8_reports_each_mode_over_the_synchronous_run():
     block = report.render(r, asset_prefix="")
     assert "### P8: synchronous, one-step-off and asynchronous training" in block
     assert "| continuous_k2 | 4.00 | 28.00 | 7.00 | 1.75 | 180.00 | 1.80 | 2.00 |" in block
+
+
+def test_p9_runs_both_heads_on_the_tiny_model_and_the_chunked_one_keeps_less(tiny_model_path, tmp_path):
+    """bench/log_prob_head.py for real, both variants (one process each), and P9's report of them."""
+    import json
+    import subprocess
+
+    res = {}
+    for variant in ("plain", "chunked"):
+        out = tmp_path / f"{variant}.json"
+        subprocess.run([sys.executable, str(Path(bench_run.__file__).with_name("log_prob_head.py")), "--model",
+                        tiny_model_path, "--variant", variant, "--rows", "4", "--width", "64", "--repeats", "2",
+                        "--out", str(out)], check=True, capture_output=True, text=True)
+        res[variant] = json.loads(out.read_text())
+    plain, chunked = res["plain"], res["chunked"]
+    assert plain["scored_tokens"] == chunked["scored_tokens"] == 4 * 48
+    # the plain head keeps the [N, V] float32 log-softmax (and its input) for the backward; the chunked one neither
+    assert plain["saved_bytes"] - chunked["saved_bytes"] >= plain["scored_tokens"] * plain["vocab"] * 4
+    r = {"meta": {"command": "python bench/run.py --only P9", "date": "2026-12-03 17:00", "steps": 6,
+                  "loaded": False, "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 0.1}},
+         "P9": {"tiny-qwen2": {"plain": plain, "chunked": chunked, "speedup": plain["seconds"] / chunked["seconds"],
+                               "saved_ratio": chunked["saved_bytes"] / plain["saved_bytes"],
+                               "rss_growth_ratio": 1.0}}}
+    assert [row[0] for row in report.ratio_rows(r)] == [
+        "P9 log-prob head, bytes kept for the backward, chunked / plain (tiny-qwen2)"]
+    assert "### P9: the log-prob head, plain against chunked" in report.render(r, asset_prefix="")

@@ -23,7 +23,11 @@ def test_gpu_check_runs_every_part_on_cpu(tiny_model_path, tmp_path):
     record = json.loads(out.read_text())
     assert {"device", "model", "load", "log_probs", "actor_update", "offload", "hf_generate",
             "engine_vs_actor_before_update", "weight_sync", "engine_vs_actor_after_sync",
-            "actor_update_micro8_ckpt", "actor_update_micro2_nockpt", "actor_update_micro4_nockpt"} <= set(record)
+            "actor_update_micro8_ckpt", "actor_update_micro2_nockpt", "actor_update_micro4_nockpt",
+            "plain_update_micro8_ckpt_full", "plain_update_micro2_nockpt_chunked"} <= set(record)
+    for layout in ("micro2_ckpt", "micro8_ckpt", "micro2_nockpt", "micro4_nockpt"):  # the plain loop beside each
+        versus = record[f"project_vs_plain_{layout}"]
+        assert versus["project_over_plain"] > 0 and versus["project_over_plain_chunked"] > 0
     assert record["actor_update"]["all_finite"] and record["actor_update"]["tokens"] == 4 * 64
     assert record["weight_sync"]["engine_changed"]  # the update moved the weights and the sync carried them
     before = record["engine_vs_actor_before_update"]

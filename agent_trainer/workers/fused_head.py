@@ -1,0 +1,125 @@
+"""The output head's scores of the taken tokens, computed in chunks: no [tokens x vocabulary] tensor is kept.
+
+The trainer needs, per generated token, the log-probability of the token taken (at the rollout's temperature), and
+with an entropy bonus the entropy of the next-token distribution; supervised fine-tuning also counts the tokens the
+argmax predicts. The plain way projects every scored position to the whole vocabulary in float32 and keeps that
+[N, V] tensor (and its log-softmax) for the backward: with a 151,936-token vocabulary the largest activation of the
+update. :class:`ChunkedHeadScores` runs the projection and the softmax statistics ``chunk`` positions at a time,
+keeps only the hidden states, the head's weight and the [N] results, and in the backward recomputes each chunk's
+logits to form their gradient (the idea of fused linear cross-entropy kernels, written in torch so it runs on every
+device):
+
+    log p_T(y) = z_y / T - logsumexp(z / T)          d/dz = (onehot(y) - softmax(z / T)) / T
+    H          = -sum_j p_j log p_j  (p = softmax(z)) d/dz = -p * (log p + H)
+
+The results equal the plain computation's to float32 rounding, gradients included
+(tests/workers/test_fused_head.py). Under ``torch.autocast`` the projection runs in the autocast dtype, as the
+plain head's ``nn.Linear`` would, and the softmax statistics in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from agent_trainer.checks.memory_plan import logit_chunk_rows, logits_untouched
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype the projection runs in: the autocast dtype when autocast is on for ``t``'s device, else ``t``'s."""
+    kind = t.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return t.dtype
+
+
+class ChunkedHeadScores(torch.autograd.Function):
+    """``(log_prob [N], entropy [N], hits [N])`` of ``targets`` under ``hidden @ weight.T + bias``, chunk by chunk.
+
+    ``entropy`` (temperature 1, as the plain :meth:`TargetLogits.entropy`) and ``hits`` (the argmax is the target,
+    float 0/1, not differentiable) are empty tensors unless asked for. Gradients flow to ``hidden``, ``weight`` and
+    ``bias`` from ``log_prob`` and ``entropy``.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, with_entropy: bool, with_hits: bool,
+                chunk: int):
+        dtype = _compute_dtype(hidden)
+        n = hidden.shape[0]
+        log_prob = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        hits = torch.empty(n if with_hits else 0, dtype=torch.float32, device=hidden.device)
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, n, chunk):
+                end = min(n, start + chunk)
+                z = F.linear(hidden[start:end].to(dtype), w, b).float()
+                y = targets[start:end, None]
+                scaled = z / temperature if temperature != 1.0 else z
+                log_prob[start:end] = (scaled.gather(-1, y) - torch.logsumexp(scaled, -1, keepdim=True)).squeeze(-1)
+                if with_entropy:
+                    logp = torch.log_softmax(z, -1)
+                    entropy[start:end] = -(logp.exp() * logp).sum(-1)
+                if with_hits:
+                    hits[start:end] = (z.argmax(-1) == targets[start:end]).float()
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.settings = (temperature, with_entropy, chunk, dtype)
+        ctx.mark_non_differentiable(hits)
+        return log_prob, entropy, hits
+
+    @staticmethod
+    def backward(ctx, grad_log_prob, grad_entropy, _grad_hits):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        temperature, with_entropy, chunk, dtype = ctx.settings
+        w = weight.to(dtype)
+        b = None if bias is None else bias.to(dtype)
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+            if bias is not None and ctx.needs_input_grad[2] else None
+        n = hidden.shape[0]
+        for start in range(0, n, chunk):
+            end = min(n, start + chunk)
+            h = hidden[start:end].to(dtype)
+            z = F.linear(h, w, b).float()
+            grad_z = torch.zeros_like(z)
+            if grad_log_prob is not None:
+                scaled = z / temperature if temperature != 1.0 else z
+                g = grad_log_prob[start:end, None].float()
+                grad_z -= torch.softmax(scaled, -1) * g
+                grad_z.scatter_add_(-1, targets[start:end, None], g)
+                if temperature != 1.0:
+                    grad_z /= temperature
+            if with_entropy and grad_entropy is not None:
+                logp = torch.log_softmax(z, -1)
+                p = logp.exp()
+                ent = -(p * logp).sum(-1, keepdim=True)
+                grad_z -= grad_entropy[start:end, None].float() * p * (logp + ent)
+            grad_z = grad_z.to(dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = (grad_z @ w).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += (grad_z.t() @ h).float()
+            if grad_bias is not None:
+                grad_bias += grad_z.float().sum(0)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def head_scores(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float = 1.0,
+                entropy: bool = False, hits: bool = False, chunk: int | None = None):
+    """:class:`ChunkedHeadScores` of the output head ``head`` (an ``nn.Linear``) on ``hidden`` [N, H]."""
+    rows = chunk or logit_chunk_rows(head.weight.shape[0])
+    return ChunkedHeadScores.apply(hidden, head.weight, head.bias, targets, float(temperature), entropy, hits, rows)
+
+
+def fusable(model: torch.nn.Module) -> bool:
+    """True when ``model``'s logits are its output head's ``nn.Linear`` output, untouched after it (models that
+    scale or soft-cap their logits after the head keep the plain head: ``logits_untouched``)."""
+    head = model.get_output_embeddings()
+    return type(head) is torch.nn.Linear and logits_untouched(getattr(model, "config", None))
