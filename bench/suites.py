@@ -263,7 +263,8 @@ def p9_log_prob_head(b: Bench, models: list[Path]) -> dict:
         out[model.name] = {"plain": plain, "chunked": chunked,
                            "speedup": ratio(plain["seconds"], chunked["seconds"]),
                            "saved_ratio": chunked["saved_bytes"] / plain["saved_bytes"],
-                           "rss_growth_ratio": chunked["peak_rss_growth_bytes"] / max(1, plain["peak_rss_growth_bytes"])}
+                           "rss_growth_ratio": (chunked["peak_rss_growth_bytes"]
+                                                / max(1, plain["peak_rss_growth_bytes"]))}
     return out
 
 

@@ -56,10 +56,14 @@ class ChunkedHeadScores(torch.autograd.Function):
                 end = min(n, start + chunk)
                 z = F.linear(hidden[start:end].to(dtype), w, b).float()
                 y = targets[start:end, None]
-                scaled = z / temperature if temperature != 1.0 else z
-                log_prob[start:end] = (scaled.gather(-1, y) - torch.logsumexp(scaled, -1, keepdim=True)).squeeze(-1)
+                logp = torch.log_softmax(z, -1) if with_entropy or temperature == 1.0 else None
+                if temperature == 1.0:
+                    log_prob[start:end] = logp.gather(-1, y).squeeze(-1)
+                else:
+                    scaled = z / temperature
+                    lse = torch.logsumexp(scaled, -1, keepdim=True)
+                    log_prob[start:end] = (scaled.gather(-1, y) - lse).squeeze(-1)
                 if with_entropy:
-                    logp = torch.log_softmax(z, -1)
                     entropy[start:end] = -(logp.exp() * logp).sum(-1)
                 if with_hits:
                     hits[start:end] = (z.argmax(-1) == targets[start:end]).float()
@@ -84,23 +88,30 @@ class ChunkedHeadScores(torch.autograd.Function):
             end = min(n, start + chunk)
             h = hidden[start:end].to(dtype)
             z = F.linear(h, w, b).float()
-            grad_z = torch.zeros_like(z)
+            entropy_grad = with_entropy and grad_entropy is not None
+            logp = torch.log_softmax(z, -1) if entropy_grad else None
+            p = logp.exp() if entropy_grad else None  # softmax(z): temperature 1
             if grad_log_prob is not None:
-                scaled = z / temperature if temperature != 1.0 else z
                 g = grad_log_prob[start:end, None].float()
-                grad_z -= torch.softmax(scaled, -1) * g
+                if temperature == 1.0:
+                    p_t = p if p is not None else torch.softmax(z, -1)
+                else:
+                    p_t = torch.softmax(z / temperature, -1)
+                grad_z = p_t * -g
                 grad_z.scatter_add_(-1, targets[start:end, None], g)
                 if temperature != 1.0:
                     grad_z /= temperature
-            if with_entropy and grad_entropy is not None:
-                logp = torch.log_softmax(z, -1)
-                p = logp.exp()
+            else:
+                grad_z = torch.zeros_like(z)
+            if entropy_grad:
                 ent = -(p * logp).sum(-1, keepdim=True)
                 grad_z -= grad_entropy[start:end, None].float() * p * (logp + ent)
             grad_z = grad_z.to(dtype)
             if grad_hidden is not None:
                 grad_hidden[start:end] = (grad_z @ w).to(hidden.dtype)
-            if grad_weight is not None:
+            if grad_weight is not None and dtype == torch.float32:
+                grad_weight.addmm_(grad_z.t(), h)
+            elif grad_weight is not None:
                 grad_weight += (grad_z.t() @ h).float()
             if grad_bias is not None:
                 grad_bias += grad_z.float().sum(0)
