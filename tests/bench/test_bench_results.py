@@ -150,7 +150,7 @@ def test_cli_parts_and_sizes():
     assert bench_run.parse_args(["--quick"]).steps == 3
     assert bench_run.parse_args(["--only", "P5,main"]).parts == ["main", "P5"]  # suite order
     with pytest.raises(SystemExit):
-        bench_run.parse_args(["--only", "P9"])
+        bench_run.parse_args(["--only", "P10"])
     with pytest.raises(SystemExit):
         bench_run.parse_args(["--steps", "1"])
     assert bench_run.parse_args(["--trl-threads", "0,1"]).trl_threads == (0, 1)
