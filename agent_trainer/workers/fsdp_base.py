@@ -1275,6 +1275,9 @@ def target_scores(model: torch.nn.Module, inputs: ModelInputs, where: torch.Tens
         return out["scores"][0][:, None]  # what the model returns as logits: unused
 
     run_model(model, inputs, head_input=_select(index), head_forward=fused)
+    if "scores" not in out:
+        raise RuntimeError(f"{type(model).__name__}'s forward did not call its output head "
+                           "(get_output_embeddings()); target_scores needs a causal LM that applies it")
     log_prob, ent, hit = out["scores"]
     return TargetScores(_scatter(index, log_prob), _scatter(index, ent) if entropy else None,
                         _scatter(index, hit) if hits else None)
