@@ -21,8 +21,8 @@ from agent_trainer import core_algos
 from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from agent_trainer.workers.critic import CriticWorker
-from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, Prepared, TargetLogits, TargetScores,
-                                             device_means, micro_batches, scored_mask, target_logits, target_scores)
+from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, Prepared, TargetScores, device_means,
+                                             micro_batches, target_scores)
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
@@ -88,11 +88,6 @@ class ReferenceWorker(FSDPWorker):
             return self._scores(model, micro, temperature).log_probs
 
         return self.forward_rows(batch, batching, per_token)
-
-    def _target_logits(self, model: torch.nn.Module, micro: TensorBatch) -> TargetLogits:
-        """``model``'s logits of ``micro``'s scored tokens (:func:`scored_mask`), in this role's precision."""
-        with self.precision():
-            return target_logits(model, self.model_inputs(micro), scored_mask(micro))
 
     def _scores(self, model: torch.nn.Module, micro: Prepared, temperature: float = 1.0, entropy: bool = False,
                 hits: bool = False) -> TargetScores:

@@ -557,8 +557,8 @@ class FSDPWorker:
         inputs = self.model_inputs(micro)
         weight = 0.0 if mini_mask is None else micro_weight(micro["response_mask"], mini_mask, loss_agg_mode)
         index = scored_index(scored_mask(micro), inputs.shared_prefix).to(self.device)
-        on_device = TensorBatch({k: v.to(self.device, non_blocking=True) for k, v in micro.tensors.items()},
-                                micro.meta.copy())
+        on_device = {k: v.to(self.device, non_blocking=True) for k, v in micro.tensors.items() if k != "input_ids"}
+        on_device = TensorBatch({**on_device, "input_ids": inputs.input_ids}, micro.meta.copy())  # moved once
         return Prepared(on_device, inputs, index, weight)
 
     @torch.no_grad()

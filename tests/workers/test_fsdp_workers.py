@@ -420,7 +420,7 @@ def _shared_prefix_gradients_match(worker: ActorWorker) -> bool:
         worker.model.zero_grad()
         inputs = worker.model_inputs(batch)
         assert inputs.shared_prefix == shared and (inputs.suffix_lengths is not None) == bool(shared)  # packed
-        worker._target_logits(worker.model, batch).log_probs().sum().backward()
+        worker._scores(worker.model, worker.prepare(batch)).log_probs.sum().backward()
         grads.append({k: p.grad.to_local().clone() for k, p in worker.model.named_parameters()})
     fsdp_base.SHARED_PREFIX_MIN_TOKENS = default
     return all(torch.allclose(grads[0][k], grads[1][k], rtol=1e-4, atol=1e-6) for k in grads[1])
