@@ -340,15 +340,25 @@ def plan_actor(cfg: AgentTrainerConfig, model_config: Any, notes: list[str]) -> 
     optim_note = "2 x the shard" + (", on CPU during rollout" if hybrid and offload_optim else "")
     actor_gpu.add("actor optimizer (AdamW m, v)", optim_note,
                   rollout=0 if offload_optim else optim, sync=optim, train=optim)
-    gathered = actor_shard.root * prec.compute + actor_shard.largest_layer * (3 * prec.compute + 4)
-    actor_gpu.add("FSDP unsharded buffers", "root unit + 2 layers gathered, 1 layer's grads",
-                  train=gathered)
+    note, gathered = unsharded_buffers(actor_shard, prec.compute, world)
+    actor_gpu.add("FSDP unsharded buffers", note, train=gathered)
     tokens = _micro_tokens(arr.actor.use_dynamic_bsz, arr.actor.ppo_max_token_len_per_gpu,
                            arr.actor.ppo_micro_batch_size_per_gpu, r.max_model_len)
     act = activation_bytes(model_config, tokens, prec.compute, ckpt, "causal")
     notes.append(f"actor micro-batch: {tokens:,} tokens, gradient checkpointing {'on' if ckpt else 'off'}, "
                  f"compute {prec.compute} B")
     return actor_gpu, actor_shard, act["layers"] + act["logits"]
+
+
+def unsharded_buffers(shard: ShardCount, compute: int, world: int) -> tuple[str, int]:
+    """FSDP2's unsharded buffers during an update (note, train bytes): on several ranks the root unit and two
+    decoder layers gathered at a time, one layer's gradients in float32; on one rank the whole model stays gathered
+    from the first micro-batch to the last (``agent_trainer.workers.fsdp_base.gathered_once``)."""
+    if world == 1:
+        return ("the model gathered once per update (one rank), 1 layer's grads",
+                shard.total * compute + shard.largest_layer * (compute + 4))
+    return ("root unit + 2 layers gathered, 1 layer's grads",
+            shard.root * compute + shard.largest_layer * (3 * compute + 4))
 
 
 def plan_critic(cfg: AgentTrainerConfig, actor_gpu: GpuKind, kinds: list[GpuKind]) -> int:
@@ -382,8 +392,8 @@ def plan_critic(cfg: AgentTrainerConfig, actor_gpu: GpuKind, kinds: list[GpuKind
                   for p in target.phases})
     if target is actor_gpu:
         return critic_act
-    target.add("FSDP unsharded buffers", "", train=cshard.root * cprec.compute
-               + cshard.largest_layer * (3 * cprec.compute + 4))
+    note, gathered = unsharded_buffers(cshard, cprec.compute, cworld)
+    target.add("FSDP unsharded buffers", note, train=gathered)
     target.add("activations (critic micro-batch)", "", train=critic_act)
     target.add("CUDA context", "1 process", train=CUDA_CONTEXT_BYTES)
     return 0

@@ -22,7 +22,7 @@ from agent_trainer.common.batch import TensorBatch
 from agent_trainer.config import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from agent_trainer.workers.critic import CriticWorker
 from agent_trainer.workers.fsdp_base import (DTYPES, FSDPWorker, MicroBatching, Prepared, TargetScores, device_means,
-                                             micro_batches, target_scores)
+                                             gathered_once, micro_batches, target_scores)
 
 
 def load_causal_lm(model: ModelConfig) -> torch.nn.Module:
@@ -87,7 +87,7 @@ class ReferenceWorker(FSDPWorker):
         def per_token(micro: Prepared) -> torch.Tensor:
             return self._scores(model, micro, temperature).log_probs
 
-        return self.forward_rows(batch, batching, per_token)
+        return self.forward_rows(batch, batching, per_token, model)
 
     def _scores(self, model: torch.nn.Module, micro: Prepared, temperature: float = 1.0, entropy: bool = False,
                 hits: bool = False) -> TargetScores:
@@ -278,7 +278,7 @@ class ActorWorker(ReferenceWorker):
         plan = [self.prepare(micro, batch["response_mask"]) for micro in
                 micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu)]
         totals: dict[str, list] = defaultdict(list)
-        for micro in plan:
+        for micro in gathered_once(self.model, plan, backward=True):
             loss, stats = self._sft_micro_loss(micro)
             (loss * micro.weight).backward()
             for key, value in stats.items():
@@ -293,7 +293,8 @@ class ActorWorker(ReferenceWorker):
         """``sft/nll_sum``, ``sft/tokens``, ``sft/correct`` on this rank's shard, without an update (validation)."""
         self.model.eval()
         totals: dict[str, list] = defaultdict(list)
-        for micro in [self.prepare(m) for m in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu)]:
+        plan = [self.prepare(m) for m in micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu)]
+        for micro in gathered_once(self.model, plan, backward=False):
             for key, value in self._sft_micro_loss(micro)[1].items():
                 totals[key].append(value)
         return device_means(totals, self.device, total=True)

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,6 +51,8 @@ from agent_trainer.workers.fused_head import fusable, head_scores
 
 MICRO_BATCH_LOOP = "agent_trainer.micro_batch_loop"
 """The name of each mini-batch's micro-batch loop in a ``torch.profiler`` trace (forwards and backwards only)."""
+FUSED_ADAMW_DEVICES = {"cpu", "cuda"}
+"""Devices where torch's fused AdamW runs (:meth:`FSDPWorker.build_optimizer`)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """``*.model.dtype`` -> the torch dtype weights are loaded in."""
 
@@ -345,11 +347,17 @@ class FSDPWorker:
             raise ValueError(problem[0])
 
     def build_optimizer(self, optim: OptimConfig) -> None:
-        """AdamW with a linear warm-up per optimizer step, times the schedule's decay (:meth:`follow_progress`)."""
+        """AdamW with a linear warm-up per optimizer step, times the schedule's decay (:meth:`follow_progress`).
+
+        torch's fused AdamW (one kernel over every parameter) where the parameters live on a device that has it
+        (CPU, CUDA: also the host shards of ``fsdp.param_offload``), its ``foreach`` form elsewhere; the plain
+        per-parameter loop (torch's default on CPU) differs from it by rounding only."""
         assert self.model is not None  # internal: called after the model is built
         trained = [p for p in self.model.parameters() if p.requires_grad]  # all of them, or a LoRA adapter's
+        fused = {p.device.type for p in trained} <= FUSED_ADAMW_DEVICES
         self.optimizer = torch.optim.AdamW(
-            trained, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
+            trained, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas),
+            **({"fused": True} if fused else {"foreach": True})
         )
         warmup = max(0, optim.warmup_steps)
         self.optim_config, self.lr_decay = optim, 1.0
@@ -563,12 +571,15 @@ class FSDPWorker:
 
     @torch.no_grad()
     def forward_rows(self, batch: TensorBatch, batching: MicroBatching,
-                     per_token: Callable[["Prepared"], torch.Tensor]) -> torch.Tensor:
+                     per_token: Callable[["Prepared"], torch.Tensor],
+                     model: torch.nn.Module | None = None) -> torch.Tensor:
         """``per_token(micro)`` ([b, w] each) over the micro-batches, as one [B, T] tensor in row order on CPU
-        (gathered on the device, copied to the host once)."""
+        (gathered on the device, copied to the host once). ``model`` (default this role's) is the one
+        ``per_token`` runs: on one rank its units are gathered once for all the micro-batches
+        (:func:`gathered_once`)."""
         plan = [(rows, self.prepare(micro)) for rows, micro in self.plan_micro_batches(batch, batching)]
         out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=self.device)
-        for rows, micro in plan:
+        for rows, micro in gathered_once(self.model if model is None else model, plan, backward=False):
             out[rows.to(self.device)] = pad_columns(per_token(micro).float(), out.shape[1])
         return out.cpu()
 
@@ -582,9 +593,10 @@ class FSDPWorker:
         before backward, so the accumulated gradient is the mini-batch loss's whatever the micro-batching.
         A mini-batch's micro-batches are planned and moved to the device (:meth:`prepare`) before the first
         of them runs, and the metrics stay on the device until the update ends: nothing in the micro-batch
-        loop waits for the device. Returns the metrics averaged over micro-batches, and
-        ``<prefix>/grad_norm`` averaged over optimizer steps (one read of the norm per step, in
-        :meth:`optimizer_step`).
+        loop waits for the device. On one rank the model's units are gathered (and cast) once per mini-batch
+        and its gradients reduced once, after the last micro-batch (:func:`gathered_once`). Returns the metrics
+        averaged over micro-batches, and ``<prefix>/grad_norm`` averaged over optimizer steps (one read of the
+        norm per step, in :meth:`optimizer_step`).
         """
         metrics: dict[str, list] = defaultdict(list)
         norms = []
@@ -593,7 +605,7 @@ class FSDPWorker:
                 plan = [self.prepare(micro, mini["response_mask"], loss_agg_mode)
                         for _, micro in self.plan_micro_batches(mini, batching)]
                 with torch.profiler.record_function(MICRO_BATCH_LOOP):
-                    for micro in plan:
+                    for micro in gathered_once(self.model, plan, backward=True):
                         loss, micro_metrics = micro_loss(micro)
                         (loss * micro.weight).backward()
                         for key, value in micro_metrics.items():
@@ -1102,6 +1114,41 @@ def micro_weight(micro_mask: torch.Tensor, mini_mask: torch.Tensor, loss_agg_mod
     else:
         part, whole = (micro_mask.sum(-1) > 0).sum(), (mini_mask.sum(-1) > 0).sum()
     return float(part) / float(whole) if whole > 0 else 0.0
+
+
+def gathered_once(model: torch.nn.Module, plan: list, backward: bool) -> Iterator:
+    """``plan``'s items, each yielded while the micro-batch it holds runs through ``model`` (forward, and backward
+    with ``backward``), with a one-rank FSDP2 model's parameters gathered once for all of them.
+
+    By default FSDP2 gathers each decoder layer (on one rank: copies it, cast to the compute dtype) for every
+    micro-batch's forward, frees it, gathers it again for the backward and reduces its gradient after each
+    backward. On one rank the gathered copies cost no more than the model in the compute dtype, so here the
+    layers stay gathered after their forward and, with ``backward``, after every backward but the last, whose
+    gradients alone are reduced (FSDP2's ``set_reshard_after_forward``, ``set_reshard_after_backward``,
+    ``set_requires_gradient_sync``; the unreduced gradients accumulate in float32, the reduce dtype). The same
+    gradients; ``agent_trainer/checks/memory_plan.py`` counts the gathered model for one rank. Afterwards
+    every unit is resharded and the defaults are back. Several ranks keep FSDP2's defaults: there the gathered
+    model and its unreduced gradients would cost the memory sharding saves."""
+    one_rank = isinstance(model, FSDPModule) and dist.is_initialized() and dist.get_world_size() == 1
+    layers = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model] if one_rank else []
+    if not layers:
+        yield from plan
+        return
+    for layer in layers:
+        layer.set_reshard_after_forward(False, recurse=False)
+    try:
+        for i, item in enumerate(plan):
+            if backward:
+                last = i == len(plan) - 1
+                model.set_requires_gradient_sync(last)
+                model.set_reshard_after_backward(last)
+            yield item
+    finally:
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
+        for layer in layers:
+            layer.set_reshard_after_forward(True, recurse=False)
+            layer.reshard()
 
 
 def device_means(values: dict[str, list], device: torch.device, total: bool = False) -> dict[str, float]:

@@ -788,3 +788,79 @@ def test_micro_batches_keep_a_prompts_rows_together_when_that_runs_fewer_positio
     assert plan(_two_prompts((40, 29, 30, 39), second=[2, 3])) == [[0, 3], [1, 2]]  # by prompt: 104 positions, not 92
     _without_prefix_sharing(monkeypatch)
     assert plan(interleaved) == [[0, 1], [2, 3]]
+
+
+def _one_rank_fsdp(init_file: str, path: str, gather_once: bool, results) -> None:
+    """A one-rank FSDP2 (gloo) actor: its first update's gradients, the gathers and gradient reductions of that
+    update, then those of ``compute_log_prob``. Without ``gather_once`` the loops run under FSDP2's defaults."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.profiler import ProfilerActivity, profile
+
+    from agent_trainer.workers import actor as actor_mod, fsdp_base
+
+    if not gather_once:
+        actor_mod.gathered_once = fsdp_base.gathered_once = lambda model, plan, backward: iter(plan)
+    gathers = []
+    unshard = FSDPParamGroup.unshard
+
+    def counted(group, *args, **kwargs):  # counts the unshards that copy, then runs FSDP2's own
+        if group._all_gather_result is None and not group.is_unsharded:
+            gathers.append(group)
+        return unshard(group, *args, **kwargs)
+
+    FSDPParamGroup.unshard = counted
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    try:
+        worker = ActorWorker(rank=0, world_size=1, model=ModelConfig(path=path), device="cpu",
+                             actor=ActorConfig(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
+                                               optim=OptimConfig(lr=1e-3), fsdp=FSDPConfig(world_size=1)))
+        worker.init_model()
+        grads = []
+        worker.optimizer.register_step_pre_hook(lambda opt, args, kwargs: grads.append(
+            {n: p.grad.full_tensor().clone() for n, p in worker.model.named_parameters() if p.grad is not None}))
+        batch = _actor_batch(0, B=6)
+        batch.tensors["old_log_probs"] = torch.zeros(batch["input_ids"].shape)
+        gathers.clear()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            worker.update_actor(batch)
+        reduces = sum(e.name.startswith("FSDP::post_backward_reduce") for e in prof.events())
+        update_gathers = len(gathers)
+        gathers.clear()
+        log_probs = worker.compute_log_prob(batch)["old_log_probs"]
+        units = sum(isinstance(m, fsdp_base.FSDPModule) for m in worker.model.modules())
+        resharded = all(not m._get_fsdp_state()._fsdp_param_group.is_unsharded
+                        for m in worker.model.modules() if isinstance(m, fsdp_base.FSDPModule) and m is not worker.model)
+        results[gather_once] = (grads[0], update_gathers, reduces, len(gathers), log_probs, units, resharded,
+                                worker.optimizer.param_groups[0]["fused"])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_rank_gathers_the_model_once_per_update_with_the_same_gradients(tiny_model_path, tmp_path):
+    """On one rank FSDP2 keeps the gathered layers from a mini-batch's first forward to its last backward and reduces
+    the gradients once (``gathered_once``): three micro-batches take one gather per unit instead of one per forward
+    and backward, the gradients equal FSDP2's defaults', and ``compute_log_prob``'s micro-batches share one
+    gather too; every layer is resharded afterwards. The optimizer is torch's fused AdamW."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Manager().dict()
+    for gather_once in (True, False):
+        proc = ctx.Process(target=_one_rank_fsdp, args=(str(tmp_path / f"pg{gather_once}"), tiny_model_path,
+                                                        gather_once, results))
+        proc.start()
+        proc.join(timeout=300)
+        assert proc.exitcode == 0
+    once, default = results[True], results[False]
+    units = once[5]
+    assert units > 2
+    assert once[1] == units and once[2] == units  # one gather and one reduction per unit for 3 micro-batches
+    assert default[1] > 3 * units and default[2] == 3 * units  # FSDP2's defaults: per forward/backward, per backward
+    assert once[3] == units < default[3]  # compute_log_prob: three forwards, one gather
+    assert once[6] and default[6]  # nothing left gathered after the passes
+    assert once[7] is True
+    assert once[0].keys() == default[0].keys() and len(once[0]) > 0
+    for name, grad in once[0].items():
+        torch.testing.assert_close(grad, default[0][name], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(once[4], default[4], rtol=0, atol=1e-6)
