@@ -824,7 +824,11 @@ def _one_rank_fsdp(init_file: str, path: str, gather_once: bool, results) -> Non
         gathers.clear()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             worker.update_actor(batch)
-        reduces = sum(e.name.startswith("FSDP::post_backward_reduce") for e in prof.events())
+        events = prof.events()
+        reduces = sum(e.name.startswith("FSDP::post_backward_reduce") for e in events)
+        loops = [(e.time_range.start, e.time_range.end) for e in events if e.name == fsdp_base.MICRO_BATCH_LOOP]
+        syncs = [e.name for e in events if e.name in {"aten::item", "aten::_local_scalar_dense", "aten::nonzero"}
+                 and any(start <= e.time_range.start <= end for start, end in loops)]
         update_gathers = len(gathers)
         gathers.clear()
         log_probs = worker.compute_log_prob(batch)["old_log_probs"]
@@ -832,7 +836,7 @@ def _one_rank_fsdp(init_file: str, path: str, gather_once: bool, results) -> Non
         resharded = all(not m._get_fsdp_state()._fsdp_param_group.is_unsharded
                         for m in worker.model.modules() if isinstance(m, fsdp_base.FSDPModule) and m is not worker.model)
         results[gather_once] = (grads[0], update_gathers, reduces, len(gathers), log_probs, units, resharded,
-                                worker.optimizer.param_groups[0]["fused"])
+                                worker.optimizer.param_groups[0]["fused"], len(loops), syncs)
     finally:
         dist.destroy_process_group()
 
@@ -841,7 +845,8 @@ def test_one_rank_gathers_the_model_once_per_update_with_the_same_gradients(tiny
     """On one rank FSDP2 keeps the gathered layers from a mini-batch's first forward to its last backward and reduces
     the gradients once (``gathered_once``): three micro-batches take one gather per unit instead of one per forward
     and backward, the gradients equal FSDP2's defaults', and ``compute_log_prob``'s micro-batches share one
-    gather too; every layer is resharded afterwards. The optimizer is torch's fused AdamW."""
+    gather too; every layer is resharded afterwards, and the micro-batch loop still reads nothing from the device.
+    The optimizer is torch's fused AdamW."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -860,6 +865,7 @@ def test_one_rank_gathers_the_model_once_per_update_with_the_same_gradients(tiny
     assert once[3] == units < default[3]  # compute_log_prob: three forwards, one gather
     assert once[6] and default[6]  # nothing left gathered after the passes
     assert once[7] is True
+    assert once[8] == 1 and once[9] == []  # FSDP2 on one rank reads nothing from the device in the loop either
     assert once[0].keys() == default[0].keys() and len(once[0]) > 0
     for name, grad in once[0].items():
         torch.testing.assert_close(grad, default[0][name], rtol=1e-5, atol=1e-7)
