@@ -11,8 +11,11 @@ of each scored, and the sum of the log-probs (with the entropy, as an entropy bo
 - ``chunked``: ``target_scores`` (``agent_trainer/workers/fused_head.py``), the workers' path now.
 
 Reported: the median seconds of a forward and backward (after a warm-up pass), the bytes autograd keeps for the
-backward (every saved tensor's storage once, the parameters left out), and the growth of the process's peak
-resident memory over the passes, from the model loaded.
+backward (every saved tensor's storage once, the parameters left out), the growth of the process's peak
+resident memory over the passes, from the model loaded, and the peak memory of the log-prob itself: the head alone
+on the scored tokens' hidden states (the model's output head, forward and backward), the most bytes live at once
+above those live at its start, from torch.profiler's memory timeline (exact, unlike the resident memory, which the
+allocator's cache blurs).
 """
 
 from __future__ import annotations
@@ -60,6 +63,43 @@ def saved_bytes(model, inputs, index, variant: str) -> int:
     return sum(storages.values())
 
 
+def head_peak_bytes(model, scored_tokens: int, variant: str) -> int:
+    """Peak bytes of the log-prob and entropy of ``scored_tokens`` hidden states through ``model``'s output head,
+    forward and backward, above what is live at the start (torch.profiler's memory timeline, CPU)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from agent_trainer.workers.fused_head import head_scores
+
+    head = model.get_output_embeddings()
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(scored_tokens, head.weight.shape[1], generator=gen, requires_grad=True)
+    targets = torch.randint(0, head.weight.shape[0], (scored_tokens,), generator=gen)
+
+    def run() -> None:
+        if variant == "plain":  # target_logits' log_probs() and entropy() on the [N, V] logits
+            logp = torch.log_softmax(head(hidden).float(), -1)
+            loss = logp.gather(-1, targets[:, None]).sum() - 0.01 * (logp.exp() * logp).sum()
+        else:
+            log_prob, entropy, _ = head_scores(hidden, head, targets, entropy=True)
+            loss = log_prob.sum() + 0.01 * entropy.sum()
+        loss.backward()
+
+    run()  # warm-up
+    hidden.grad = None
+    model.zero_grad(set_to_none=True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        run()
+    model.zero_grad(set_to_none=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        timeline = Path(tmp) / "memory.json"
+        prof.export_memory_timeline(str(timeline), device="cpu")
+        _, sizes = json.loads(timeline.read_text())
+    live = [sum(categories) for categories in sizes]
+    return max(live) - live[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True)
@@ -94,7 +134,8 @@ def main() -> None:
               "scored_tokens": int(scored[:, 1:].sum()), "vocab": vocab,
               "n_params": sum(p.numel() for p in model.parameters()), "seconds": statistics.median(seconds),
               "all_seconds": seconds, "saved_bytes": saved_bytes(model, inputs, index, a.variant),
-              "peak_rss_growth_bytes": rss_growth, "threads": torch.get_num_threads()}
+              "peak_rss_growth_bytes": rss_growth, "threads": torch.get_num_threads(),
+              "head_peak_bytes": head_peak_bytes(model, int(index.targets.numel()), a.variant)}
     a.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 

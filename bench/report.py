@@ -52,6 +52,8 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
     for name, v in (r.get("P9") or {}).items():
         rows.append((f"P9 log-prob head, bytes kept for the backward, chunked / plain ({name})", v["saved_ratio"],
                      1.0, False))
+        rows.append((f"P9 log-prob head, peak bytes of the head, chunked / plain ({name})",
+                     v.get("head_peak_ratio"), 1.0, False))
     return [row for row in rows if row[1] is not None]
 
 
@@ -249,16 +251,20 @@ def _other_sections(r: dict) -> list[str]:
         rows = [[name, v["plain"]["n_params"], v["plain"]["scored_tokens"], v["plain"]["vocab"],
                  v["plain"]["seconds"], v["chunked"]["seconds"], v["speedup"],
                  v["plain"]["saved_bytes"] / 2 ** 20, v["chunked"]["saved_bytes"] / 2 ** 20,
-                 v["plain"]["peak_rss_growth_bytes"] / 2 ** 20, v["chunked"]["peak_rss_growth_bytes"] / 2 ** 20]
+                 v["plain"]["peak_rss_growth_bytes"] / 2 ** 20, v["chunked"]["peak_rss_growth_bytes"] / 2 ** 20,
+                 *(v[side].get("head_peak_bytes", 0) / 2 ** 20 for side in ("plain", "chunked"))]
                 for name, v in r["P9"].items()]
         out += ["### P9: the log-prob head, plain against chunked", "",
                 "`bench/log_prob_head.py`, one process per variant: float32, 16 rows of 512 tokens, the last three "
                 "quarters scored; the log-probs and the entropy of the scored tokens, forward and backward. plain: "
                 "the scored positions projected to the vocabulary, log-softmax over the [N, V] logits (the workers' "
-                "head before); chunked: `agent_trainer/workers/fused_head.py` (the workers' head now).", "",
+                "head before); chunked: `agent_trainer/workers/fused_head.py` (the workers' head now). Head peak: "
+                "the head alone on the scored tokens' hidden states, forward and backward, the most bytes live at "
+                "once (torch.profiler's memory timeline).", "",
                 render_table(["model", "params", "scored tokens", "vocab", "plain s", "chunked s", "speedup",
                               "plain MiB kept for backward", "chunked MiB kept", "plain peak RSS growth MiB",
-                              "chunked peak RSS growth MiB"], rows), ""]
+                              "chunked peak RSS growth MiB", "plain head peak MiB", "chunked head peak MiB"],
+                             rows), ""]
     return out
 
 

@@ -248,7 +248,7 @@ def p2_vs_trl(b: Bench, models: list[Path]) -> dict:
 def p9_log_prob_head(b: Bench, models: list[Path]) -> dict:
     """The scored tokens' log-probs and entropy through the output head, the plain [N, V] head against the workers'
     chunked one (``bench/log_prob_head.py``, one process each): seconds of a forward and backward, bytes kept for
-    the backward, growth of peak resident memory; per model."""
+    the backward, growth of peak resident memory, the head's own peak bytes; per model."""
     out = {}
     for model in models:
         work = b.out / "p9" / model.name
@@ -263,6 +263,7 @@ def p9_log_prob_head(b: Bench, models: list[Path]) -> dict:
         out[model.name] = {"plain": plain, "chunked": chunked,
                            "speedup": ratio(plain["seconds"], chunked["seconds"]),
                            "saved_ratio": chunked["saved_bytes"] / plain["saved_bytes"],
+                           "head_peak_ratio": chunked["head_peak_bytes"] / plain["head_peak_bytes"],
                            "rss_growth_ratio": (chunked["peak_rss_growth_bytes"]
                                                 / max(1, plain["peak_rss_growth_bytes"]))}
     return out

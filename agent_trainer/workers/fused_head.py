@@ -12,8 +12,10 @@ device):
     log p_T(y) = z_y / T - logsumexp(z / T)          d/dz = (onehot(y) - softmax(z / T)) / T
     H          = -sum_j p_j log p_j  (p = softmax(z)) d/dz = -p * (log p + H)
 
-The results equal the plain computation's to float32 rounding, gradients included
-(tests/workers/test_fused_head.py). Under ``torch.autocast`` the projection runs in the autocast dtype, as the
+Within a chunk the softmax statistics run in place, so a chunk holds at most two float32 [chunk x vocabulary]
+buffers in the forward and at temperature 1 in the backward (three at another temperature), where the plain head
+holds its logits, their log-softmax and the gradients of both. The results equal the plain computation's to
+float32 rounding, gradients included (tests/workers/test_fused_head.py). Under ``torch.autocast`` the projection runs in the autocast dtype, as the
 plain head's ``nn.Linear`` would, and the softmax statistics in float32.
 """
 
@@ -52,21 +54,19 @@ class ChunkedHeadScores(torch.autograd.Function):
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
         with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, n, chunk):
+            for start in range(0, n, chunk):  # at most two [chunk x vocabulary] buffers: z and logp
                 end = min(n, start + chunk)
                 z = F.linear(hidden[start:end].to(dtype), w, b).float()
                 y = targets[start:end, None]
+                if with_hits:
+                    hits[start:end] = (z.argmax(-1) == targets[start:end]).float()
                 logp = torch.log_softmax(z, -1) if with_entropy or temperature == 1.0 else None
                 if temperature == 1.0:
                     log_prob[start:end] = logp.gather(-1, y).squeeze(-1)
                 else:
-                    scaled = z / temperature
-                    lse = torch.logsumexp(scaled, -1, keepdim=True)
-                    log_prob[start:end] = (scaled.gather(-1, y) - lse).squeeze(-1)
+                    log_prob[start:end] = _log_prob_at_(z, y, temperature)  # overwrites z
                 if with_entropy:
-                    entropy[start:end] = -(logp.exp() * logp).sum(-1)
-                if with_hits:
-                    hits[start:end] = (z.argmax(-1) == targets[start:end]).float()
+                    entropy[start:end] = -_row_dot(torch.exp(logp, out=z), logp)  # p in z's buffer
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.settings = (temperature, with_entropy, chunk, dtype)
         ctx.mark_non_differentiable(hits)
@@ -84,28 +84,37 @@ class ChunkedHeadScores(torch.autograd.Function):
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
             if bias is not None and ctx.needs_input_grad[2] else None
         n = hidden.shape[0]
-        for start in range(0, n, chunk):
+        entropy_grad = with_entropy and grad_entropy is not None
+        for start in range(0, n, chunk):  # two [chunk x vocabulary] buffers at temperature 1, three at another
             end = min(n, start + chunk)
             h = hidden[start:end].to(dtype)
             z = F.linear(h, w, b).float()
-            entropy_grad = with_entropy and grad_entropy is not None
-            logp = torch.log_softmax(z, -1) if entropy_grad else None
-            p = logp.exp() if entropy_grad else None  # softmax(z): temperature 1
+            term = None
+            if entropy_grad:  # d entropy / dz = -p (logp + entropy), p = softmax(z) (temperature 1)
+                logp = torch.log_softmax(z, -1)
+                p = torch.exp(logp, out=z) if temperature == 1.0 else logp.exp()  # z is not read again at 1
+                entropy = -_row_dot(p, logp)
+                term = logp.add_(entropy[:, None]).mul_(p).mul_(grad_entropy[start:end, None].float())
+                del logp  # its buffer is term's now
+                if temperature != 1.0:
+                    p = None  # at 1, p (in z's buffer) is the softmax the log-prob's gradient starts from
             if grad_log_prob is not None:
                 g = grad_log_prob[start:end, None].float()
                 if temperature == 1.0:
-                    p_t = p if p is not None else torch.softmax(z, -1)
+                    p_t = p if term is not None else _softmax_(z)
                 else:
-                    p_t = torch.softmax(z / temperature, -1)
-                grad_z = p_t * -g
+                    p_t = _softmax_(z.div_(temperature))
+                grad_z = p_t.mul_(-g)
                 grad_z.scatter_add_(-1, targets[start:end, None], g)
                 if temperature != 1.0:
-                    grad_z /= temperature
+                    grad_z.div_(temperature)
+                if term is not None:
+                    grad_z.sub_(term)
+            elif term is not None:
+                grad_z = term.neg_()
             else:
                 grad_z = torch.zeros_like(z)
-            if entropy_grad:
-                ent = -(p * logp).sum(-1, keepdim=True)
-                grad_z -= grad_entropy[start:end, None].float() * p * (logp + ent)
+            term = p = p_t = None
             grad_z = grad_z.to(dtype)
             if grad_hidden is not None:
                 grad_hidden[start:end] = (grad_z @ w).to(hidden.dtype)
@@ -120,6 +129,25 @@ class ChunkedHeadScores(torch.autograd.Function):
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _softmax_(z: torch.Tensor) -> torch.Tensor:
+    """softmax over the last dimension, in ``z``'s own buffer."""
+    z.sub_(z.amax(-1, keepdim=True)).exp_()
+    return z.div_(z.sum(-1, keepdim=True))
+
+
+def _log_prob_at_(z: torch.Tensor, y: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(z / temperature) at the columns ``y`` [n, 1], as [n]; overwrites ``z``."""
+    z.div_(temperature)
+    picked = z.gather(-1, y).squeeze(-1)
+    top = z.amax(-1, keepdim=True)
+    return picked - z.sub_(top).exp_().sum(-1).log_() - top.squeeze(-1)
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The dot product of each row of ``a`` with the same row of ``b`` [n, V] -> [n], without an [n, V] product."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 def head_scores(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float = 1.0,

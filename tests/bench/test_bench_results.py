@@ -230,11 +230,15 @@ def test_p9_runs_both_heads_on_the_tiny_model_and_the_chunked_one_keeps_less(tin
     assert plain["scored_tokens"] == chunked["scored_tokens"] == 4 * 48
     # the plain head keeps the [N, V] float32 log-softmax (and its input) for the backward; the chunked one neither
     assert plain["saved_bytes"] - chunked["saved_bytes"] >= plain["scored_tokens"] * plain["vocab"] * 4
+    # the head's own peak: the plain one holds at least two [N, V] float32 tensors at once, the chunked at most two
+    assert plain["head_peak_bytes"] > chunked["head_peak_bytes"] >= plain["scored_tokens"] * plain["vocab"] * 4
     r = {"meta": {"command": "python bench/run.py --only P9", "date": "2026-12-03 17:00", "steps": 6,
                   "loaded": False, "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 0.1}},
          "P9": {"tiny-qwen2": {"plain": plain, "chunked": chunked, "speedup": plain["seconds"] / chunked["seconds"],
                                "saved_ratio": chunked["saved_bytes"] / plain["saved_bytes"],
+                               "head_peak_ratio": chunked["head_peak_bytes"] / plain["head_peak_bytes"],
                                "rss_growth_ratio": 1.0}}}
     assert [row[0] for row in report.ratio_rows(r)] == [
-        "P9 log-prob head, bytes kept for the backward, chunked / plain (tiny-qwen2)"]
+        "P9 log-prob head, bytes kept for the backward, chunked / plain (tiny-qwen2)",
+        "P9 log-prob head, peak bytes of the head, chunked / plain (tiny-qwen2)"]
     assert "### P9: the log-prob head, plain against chunked" in report.render(r, asset_prefix="")

@@ -9,6 +9,7 @@ there (``tests/pausing.py``), its process title Ray's ``ray::ActorWorker.update_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,6 +86,14 @@ def _args(model: str, run_dir: Path, steps: int, envs_file: Path | None = None, 
             *tags, *extra]
 
 
+def _alive(p: psutil.Process) -> bool:
+    """``p`` runs and is not a zombie; False when it ends while being looked at (psutil's NoSuchProcess)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class Run:
     """One CLI run in its own session; remembers every process it started."""
 
@@ -148,13 +157,15 @@ class Run:
     def left_behind(self, within: float = LEFT_BEHIND_WAIT_S) -> list[str]:
         """Processes of the run still alive ``within`` seconds from now (killed afterwards, so none leaks)."""
         deadline = time.monotonic() + within
-        alive = [p for p in self.seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in self.seen.values() if _alive(p)]
         while alive and time.monotonic() < deadline:
             time.sleep(0.5)
-            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        names = [f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in alive if p.is_running()]
+            alive = [p for p in alive if _alive(p)]
+        names = []
         for p in alive:
-            p.kill()
+            with contextlib.suppress(psutil.NoSuchProcess):  # it may end between the check and here
+                names.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+                p.kill()
         return names
 
     def output(self) -> str:
