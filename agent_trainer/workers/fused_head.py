@@ -15,8 +15,8 @@ device):
 Within a chunk the softmax statistics run in place, so a chunk holds at most two float32 [chunk x vocabulary]
 buffers in the forward and at temperature 1 in the backward (three at another temperature), where the plain head
 holds its logits, their log-softmax and the gradients of both. The results equal the plain computation's to
-float32 rounding, gradients included (tests/workers/test_fused_head.py). Under ``torch.autocast`` the projection runs in the autocast dtype, as the
-plain head's ``nn.Linear`` would, and the softmax statistics in float32.
+float32 rounding, gradients included (tests/workers/test_fused_head.py). Under ``torch.autocast`` the projection
+runs in the autocast dtype, as the plain head's ``nn.Linear`` would, and the softmax statistics in float32.
 """
 
 from __future__ import annotations
