@@ -195,6 +195,8 @@ distill: install train-clock $(TRAIN_MODEL)/build_info.json $(SFT_RUN)/final/con
 # run's time goes").
 # --max-worker-restart=0: a worker that dies ends the run at once, naming the test it was running (pytest-xdist
 # 3.8's loadgroup scheduler can wait forever after it replaces a dead worker, with the finished groups requeued).
+# The one cause found of a dying worker, Ray ending the process inside ray.shutdown, is closed by
+# agent_trainer.ray_cluster.shutdown_ray (docs/reliability.md, "Notes").
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0,)
 

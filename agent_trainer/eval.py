@@ -123,11 +123,10 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
     """Start engines and val env actors, run the greedy and the sampled pass, write the report; return it."""
     import dataclasses
 
-    import ray
     import torch
     from transformers import AutoTokenizer
 
-    from agent_trainer.ray_cluster import init_ray
+    from agent_trainer.ray_cluster import init_ray, shutdown_ray
     from agent_trainer.workers.build import build_engines, env_actor_class, resolve_device
 
     out = Path(cfg.eval.output_dir)
@@ -146,7 +145,7 @@ def evaluate(cfg: AgentTrainerConfig, env_tags: dict) -> dict:
             report["sampled"] = {"k": cfg.eval.k, "temperature": cfg.actor_rollout_ref.rollout.temperature, **sampled}
     finally:
         engine_group.shutdown()
-        ray.shutdown()
+        shutdown_ray()
     (out / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     logger.info("evaluation report: %s; episodes: %s", out / REPORT, out / "trajectories" / "viewer.html")
     return report

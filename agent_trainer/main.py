@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from agent_trainer import cli_args
 from agent_trainer.checks.prepare import CONFIG_DIR, CONFIG_ERRORS, prepare, refusal
 from agent_trainer.config import AgentTrainerConfig, compat
-from agent_trainer.ray_cluster import init_ray
+from agent_trainer.ray_cluster import init_ray, shutdown_ray
 logger = logging.getLogger(__name__)
 
 
@@ -93,7 +93,7 @@ def shutdown(trainer) -> None:
         try:
             trainer.shutdown()
         finally:
-            ray.shutdown()
+            shutdown_ray()
 
 
 _RAISE_COMPOSE_ERRORS = "HYDRA_FULL_ERROR"

@@ -77,6 +77,34 @@ def init_ray(cfg: AgentTrainerConfig) -> None:
     run_logs.route_worker_logs(cfg.trainer.default_local_dir)
 
 
+def shutdown_ray() -> None:
+    """``ray.shutdown()``, with no object of Ray's freed on another thread while the core worker goes away.
+
+    ``ray.shutdown`` destroys the process's core worker a moment before it drops Python's handle on it. A thread
+    that reaches the core worker in that moment makes Ray end the whole process at once, with exit code 1 and no
+    trace. The usual way there: an ``ObjectRef`` or actor handle left in a reference cycle (a caught Ray error's
+    traceback holds the refs of the call that failed) is freed by the cyclic garbage collector, which runs on
+    whichever thread happens to allocate (tqdm's monitor, Ray's own listener, a library's worker thread). So the
+    garbage is collected here, on this thread, while the core worker still lives, and the automatic collector
+    stays off until the shutdown returns. Every entry point and test ends Ray through this function; in a process
+    that never imported Ray it does nothing (a refused config ends without importing it).
+    """
+    import gc
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None:  # Ray never imported here: nothing to end
+        return
+    gc.collect()
+    automatic = gc.isenabled()
+    gc.disable()
+    try:
+        ray.shutdown()
+    finally:
+        if automatic:
+            gc.enable()
+
+
 def worker_pythonpath(envs_file: str = "") -> str:
     """The PYTHONPATH of every worker of a local run: the run's directory, the folder of a user's ``envs_file``
     (``envs.registry.import_beside``), then the user's PYTHONPATH.

@@ -52,7 +52,7 @@ from agent_trainer.config.splits import Split
 from agent_trainer.agents.demonstrations import (DemoEpisode, Demonstration, check_demo_tags, encode_conversation,
                                                  play_demonstrations, read_jsonl, resolve_demonstrator, write_jsonl)
 from agent_trainer.episode.es_manager import VAL_SEED_OFFSET
-from agent_trainer.ray_cluster import init_ray
+from agent_trainer.ray_cluster import init_ray, shutdown_ray
 from agent_trainer.observe.tracking import Tracking, timer
 from envs.registry import normalize_tags
 
@@ -435,7 +435,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    train(compose_sft(args.config_name, args.overrides))
+    try:
+        train(compose_sft(args.config_name, args.overrides))
+    finally:
+        shutdown_ray()  # here, not in Ray's exit hook, where any thread alive at exit could end the process
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def bench_actor(tag: str, n_episodes: int, turns: int) -> dict:
     import ray
 
     from agent_trainer.episode.es_manager import EnvInput, EnvStateManager, EpisodeSpec
+    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.env_worker import EnvWorker
 
     tags = envs.load_env_tags()
@@ -103,7 +104,7 @@ def bench_actor(tag: str, n_episodes: int, turns: int) -> dict:
     remote_turn = run(lambda s: ray.get(actor.reset.remote(s)), lambda x: ray.get(actor.step.remote(x)))
     ray.kill(actor)
     if started:
-        ray.shutdown()
+        shutdown_ray()
     return {"tag": tag, "episodes": n_episodes, "local_turn_ms": local_turn * 1e3,
             "actor_turn_ms": remote_turn * 1e3, "overhead_ms_per_turn": (remote_turn - local_turn) * 1e3}
 

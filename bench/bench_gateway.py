@@ -71,6 +71,7 @@ def main() -> None:
 
     from agent_trainer.rollout import GatewayRollout, MultiTurnRollout
     from agent_trainer.workers.env_worker import EnvWorker
+    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     cfg, tags = _config(args.model, overrides)
@@ -95,7 +96,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gateway.json").write_text(json.dumps(results, indent=2))
     print(f"gateway / built-in tokens/s: {results['gateway_over_built_in_tokens_per_s']:.2f}; wrote {out / 'gateway.json'}")
-    ray.shutdown()
+    shutdown_ray()
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ def main() -> None:
     import ray
     from transformers import AutoTokenizer
 
+    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     model = str(REPO / "models" / "tiny-qwen2")
@@ -112,7 +113,7 @@ def main() -> None:
         print(f"{run['env_actors']} env actors: sync {run['sync']['rollout_s']:.2f} s, "
               f"async {run['async']['rollout_s']:.2f} s, speedup {run['speedup']:.2f}x")
     print(f"wrote {out / f'turn_barrier_{args.env}.json'}")
-    ray.shutdown()
+    shutdown_ray()
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def main() -> None:
     from agent_trainer.workers.actor import ActorWorker
     from agent_trainer.workers.rollout import VLLMRolloutWorker
     from agent_trainer.workers.weight_sync import SyncPlan, sync_weights
+    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.worker_group import WorkerGroup
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -97,7 +98,7 @@ def main() -> None:
               f"{r['max_transfer_bytes'] / 2**20:.2f} MiB | {r['transfer_vs_before']:.2f}x |")
     print(f"collective group set-up (first sync only): {first_collective['group_setup_s'] * 1e3:.1f} ms")
     actor_wg.shutdown()
-    ray.shutdown()
+    shutdown_ray()
 
 
 if __name__ == "__main__":

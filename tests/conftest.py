@@ -46,13 +46,13 @@ def ray_cluster():
     """A local Ray cluster for the module (2 CPUs' worth of fractional accounting)."""
     import ray
 
-    if not ray.is_initialized():
-        from agent_trainer.ray_cluster import WORKERS_AT_NORMAL_PRIORITY, local_cluster_system_config
+    from agent_trainer.ray_cluster import WORKERS_AT_NORMAL_PRIORITY, local_cluster_system_config, shutdown_ray
 
+    if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _system_config=local_cluster_system_config(WORKERS_AT_NORMAL_PRIORITY))
     yield ray
-    ray.shutdown()
+    shutdown_ray()
 
 
 @pytest.fixture(scope="module", autouse=True)

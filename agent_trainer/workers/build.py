@@ -6,7 +6,10 @@ trainers never build workers, apart from calling again, after a restart, the bui
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +27,8 @@ from agent_trainer.workers.critic import CriticWorker
 from agent_trainer.workers import weight_sync
 from agent_trainer.workers.weight_sync import SyncPlan, sync_plan
 from agent_trainer.workers.worker_group import PlacementError, WorkerGroup
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -129,9 +134,16 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     check_device(cfg, device, cluster)
     check_placement(resource_demands(cfg, device), cluster)
     gpus = 1.0 if device == "cuda" else 0.0
-    arr = cfg.actor_rollout_ref
     timeouts = {"placement_timeout_s": cfg.trainer.placement_timeout_s,
                 "collective_timeout_s": cfg.trainer.collective_timeout_s}
+    with ended_on_failure() as keep:
+        return _start_workers(cfg, device, gpus, timeouts, keep)
+
+
+def _start_workers(cfg: AgentTrainerConfig, device: str, gpus: float, timeouts: dict,
+                   keep: Callable[[WorkerGroup], WorkerGroup]) -> Workers:
+    """:func:`build_workers` once the cluster is checked: every group it starts passes through ``keep``."""
+    arr = cfg.actor_rollout_ref
     colocate_ref = cfg.ref_enabled and arr.ref.colocate
     colocate_critic = core_algos.critic_enabled(cfg) and cfg.critic.colocate
     hybrid = arr.hybrid_engine
@@ -140,33 +152,34 @@ def build_workers(cfg: AgentTrainerConfig) -> Workers:
     guest = ({"CPU": arr.rollout.num_cpus_per_worker, "GPU": gpus - actor_gpus} if hybrid else None)
     distill = cfg.algorithm.distill
     teacher = (distill.teacher_model(arr.model), distill.teacher_forward()) if distill.enable else None
-    actor = build_actor_group(cfg, device, arr.actor, cfg.trainer.seed, num_gpus_per_rank=actor_gpus, bundle_extra=guest,
-                              ref=arr.ref if colocate_ref else None, critic=cfg.critic if colocate_critic else None,
-                              teacher=teacher if distill.colocate else None)
+    actor = keep(build_actor_group(cfg, device, arr.actor, cfg.trainer.seed, num_gpus_per_rank=actor_gpus,
+                                   bundle_extra=guest, ref=arr.ref if colocate_ref else None,
+                                   critic=cfg.critic if colocate_critic else None,
+                                   teacher=teacher if distill.colocate else None))
     critic = actor if colocate_critic else None  # the actor's ranks answer compute_values and update_critic
     if core_algos.critic_enabled(cfg) and not colocate_critic:
-        critic = WorkerGroup(
+        critic = keep(WorkerGroup(
             CriticWorker, name="critic", world_size=cfg.critic.fsdp.world_size,
             num_cpus_per_rank=cfg.critic.fsdp.num_cpus_per_rank, num_gpus_per_rank=gpus, distributed=True, **timeouts,
             init_kwargs={"critic": cfg.critic, "device": device, "seed": cfg.trainer.seed},
-        )
+        ))
     ref = actor if colocate_ref else None  # the actor's ranks answer compute_ref_log_prob
     if cfg.ref_enabled and not colocate_ref:
-        ref = reference_group("ref", arr.model, arr.ref, device, gpus, cfg.trainer.seed, timeouts)
+        ref = keep(reference_group("ref", arr.model, arr.ref, device, gpus, cfg.trainer.seed, timeouts))
     if teacher is not None:  # the actor's ranks answer compute_teacher_log_prob when colocated
-        teacher = actor if distill.colocate else reference_group("teacher", *teacher, device, gpus, cfg.trainer.seed,
-                                                                 timeouts)
+        teacher = actor if distill.colocate else keep(reference_group("teacher", *teacher, device, gpus,
+                                                                      cfg.trainer.seed, timeouts))
     reward_model = None
     if cfg.reward_model.enable:
         from agent_trainer.workers.reward_model import RewardModelWorker
 
         rm = cfg.reward_model
-        reward_model = WorkerGroup(
+        reward_model = keep(WorkerGroup(
             RewardModelWorker, name="reward_model", world_size=rm.world_size, num_cpus_per_rank=rm.num_cpus_per_rank,
             num_gpus_per_rank=gpus, distributed=True, **timeouts,
             init_kwargs={"reward_model": rm, "device": device, "seed": cfg.trainer.seed},
-        )
-    engines = build_engines(cfg, device, host=actor if hybrid else None)
+        ))
+    engines = keep(build_engines(cfg, device, host=actor if hybrid else None))
     # Load every model at once: the groups' collectives are independent of each other.
     groups = [g for g in (actor, critic if critic is not actor else None, ref if ref is not actor else None,
                           reward_model, teacher if teacher is not actor else None) if g is not None]
@@ -183,11 +196,35 @@ def build_sft_workers(rl: AgentTrainerConfig, actor: ActorConfig, seed: int, *, 
     """SFT's workers: the actor group of ``actor`` (the RL actor with SFT's optimizer), models loaded; with
     ``engines`` also the rollout engines and the env actor class of the validation rollout (``eval.env_success``)."""
     device = resolve_device(rl.trainer.device)
-    group = build_actor_group(rl, device, actor, seed)
-    group.execute_all("init_model")
-    engine_group = build_engines(rl, device) if engines else None
+    with ended_on_failure() as keep:
+        group = keep(build_actor_group(rl, device, actor, seed))
+        group.execute_all("init_model")
+        engine_group = keep(build_engines(rl, device)) if engines else None
     return Workers(actor=group, sync_plan=sync_plan(rl), engines=engine_group.workers if engine_group else [],
                    engine_group=engine_group, env_worker_cls=env_actor_class(rl) if engines else None, device=device)
+
+
+@contextmanager
+def ended_on_failure() -> Iterator[Callable[[WorkerGroup], WorkerGroup]]:
+    """Yields ``keep``: every group passed to it is shut down (its actors killed, its placement group freed) when
+    the block raises, so a build that fails halfway (a rank's ``init_model`` raising, a placement timing out)
+    leaves nothing running in a cluster that lives on: a notebook's, or the test suite's shared one, where the
+    next run would otherwise wait for the placement the dead build still holds."""
+    built: list[WorkerGroup] = []
+
+    def keep(group: WorkerGroup) -> WorkerGroup:
+        built.append(group)
+        return group
+
+    try:
+        yield keep
+    except BaseException:
+        for group in reversed(built):
+            try:
+                group.shutdown()
+            except Exception as err:  # noqa: BLE001 - the build's own error is the one to raise
+                logger.warning("could not shut down the %s group after a failed start: %s", group.name, err)
+        raise
 
 
 def reference_group(name: str, model: ModelConfig, ref: RefConfig, device: str, gpus: float, seed: int,

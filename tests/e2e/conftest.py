@@ -30,6 +30,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_teardown(item, nextitem):
     """End the shared cluster after the last test that uses it."""
     if _shares(item) and not _shares(nextitem):
-        import ray
+        from agent_trainer.ray_cluster import shutdown_ray
 
-        ray.shutdown()
+        shutdown_ray()

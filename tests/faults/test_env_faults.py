@@ -20,7 +20,7 @@ from ray.exceptions import RayActorError
 from transformers import AutoTokenizer
 
 from agent_trainer.episode.es_manager import EnvStateManager
-from agent_trainer.ray_cluster import init_ray
+from agent_trainer.ray_cluster import init_ray, shutdown_ray
 from agent_trainer.rollout import make_context_manager
 from agent_trainer.workers.worker_group import wait_until_ready
 from agent_trainer.training.trainer import AgentTrainer
@@ -50,7 +50,7 @@ def run(tiny_model_path, tmp_path_factory, no_ray_left):
         history = trainer.fit()
         yield trainer, history, before
     finally:
-        ray.shutdown()
+        shutdown_ray()
     assert no_ray_left(30.0) == []
 
 

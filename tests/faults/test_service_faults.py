@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import ray
 from transformers import AutoTokenizer
 
-from agent_trainer.ray_cluster import init_ray
+from agent_trainer.ray_cluster import init_ray, shutdown_ray
 from agent_trainer.training.trainer import AgentTrainer
 from agent_trainer.workers.build import build_workers
 from fault_runs import fault_config
@@ -49,7 +48,7 @@ def test_a_server_killed_mid_run_ends_its_episodes_and_the_run_goes_on(tiny_mode
         trainer.init_workers(build_workers(cfg))
         history = trainer.fit()
     finally:
-        ray.shutdown()
+        shutdown_ray()
     assert no_ray_left(30.0) == []
     assert dying.proc.poll() == 3 and lake.proc.poll() is None  # the step killed its server; the other one serves
     assert len(history) == 2 and all(math.isfinite(h["actor/pg_loss"]) for h in history)
