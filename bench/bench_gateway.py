@@ -69,9 +69,9 @@ def main() -> None:
     import ray
     from transformers import AutoTokenizer
 
+    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.rollout import GatewayRollout, MultiTurnRollout
     from agent_trainer.workers.env_worker import EnvWorker
-    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.rollout import VLLMRolloutWorker
 
     cfg, tags = _config(args.model, overrides)

@@ -35,10 +35,10 @@ def main() -> None:
     from safetensors import safe_open
 
     from agent_trainer.config import ActorConfig, FSDPConfig, ModelConfig
+    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.actor import ActorWorker
     from agent_trainer.workers.rollout import VLLMRolloutWorker
     from agent_trainer.workers.weight_sync import SyncPlan, sync_weights
-    from agent_trainer.ray_cluster import shutdown_ray
     from agent_trainer.workers.worker_group import WorkerGroup
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
