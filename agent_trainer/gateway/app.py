@@ -188,7 +188,8 @@ def _no_session(session_id: str) -> GatewayError:
 def _key_check(api_key: str):
     bearer = HTTPBearer(auto_error=False)
 
-    def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        # async: a plain function would take a worker thread per request for a string comparison
         given = credentials.credentials if credentials is not None else ""
         if not hmac.compare_digest(given.encode(), api_key.encode()):
             raise GatewayError(401, "Incorrect API key provided." if given else "Missing API key: send "

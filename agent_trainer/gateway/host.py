@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,34 +69,56 @@ class GatewayHost:
 
     # ------------------------------------------------------------------ sessions (the driver's episodes)
     def open_session(self, policy_version: int) -> str:
+        return self.open_sessions(policy_version, 1)[0]
+
+    def open_sessions(self, policy_version: int, n: int) -> list[str]:
+        """``n`` new sessions (a rollout's episodes, in one call), recorded from ``policy_version`` on."""
         self.policy_version = policy_version
-        return self.gateway.store.open()
+        return [self.gateway.store.open() for _ in range(n)]
 
     def close_session(self, session_id: str) -> list[CallRecord]:
         return self.gateway.store.close(session_id)
 
     def before_step(self, session_id: str) -> tuple[int, list[int]]:
-        """What an env step of the session needs, in one call: how many requests the session has made, and the
-        sampled ids of its last recorded call ([] before any)."""
+        """What an env step of the session needs: how many requests the session has made, and the sampled ids of
+        its last recorded call ([] before any)."""
         records = self.gateway.store.records(session_id)
         return self.gateway.store.requests(session_id), list(records[-1].completion_ids) if records else []
 
+    def before_steps(self, session_ids: list[str]) -> list[tuple[int, list[int]]]:
+        """:meth:`before_step` of several sessions in one call (the env steps the driver sends together)."""
+        return [self.before_step(s) for s in session_ids]
+
     # ------------------------------------------------------------------ engine calls (served by the driver)
-    def take(self, wait_s: float) -> list[EngineRequest]:
-        """The requests not yet taken; waits up to ``wait_s`` for one when there are none."""
+    def take(self, wait_s: float, quiet_s: float = 0.002) -> list[EngineRequest]:
+        """The requests not yet taken; waits up to ``wait_s`` for one when there are none, then, while more keep
+        arriving, until none has for ``quiet_s`` (``wait_s`` at most): the requests of agents answered by one engine
+        call arrive within moments of each other, and go to the driver in one call."""
         with self._cv:
             if not self._untaken:
                 self._cv.wait(wait_s)
+            deadline = time.monotonic() + wait_s
+            while self._untaken and time.monotonic() < deadline:
+                seen = len(self._untaken)
+                self._cv.wait(quiet_s)
+                if len(self._untaken) == seen:
+                    break
             taken, self._untaken = self._untaken, []
             return [self._waiting[i].request for i in taken if i in self._waiting]
 
     def deliver(self, request_id: int, outputs: list | None, error: str = "") -> None:
         """The engine's continuations of a request (``Sampled`` s), or why there are none."""
+        self.deliver_many([(request_id, outputs, error)])
+
+    def deliver_many(self, delivered: list[tuple[int, list | None, str]]) -> None:
+        """:meth:`deliver` for several requests in one call: (request id, outputs, error) each."""
         with self._cv:
-            waiting = self._waiting.pop(request_id, None)
-        if waiting is not None:
-            waiting.outputs, waiting.error = outputs, error
-            waiting.done.set()
+            waiting = [(self._waiting.pop(request_id, None), outputs, error)
+                       for request_id, outputs, error in delivered]
+        for w, outputs, error in waiting:
+            if w is not None:
+                w.outputs, w.error = outputs, error
+                w.done.set()
 
     def fail_waiting(self, reason: str) -> int:
         """End every request still waiting (the rollout that would serve them is over); returns how many."""

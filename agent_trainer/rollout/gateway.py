@@ -12,7 +12,10 @@ token-in/token-out check, the metrics. What changes, per rollout (:class:`Gatewa
   ``openai.OpenAI`` client and runs each episode in a thread of its own);
 - the gateway's requests of all episodes go to the engines together (:class:`EngineBatcher`: whatever arrived
   while the engines were busy is the next engine call), at the run's sampling;
-- ``task.step`` steps the episode's env actor; its rewards are the episode's;
+- ``task.step`` steps the episode's env actor; its rewards are the episode's. The steps the agents ask at about
+  the same moment go out together (:class:`EnvSteps`: one env call per env actor, or per group), and the engine's answers go back to
+  the gateway's actor together (:class:`Combined`), so a turn costs the driver a few Ray calls, not a few per
+  episode;
 - when the agent returns, its session's calls become training rows (``gateway.sessions.episode_rows``): one row
   when each call's prompt extends the row so far exactly (merged), else one row per call (step-wise), in every
   layout; the estimators read an episode's step-wise rows as the one episode they make
@@ -94,6 +97,8 @@ class EngineBatcher:
         """Every request joins the next call (:meth:`_send` splits it by stop ids); the leader waits for every live
         session's request."""
         self._count = threading.Lock()
+        self.waiting = 0
+        """Requests waiting for their engine call or in one now (their agents wait for the answer)."""
 
     def __call__(self, prompts: list[list[int]], *, max_tokens: int, temperature: float, top_p: float,
                  stop_token_ids: list[int] | None, seed: int | None) -> list[Sampled]:
@@ -107,7 +112,13 @@ class EngineBatcher:
         size = min(max_tokens, cap)
         request = WaitingCall(object(), prompts, dataclasses.replace(self.sampling, stop_token_ids=stops or None),
                               seed=0, budgets=[size] * len(prompts), prompt_seeds=None)  # its seed: the call's
-        return self.calls.call(request, self._send)
+        with self._count:
+            self.waiting += 1
+        try:
+            return self.calls.call(request, self._send)
+        finally:
+            with self._count:
+                self.waiting -= 1
 
     def wake(self) -> None:
         """A session ended: the request waiting for it need not wait any longer."""
@@ -152,6 +163,12 @@ class GatewayLoop:
         self.episodes: list[GatewayEpisode] = []
         self.sync = is_sync_agent(rollout.agent_fn)
         """A synchronous agent function: each episode runs in a thread of its own (:func:`in_thread`)."""
+        self.deliveries = Combined(lambda items: rollout.host().deliver_many.remote(items))
+        """The engine's answers, back to the gateway's actor: those of one engine call in one or two Ray calls."""
+        self.env_steps = EnvSteps(self)
+        """The agents' env steps, sent together (:class:`EnvSteps`)."""
+        self.sessions: list[str] = []
+        """The gateway sessions opened for the rollout's episodes (one call), one taken by each episode."""
 
     def play(self, ctxs: dict[int, GatewayEpisode]) -> None:
         r = self.rollout
@@ -187,13 +204,14 @@ class GatewayLoop:
             outputs, error = self.batcher(request.prompts, **request.sampling()), ""
         except Exception as err:  # the request fails (500 to its agent); the others are unaffected
             outputs, error = None, f"{type(err).__name__}: {err}"
-        self.rollout.host().deliver.remote(request.request_id, outputs, error)
+        self.deliveries.put((request.request_id, outputs, error))
 
     async def _play_all(self, episodes: list[GatewayEpisode]) -> None:
         loop = asyncio.get_running_loop()
         # every episode's env step may wait on its env actor at once (asyncio's default pool has cpu + 4 threads)
         loop.set_default_executor(ThreadPoolExecutor(max_workers=len(episodes) + 4, thread_name_prefix="gateway-env"))
         self.running = len(episodes)
+        self.sessions = await self.rollout.host().open_sessions.remote(self.step, len(episodes))
         # one HTTP client under every episode's openai client: a client of its own each would build an SSL context
         # each (the CA bundle read again: most of a 64-episode rollout's driver time when measured)
         timeout = self.rollout.cfg.agent_proxy.gateway.episode_timeout_s
@@ -213,7 +231,7 @@ class GatewayLoop:
         r, cfg = self.rollout, self.rollout.cfg
         timeout = cfg.agent_proxy.gateway.episode_timeout_s
         host = r.host()
-        session = await host.open_session.remote(self.step)
+        session = self.sessions.pop()
         client = (openai.OpenAI if self.sync else openai.AsyncOpenAI)(
             base_url=session_url(*r.address(), session), api_key=r.api_key, max_retries=0, timeout=timeout,
             http_client=http)
@@ -271,37 +289,144 @@ class GatewayLoop:
         self.agent_errors[kind] += 1
 
     async def _env_step(self, ctx: GatewayEpisode, session: str, actions: list[str], response: str) -> StepResult:
-        r = self.rollout
-        before, last = await r.host().before_step.remote(session)
-        text = response or r.ctx.tokenizer.decode(last, skip_special_tokens=True)
-        actor = r.actor_of_env[ctx.env_id]
-        call = await asyncio.to_thread(r.env_pool.call, "step", {actor: [EnvInput(ctx.env_id, text, actions)]},
-                                       r.cfg.es_manager.env_step_timeout_s)
-        self.faults.count_call(call)
-        if not call.results:  # the actor died or timed out: the episode ends with the calls it made
-            ctx.truncated = True
-            if actor in call.timed_out:
-                self.faults.tag_timeouts[ctx.tag] += 1
-            raise EpisodeOver(f"the environment of this episode was lost: {call.errors.get(actor, 'no result')}")
-        out = call.results[0]
-        if not actions:
-            ctx.format_errors += 1
-        ctx.steps.append((before, float(out.reward), anchor_id(out.observation)))
-        if out.done:
-            ctx.done = True
-        return StepResult(observation=out.observation, reward=float(out.reward), done=bool(out.done),
-                          info=dict(out.info))
+        return await self.env_steps.step(ctx, session, actions, response)
 
     def metrics(self, prefix: str, episodes: list[GatewayEpisode]) -> dict[str, float]:
         m = {"rows": sum(e.row_metrics.rows for e in episodes), "merges": sum(e.row_metrics.merges for e in episodes),
              "breaks": sum(e.row_metrics.breaks for e in episodes),
              "calls": sum(e.num_replies for e in episodes),
-             "engine_calls": self.batcher.engine_calls, "sampling_overridden": self.batcher.overridden,
+             "engine_calls": self.batcher.engine_calls, "env_calls": self.env_steps.calls,
+             "sampling_overridden": self.batcher.overridden,
              "agent_errors": sum(self.agent_errors.values()), "agent_timeouts": self.agent_timeouts,
              "merged": sum(len(e.rows) == 1 for e in episodes),
              "stepwise": sum(e.row_metrics.stepwise for e in episodes)}
         calls_mean = sum(e.num_replies for e in episodes) / max(1, len(episodes))
         return {f"{prefix}/gateway_{k}": float(v) for k, v in m.items()} | {f"{prefix}/num_calls_mean": calls_mean}
+
+
+class Combined:
+    """Items put from many threads, sent in as few calls as they allow: the thread that finds no send under way
+    sends everything put until then, again until nothing is left (the others only add theirs)."""
+
+    def __init__(self, send: Callable[[list], object]):
+        self.send = send
+        self._items: list = []
+        self._sending = False
+        self._lock = threading.Lock()
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._sending:
+                return
+            self._sending = True
+        while True:
+            with self._lock:
+                items, self._items = self._items, []
+                if not items:
+                    self._sending = False
+                    return
+            try:
+                self.send(items)
+            except BaseException:
+                with self._lock:
+                    self._sending = False
+                raise
+
+
+@dataclass
+class _Step:
+    ctx: GatewayEpisode
+    session: str
+    actions: list[str]
+    response: str
+    result: asyncio.Future
+
+
+class EnvSteps:
+    """The agents' env steps, sent together as the built-in agents' are: one env call per env actor (per group with
+    ``rollout.mode=async``, whose threaded env actors run the groups' calls side by side, as the barrier-free
+    loop's lanes), and one call to the gateway's actor for the sessions' calls so far. The steps go out as soon as
+    every agent still playing waits, for its step or for an engine answer; else once none has been asked for
+    :attr:`QUIET_S` (an agent busy elsewhere), :attr:`MAX_WAIT_S` after the first at most. A lost or timed-out env
+    actor ends each episode of its call (:class:`~agent_trainer.gateway.task.EpisodeOver`)."""
+
+    QUIET_S = 0.005
+    MAX_WAIT_S = 0.05
+
+    def __init__(self, loop: GatewayLoop):
+        self.owner = loop
+        self.pending: list[_Step] = []
+        self._first = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._sends: set[asyncio.Task] = set()
+        self.steps = self.calls = 0
+        """Env steps asked, env actor calls that made them."""
+
+    async def step(self, ctx: GatewayEpisode, session: str, actions: list[str], response: str) -> StepResult:
+        loop = asyncio.get_running_loop()
+        if not self.pending:
+            self._first = loop.time()
+        self.pending.append(_Step(ctx, session, actions, response, loop.create_future()))
+        result = self.pending[-1].result
+        if self._timer is not None:
+            self._timer.cancel()
+        if len(self.pending) + self.owner.batcher.waiting >= self.owner.running:  # nobody else will ask now
+            self._flush()
+        else:
+            self._timer = loop.call_at(min(loop.time() + self.QUIET_S, self._first + self.MAX_WAIT_S), self._flush)
+        return await result
+
+    def _flush(self) -> None:
+        self._timer = None
+        steps, self.pending = self.pending, []
+        task = asyncio.ensure_future(self._send(steps))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send(self, steps: list[_Step]) -> None:
+        try:
+            befores = await self.owner.rollout.host().before_steps.remote([s.session for s in steps])
+            r = self.owner.rollout
+            groups: dict[tuple[int, int], list[tuple[_Step, tuple[int, list[int]]]]] = {}
+            for s, before in zip(steps, befores):
+                key = (r.actor_of_env[s.ctx.env_id], s.ctx.group_id if r.barrier_free else -1)
+                groups.setdefault(key, []).append((s, before))
+            await asyncio.gather(*(self._step_group(group) for group in groups.values()))
+        except BaseException as err:  # noqa: BLE001 - each agent's step raises it (the gateway's actor died: as before)
+            for s in steps:
+                if not s.result.done():
+                    s.result.set_exception(err)
+
+    async def _step_group(self, group: list[tuple[_Step, tuple[int, list[int]]]]) -> None:
+        r, faults = self.owner.rollout, self.owner.faults
+        actor = r.actor_of_env[group[0][0].ctx.env_id]
+        inputs = []
+        for s, (_, last) in group:
+            text = s.response or r.ctx.tokenizer.decode(last, skip_special_tokens=True)
+            inputs.append(EnvInput(s.ctx.env_id, text, s.actions))
+        self.steps, self.calls = self.steps + len(inputs), self.calls + 1
+        call = await asyncio.to_thread(r.env_pool.call, "step", {actor: inputs}, r.cfg.es_manager.env_step_timeout_s)
+        faults.count_call(call)
+        by_env = {out.env_id: out for out in call.results}
+        for s, (before, _) in group:
+            ctx, out = s.ctx, by_env.get(s.ctx.env_id)
+            if out is None:  # the actor died or timed out: the episode ends, left out of the batch and its group
+                ctx.truncated = ctx.env_actor_lost = True  # (infrastructure, not the policy: never scored)
+                if actor in call.timed_out:
+                    faults.tag_timeouts[ctx.tag] += 1
+                error = EpisodeOver(f"the environment of this episode was lost: {call.errors.get(actor, 'no result')}")
+                if not s.result.done():
+                    s.result.set_exception(error)
+                continue
+            if not s.actions:
+                ctx.format_errors += 1
+            ctx.steps.append((before, float(out.reward), anchor_id(out.observation)))
+            if out.done:
+                ctx.done = True
+            if not s.result.done():  # (an agent cancelled at its deadline no longer waits)
+                s.result.set_result(StepResult(observation=out.observation, reward=float(out.reward),
+                                               done=bool(out.done), info=dict(out.info)))
 
 
 def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable, *args, name: str) -> asyncio.Future:

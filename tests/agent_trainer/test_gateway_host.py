@@ -5,6 +5,7 @@ through uvicorn and the real ``openai`` client, the engine calls served by the t
 from __future__ import annotations
 
 import threading
+import time
 
 import openai
 import pytest
@@ -12,7 +13,7 @@ from transformers import AutoTokenizer
 
 from agent_trainer.gateway.host import GatewayHost, serve_requests
 from agent_trainer.gateway.server import new_api_key, session_url
-from agent_trainer.rollout.gateway import Sampled
+from agent_trainer.rollout.gateway import Combined, Sampled
 from agent_trainer.workers.rollout import GenerationOutput, HFRolloutWorker
 
 MESSAGES = [{"role": "user", "content": "You are on a frozen lake. Where do you go?"}]
@@ -112,3 +113,42 @@ def test_the_driver_side_pump_serves_every_request_until_stopped(host):
     pump.join(30)
     assert len(served) == 3 and all(got["reply"].choices[0].model_extra["token_ids"] == [7] for _, got in calls)
     assert len(host.close_session(session)) == 3
+
+
+def test_requests_that_arrive_together_are_taken_together_and_answered_in_one_delivery(host):
+    """Agents answered by one engine call ask again within moments of each other: the driver takes their requests
+    in one ``take`` and hands every answer back in one ``deliver_many``."""
+    sessions = host.open_sessions(policy_version=0, n=6)
+    calls = [_call_in_thread(host, session) for session in sessions]
+    deadline = time.monotonic() + 30
+    while len(host._untaken) < 6 and time.monotonic() < deadline:  # all six reached the app
+        time.sleep(0.01)
+    taken = host.take(wait_s=30)
+    assert len(taken) == 6
+    host.deliver_many([(r.request_id, [GenerationOutput([7 + k], [-0.5], "length")], "")
+                       for k, r in enumerate(taken)])
+    for thread, _ in calls:
+        thread.join(30)
+    by_request = {r.request_id: 7 + k for k, r in enumerate(taken)}
+    assert sorted(got["reply"].choices[0].model_extra["token_ids"][0] for _, got in calls) == sorted(
+        by_request.values())
+    assert [host.before_steps([s])[0][0] for s in sessions] == [1] * 6
+    for session in sessions:
+        host.close_session(session)
+
+
+def test_combined_sends_every_item_once_in_fewer_calls_than_items():
+    sent: list[list[int]] = []
+
+    def send(items):
+        sent.append(items)
+        time.sleep(0.02)  # a slow send: the items put meanwhile wait for the next one
+
+    combined = Combined(send)
+    threads = [threading.Thread(target=combined.put, args=(k,)) for k in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(k for items in sent for k in items) == list(range(40))
+    assert len(sent) < 40

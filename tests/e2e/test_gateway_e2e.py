@@ -145,11 +145,48 @@ def test_a_synchronous_openai_agent_calls_batch_as_the_async_agents_do(tiny_mode
     assert s["rollout/gateway_engine_calls"] < s["rollout/gateway_calls"] / 2, s  # batched, not one by one
     for m in (a, s):  # one call per env step: turns are the env steps (at most max_turn), calls counted apart
         assert 1 <= m["rollout/num_turns_mean"] <= 3 and m["rollout/num_calls_mean"] == m["rollout/num_turns_mean"]
+        # a group's steps go to its env actor together (4 groups of 2 episodes: half as many env calls as steps
+        # when both ask at once); a call per episode's step would be one per chat completion
+        assert m["rollout/gateway_env_calls"] <= 0.75 * m["rollout/gateway_calls"], m
     assert all(state.turn_replies is not None and state.metrics["gateway_rows"] >= 1 for state in by_sync.states)
     path = write_step(tmp_path, 1, "train", by_sync.states, by_sync.batch, trainer.tokenizer, per_tag=8)
     for record in (r for r in read_records(path.parent) if r.metrics["gateway_rows"] == 1):  # trained rows
         assert [(t.call, t.step) for t in record.turns] == [(k, k) for k in range(1, len(record.turns) + 1)]
         assert all(any(t.mask) for t in record.turns) and "gateway_rows" in record.metrics
+
+
+def test_an_env_actor_lost_mid_rollout_leaves_its_episodes_out_of_the_batch(tiny_model_path, tmp_path):
+    """The agents' env steps go to the env actors together; the actor of groups 2 and 3 dies as the first such call
+    reaches it. Its episodes end there, are counted (``env_actor_lost``) and left out of the batch and of their
+    groups' statistics (an infrastructure failure is never scored as the episode's reward), their agents are not
+    counted as failing, and the other actor's episodes train."""
+    groups = ["es_manager.train.env_groups=4", "es_manager.train.env_configs.n_groups=[4]",
+              "agent_proxy.num_env_actors=2"]
+    with started("frozenlake_gateway", tiny_model_path, tmp_path, *SMALL, *groups,
+                 "trainer.total_training_steps=1") as trainer:
+        rollout = trainer.train_rollout
+        submit, killed = rollout.env_pool.submit, []
+
+        def kill_first(method, args_by_index, timeout_s):  # the actor dies as its first step call is sent
+            if method == "step" and 1 in args_by_index and not killed:
+                killed.append(sorted(inp.env_id for inp in args_by_index[1]))
+                ray.kill(rollout.env_actors[1], no_restart=False)
+            return submit(method, args_by_index, timeout_s)
+
+        rollout.env_pool.submit = kill_first
+        try:
+            result = rollout.rollout(step=1)
+        finally:
+            rollout.env_pool.submit = submit
+    m = result.metrics
+    lost_ids = set(killed[0])
+    on_actor = {env_id for env_id, actor in rollout.actor_of_env.items() if actor == 1}
+    assert killed and lost_ids <= on_actor, (killed, on_actor)
+    assert m["rollout/env_actor_failures"] >= 1 and m["rollout/env_actor_lost"] >= len(lost_ids), m
+    assert m["rollout/gateway_agent_errors"] == 0, m  # the lost env ended them, not their code
+    trained = set(result.batch["traj_uid"].tolist())
+    assert not trained & lost_ids, (trained, lost_ids)
+    assert trained >= set(rollout.actor_of_env) - on_actor  # the other actor's episodes all train
 
 
 class KeepsRows(AgentTrainer):
