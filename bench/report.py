@@ -29,6 +29,9 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
             rows.append((f"P2 GRPO step speedup vs TRL ({name})", p2["speedup"], 2.0, True))
     if r.get("P1"):
         rows.append(("P1 rollout / raw engine tokens/s", r["P1"]["ratio"], 0.9, True))
+        if r["P1"].get("continuous"):
+            rows.append(("P1 continuous k = 2: tokens per step second / raw engine",
+                         r["P1"]["continuous"]["busy_ratio"], 0.9, True))
     if r.get("P3"):
         rows.append(("P3 weight-sync share of step", r["P3"]["frozenlake_share"], 0.02, False))
     if r.get("P5"):
@@ -164,6 +167,20 @@ def _other_sections(r: dict) -> list[str]:
                 f"{fmt(p['ratio_vs_tokens_only'])}.", "",
                 render_table(["step", "tokens", "rollout s", "raw s (median)", "raw passes (s)", "ratio",
                               "ratio vs text outputs"], rows), ""]
+        if p.get("continuous"):
+            c = p["continuous"]
+            rows = [[str(s["step"]), fmt(s["generated_tokens"], 0), fmt(s["rollout_seconds"]), fmt(s["step_seconds"]),
+                     fmt(s["raw_seconds"]), fmt(s["ratio"])] for s in c["steps"]]
+            out += ["The asynchronous producer (`" + " ".join(c["overrides"]) + f"`, run `{c['label']}`, steps "
+                    f"{c['steps'][0]['step']}..{c['steps'][-1]['step']}): its rollouts overlap each other and the "
+                    "update, so the figure is the generated tokens per second of step time (what the producer "
+                    f"delivers) over the raw engine's: **{fmt(c['busy_ratio'])}** "
+                    f"({fmt(c['tokens_per_step_second'], 0)} vs {fmt(c['raw_engine_tokens_per_s'], 0)} tokens/s); "
+                    "the synchronous run above gives "
+                    f"{fmt(p['busy_ratio'])} by the same measure. Each rollout alone, against its own time (two in "
+                    f"flight share the engine): median {fmt(c['ratio'])}.", "",
+                    render_table(["step", "tokens", "rollout s", "step s", "raw s (median)", "rollout ratio"], rows),
+                    ""]
     if r.get("P3"):
         out += [f"### P3: weight sync\n\n{fmt(r['P3']['sync_s'], 3)} s of a {fmt(r['P3']['step_s'])} s step: "
                 f"**{fmt(100 * r['P3']['frozenlake_share'], 1)}%**.", ""]

@@ -187,11 +187,34 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
     replays each of its steps (``bench/raw_vllm.py``, median of its passes per step). The figure is the
     median over the steps of rollout tokens/s / raw tokens/s; one step against one pass moved by more
     than the 0.9 line between runs on this machine.
+
+    ``continuous``: the same measurement with the asynchronous producer (k = 2, ``async_mode=continuous``, two
+    rollouts in flight) over its steady state, steps k + 2..N. Its rollouts overlap each other and the update, so a
+    rollout's own time is not the engines' time: the figure there is ``busy_ratio``, the generated tokens per
+    second of step time (in the steady state the producer generates what the trainer takes) over the raw engine's
+    tokens/s, which is what keeps the engines busy; the synchronous run's ``busy_ratio`` is beside it.
     """
     run = b.project(RunSpec("frozenlake_p1", steps=b.steps, code_dir=b.tree, keep_trajectories=True,
                             every_step=True, overrides=[f"model_path={TINY}"]))
-    steps = sorted(k for k in run.trajectories if k > 1) or sorted(run.trajectories)  # steady state, as elsewhere
-    work = b.out / "p1"
+    out = _vs_raw_engine(b, run, first_step=2, work=b.out / "p1")
+    k = 2
+    cont = b.project(RunSpec("frozenlake_p1_continuous", steps=max(b.steps, k + 4), code_dir=b.tree,
+                             keep_trajectories=True, every_step=True,
+                             overrides=[f"model_path={TINY}", *P1_CONTINUOUS]))
+    out["continuous"] = _vs_raw_engine(b, cont, first_step=k + 2, work=b.out / "p1_continuous")
+    out["continuous"]["overrides"] = P1_CONTINUOUS
+    return out
+
+
+P1_CONTINUOUS = ["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous",
+                 "algorithm.rollout_correction.rollout_is=token", "algorithm.adv_estimator=grpo"]
+"""P1's asynchronous run: two rollouts in flight (``rollouts_in_flight`` defaults to k), in-flight weight syncs;
+GRPO, since asynchronous training refuses a critic (the rollout's work is the main job's)."""
+
+
+def _vs_raw_engine(b: Bench, run: RunResult, first_step: int, work: Path) -> dict:
+    """``run``'s steps ``first_step``..N (every step's episodes logged) against the raw engine replaying them."""
+    steps = sorted(k for k in run.trajectories if k >= first_step) or sorted(run.trajectories)
     work.mkdir(parents=True, exist_ok=True)
     (work / "turns.json").write_text(json.dumps([replay_turns(run.trajectories[k]) for k in steps]))
     print(f"[bench] raw vLLM engine on the same contexts (steps {steps[0]}..{steps[-1]}) ...", flush=True)
@@ -199,13 +222,18 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     _run_logged([sys.executable, str(REPO / "bench" / "raw_vllm.py"), "--model", str(TINY), "--turns",
                  str(work / "turns.json"), "--out", str(work / "raw.json")], work / "raw_vllm.log", env=env)
-    raw = json.loads((work / "raw.json").read_text())
+    return vs_raw_figures(run.history, steps, json.loads((work / "raw.json").read_text()), run.label)
+
+
+def vs_raw_figures(history: list[dict], steps: list[int], raw: dict, label: str) -> dict:
+    """The ratios of :func:`p1_rollout_vs_engine` from the run's per-step metrics and the raw engine's passes."""
     per_step = []
     for k, raw_step in zip(steps, raw["steps"]):
-        metrics = run.history[k - 1]
+        metrics = history[k - 1]
         rollout_s, generated = metrics["timing_s/rollout"], metrics["perf/generated_tokens"]
         rollout_tps, raw_tps = generated / rollout_s, raw_step["generated_tokens"] / raw_step["seconds"]
-        per_step.append({"step": k, "rollout_seconds": rollout_s, "generated_tokens": generated,
+        per_step.append({"step": k, "rollout_seconds": rollout_s, "step_seconds": metrics["timing_s/step"],
+                         "generated_tokens": generated,
                          "raw_seconds": raw_step["seconds"], "raw_generated_tokens": raw_step["generated_tokens"],
                          "raw_pass_seconds": raw_step["pass_seconds"], "ratio": ratio(rollout_tps, raw_tps),
                          "ratio_vs_tokens_only": ratio(rollout_tps, raw_step["generated_tokens"]
@@ -215,13 +243,15 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
     def pooled(key: str) -> float:
         return sum(s[key] for s in per_step)
 
+    raw_tps = pooled("raw_generated_tokens") / pooled("raw_seconds")
     return {"ratio": statistics.median(s["ratio"] for s in per_step),
             "ratio_vs_tokens_only": statistics.median(s["ratio_vs_tokens_only"] for s in per_step),
-            "pooled_ratio": ratio(pooled("generated_tokens") / pooled("rollout_seconds"),
-                                  pooled("raw_generated_tokens") / pooled("raw_seconds")),
+            "pooled_ratio": ratio(pooled("generated_tokens") / pooled("rollout_seconds"), raw_tps),
+            "busy_ratio": ratio(pooled("generated_tokens") / pooled("step_seconds"), raw_tps),
             "rollout_tokens_per_s": pooled("generated_tokens") / pooled("rollout_seconds"),
-            "raw_engine_tokens_per_s": pooled("raw_generated_tokens") / pooled("raw_seconds"),
-            "steps": per_step, "raw_repeats": raw["repeats"], "label": run.label}
+            "tokens_per_step_second": pooled("generated_tokens") / pooled("step_seconds"),
+            "raw_engine_tokens_per_s": raw_tps,
+            "steps": per_step, "raw_repeats": raw["repeats"], "label": label}
 
 
 def p2_vs_trl(b: Bench, models: list[Path]) -> dict:

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import report  # noqa: E402
 import results  # noqa: E402
 import run as bench_run  # noqa: E402
+import suites  # noqa: E402
 from suites import p7_variants, replay_turns  # noqa: E402
 
 NOON = dt.datetime(2026, 11, 22, 12, 0, 5, tzinfo=dt.timezone.utc)
@@ -97,6 +98,28 @@ def test_ratio_rows_and_block_from_results():
                    slow_reset_prefetched_rollout_s=1.0, slow_reset_prefetched_step_s=2.7, reset_prefetch_speedup=1.26)
     assert report.ratio_rows(r)[-1][:2] == ("P6 slow-reset step, prefetched reset speedup", 1.26)
     assert "the step trains (the default): rollout 1.00 s, step 2.70 s: **1.26x**." in report.render(r, asset_prefix="")
+
+
+def test_p1_continuous_figures_count_step_time_and_render_beside_the_synchronous_run():
+    history = [{"timing_s/rollout": 9.0, "timing_s/step": 9.0, "perf/generated_tokens": 1.0}] * 3 + [
+        {"timing_s/rollout": 2.0, "timing_s/step": 1.0, "perf/generated_tokens": 100.0},
+        {"timing_s/rollout": 3.0, "timing_s/step": 1.5, "perf/generated_tokens": 150.0}]
+    raw = {"repeats": 3, "steps": [
+        {"generated_tokens": 100, "seconds": 0.5, "pass_seconds": [0.5], "tokens_only_seconds": 0.25, "turns": 6},
+        {"generated_tokens": 150, "seconds": 1.0, "pass_seconds": [1.0], "tokens_only_seconds": 0.5, "turns": 6}]}
+    c = suites.vs_raw_figures(history, [4, 5], raw, "frozenlake_p1_continuous")
+    # 250 tokens in 2.5 s of steps against the raw engine's 250 tokens in 1.5 s
+    assert c["busy_ratio"] == pytest.approx((250 / 2.5) / (250 / 1.5))
+    assert c["pooled_ratio"] == pytest.approx((250 / 5.0) / (250 / 1.5))  # each rollout against its own time
+    assert [s["step"] for s in c["steps"]] == [4, 5]
+    r = {"meta": {"command": "python bench/run.py --only P1", "date": "2026-12-04 09:00", "steps": 6, "loaded": False,
+                  "machine": {"cores": 2}},
+         "P1": {**suites.vs_raw_figures(history, [4, 5], raw, "frozenlake_p1"),
+                "continuous": {**c, "overrides": suites.P1_CONTINUOUS}}}
+    assert [label for label, *_ in report.ratio_rows(r)] == [
+        "P1 rollout / raw engine tokens/s", "P1 continuous k = 2: tokens per step second / raw engine"]
+    block = report.render(r, asset_prefix="")
+    assert "trainer.async_mode=continuous" in block and f"**{c['busy_ratio']:.2f}**" in block
 
 
 def test_opt_in_main_runs_and_p2_precisions_are_reported():
