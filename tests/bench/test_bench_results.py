@@ -14,8 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import report  # noqa: E402
 import results  # noqa: E402
 import run as bench_run  # noqa: E402
-import suites  # noqa: E402
-from suites import p7_variants, replay_turns  # noqa: E402
+from suites import P1_CONTINUOUS, p7_variants, replay_turns, vs_raw_figures  # noqa: E402
 
 NOON = dt.datetime(2026, 11, 22, 12, 0, 5, tzinfo=dt.timezone.utc)
 
@@ -107,15 +106,15 @@ def test_p1_continuous_figures_count_step_time_and_render_beside_the_synchronous
     raw = {"repeats": 3, "steps": [
         {"generated_tokens": 100, "seconds": 0.5, "pass_seconds": [0.5], "tokens_only_seconds": 0.25, "turns": 6},
         {"generated_tokens": 150, "seconds": 1.0, "pass_seconds": [1.0], "tokens_only_seconds": 0.5, "turns": 6}]}
-    c = suites.vs_raw_figures(history, [4, 5], raw, "frozenlake_p1_continuous")
+    c = vs_raw_figures(history, [4, 5], raw, "frozenlake_p1_continuous")
     # 250 tokens in 2.5 s of steps against the raw engine's 250 tokens in 1.5 s
     assert c["busy_ratio"] == pytest.approx((250 / 2.5) / (250 / 1.5))
     assert c["pooled_ratio"] == pytest.approx((250 / 5.0) / (250 / 1.5))  # each rollout against its own time
     assert [s["step"] for s in c["steps"]] == [4, 5]
     r = {"meta": {"command": "python bench/run.py --only P1", "date": "2026-12-04 09:00", "steps": 6, "loaded": False,
                   "machine": {"cores": 2}},
-         "P1": {**suites.vs_raw_figures(history, [4, 5], raw, "frozenlake_p1"),
-                "continuous": {**c, "overrides": suites.P1_CONTINUOUS}}}
+         "P1": {**vs_raw_figures(history, [4, 5], raw, "frozenlake_p1"),
+                "continuous": {**c, "overrides": P1_CONTINUOUS}}}
     assert [label for label, *_ in report.ratio_rows(r)] == [
         "P1 rollout / raw engine tokens/s", "P1 continuous k = 2: tokens per step second / raw engine"]
     block = report.render(r, asset_prefix="")
