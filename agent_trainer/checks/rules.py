@@ -89,6 +89,8 @@ RANGES: list[tuple[str, Rule, str]] = [
     ("actor_rollout_ref.actor.entropy_coeff", at_least(0), "0.0"),
     ("actor_rollout_ref.actor.kl_loss_coef", at_least(0), "0.001"),
     ("actor_rollout_ref.actor.grad_clip", above(0), "1.0"),
+    ("actor_rollout_ref.actor.target_kl", optional(above(0, " (a mini-batch's approx_kl that stops the step)")),
+     "0.02"),
     ("actor_rollout_ref.model.lora_rank", at_least(0, " (0 = no LoRA, the full model trains)"), "8"),
     ("actor_rollout_ref.model.lora_alpha", above(0), "16"),
     ("actor_rollout_ref.model.lora_dropout", between(0, 1, False, True), "0.0"),

@@ -137,6 +137,13 @@ class ActorConfig:
     """kl|k1, abs, mse|k2, low_var_kl|k3."""
     grad_clip: float = 1.0
     """Max global gradient norm."""
+    target_kl: float | None = None
+    """Stop a step's update early (CleanRL's and Stable-Baselines3's ``target_kl``): once a mini-batch's
+    ``actor/approx_kl`` (their estimator, mean of (r - 1) - log r over its generated tokens, r = pi / pi_old: the
+    policy after the step's earlier optimizer steps against the weights the step trains from; averaged over the
+    ranks) exceeds it, that mini-batch and the rest of the step take no optimizer step (the learning-rate
+    schedule still counts them). null = off. ``actor/kl_stopped`` is 1 for a step that stopped,
+    ``actor/optimizer_steps`` counts the steps taken. docs/algorithms.md."""
     recompute_old_log_prob: str = "auto"
     """auto: skip the old-log-prob forward (the log_prob phase) when the weights being updated generated the batch
     and ppo_epochs is 1: the first mini-batch uses the detached current log-probs, as TRL does, and the actor scores

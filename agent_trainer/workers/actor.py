@@ -246,7 +246,8 @@ class ActorWorker(ReferenceWorker):
         self.model.train()
         metrics = self.run_update(batch, epochs=cfg.ppo_epochs, mini_batch_size=mini_size, batching=self.batching,
                                   loss_agg_mode=cfg.loss_agg(), grad_clip=cfg.grad_clip, prefix="actor",
-                                  micro_loss=lambda micro: self._micro_loss(micro, temperature))
+                                  micro_loss=lambda micro: self._micro_loss(micro, temperature),
+                                  stop=None if cfg.target_kl is None else ("actor/approx_kl", cfg.target_kl))
         metrics["actor/lr"] = lr
         return metrics
 
@@ -341,6 +342,9 @@ class ActorWorker(ReferenceWorker):
             diff = (micro["rollout_log_probs"] - old_log_prob).abs()
             metrics["actor/rollout_vs_actor_logprob_diff"] = core_algos.masked_mean(diff, mask)
             metrics["rollout/mismatch_kl"] = core_algos.mismatch_kl(old_log_prob, micro["rollout_log_probs"], mask)
+        if cfg.target_kl is not None:  # SB3's approx_kl, (r - 1) - log r: >= 0, what actor.target_kl compares
+            approx_kl = core_algos.kl_penalty(old_log_prob, log_prob.detach(), "low_var_kl")
+            metrics["actor/approx_kl"] = core_algos.masked_mean(approx_kl, mask)
         if cfg.entropy_coeff:
             entropy = core_algos.agg_loss(scores.entropy, mask, agg_mode, scale)
             loss = loss - cfg.entropy_coeff * entropy

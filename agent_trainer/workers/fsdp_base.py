@@ -585,7 +585,7 @@ class FSDPWorker:
 
     def run_update(self, batch: TensorBatch, *, epochs: int, mini_batch_size: int, batching: MicroBatching,
                    loss_agg_mode: str, grad_clip: float, micro_loss: Callable[["Prepared"], tuple],
-                   prefix: str) -> dict[str, float]:
+                   prefix: str, stop: tuple[str, float] | None = None) -> dict[str, float]:
         """The PPO update loop shared by the actor and the critic: epochs x mini-batches x micro-batches.
 
         Each mini-batch is one optimizer step; each micro-batch's loss (``micro_loss`` returns it with its
@@ -597,24 +597,45 @@ class FSDPWorker:
         and its gradients reduced once, after the last micro-batch (:func:`gathered_once`). Returns the metrics
         averaged over micro-batches, and ``<prefix>/grad_norm`` averaged over optimizer steps (one read of the
         norm per step, in :meth:`optimizer_step`).
+
+        ``stop`` = (metric, limit) ends the update early (``actor.target_kl``): when a mini-batch's mean of
+        ``metric`` over its micro-batches and the ranks exceeds ``limit``, it and every later mini-batch take no
+        optimizer step (one read of the metric per mini-batch, the same decision on every rank); the
+        learning-rate schedule still steps for them, so it does not depend on where updates stopped.
+        ``<prefix>/kl_stopped`` (0 or 1) and ``<prefix>/optimizer_steps`` report it.
         """
         metrics: dict[str, list] = defaultdict(list)
         norms = []
-        for _ in range(epochs):
-            for mini in batch.split(mini_batch_size):
-                plan = [self.prepare(micro, mini["response_mask"], loss_agg_mode)
-                        for _, micro in self.plan_micro_batches(mini, batching)]
-                with torch.profiler.record_function(MICRO_BATCH_LOOP):
-                    for micro in gathered_once(self.model, plan, backward=True):
-                        loss, micro_metrics = micro_loss(micro)
-                        (loss * micro.weight).backward()
-                        for key, value in micro_metrics.items():
-                            metrics[key].append(value.detach() if torch.is_tensor(value) else value)
-                norms.append(self.optimizer_step(grad_clip))
+        minis = [mini for _ in range(epochs) for mini in batch.split(mini_batch_size)]
+        for done, mini in enumerate(minis):
+            plan = [self.prepare(micro, mini["response_mask"], loss_agg_mode)
+                    for _, micro in self.plan_micro_batches(mini, batching)]
+            first = len(metrics[stop[0]]) if stop is not None else 0
+            with torch.profiler.record_function(MICRO_BATCH_LOOP):
+                for micro in gathered_once(self.model, plan, backward=True):
+                    loss, micro_metrics = micro_loss(micro)
+                    (loss * micro.weight).backward()
+                    for key, value in micro_metrics.items():
+                        metrics[key].append(value.detach() if torch.is_tensor(value) else value)
+            if stop is not None and self._ranks_mean(metrics[stop[0]][first:]) > stop[1]:
+                self.optimizer.zero_grad(set_to_none=True)
+                for _ in minis[done:]:
+                    self.lr_scheduler.step()
+                break
+            norms.append(self.optimizer_step(grad_clip))
         out = device_means(metrics, self.device)
         if norms:
             out[f"{prefix}/grad_norm"] = sum(norms) / len(norms)
+        if stop is not None:
+            out[f"{prefix}/kl_stopped"] = float(len(norms) < len(minis))
+            out[f"{prefix}/optimizer_steps"] = float(len(norms))
         return out
+
+    def _ranks_mean(self, values: list) -> float:
+        """The mean of ``values`` (0-d tensors or numbers) over this rank's entries, then over the ranks (a
+        collective: every rank calls it with its own values)."""
+        local = float(torch.stack([torch.as_tensor(v, device=self.device).reshape(()).double() for v in values]).mean())
+        return self._over_ranks([local], dist.ReduceOp.SUM)[0] / (self.world_size if dist.is_initialized() else 1)
 
     def precision(self) -> contextlib.AbstractContextManager:
         """The context every forward of this role runs in.

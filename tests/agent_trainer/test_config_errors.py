@@ -109,6 +109,8 @@ CASES = [
      "-0.01", "frozenlake"),
     ("grad_clip_zero", ["actor_rollout_ref.actor.grad_clip=0"], "actor_rollout_ref.actor.grad_clip", "= 0",
      "frozenlake"),
+    ("target_kl_zero", ["actor_rollout_ref.actor.target_kl=0"], "actor_rollout_ref.actor.target_kl", "= 0",
+     "frozenlake"),
     ("gamma_above_one", ["algorithm.gamma=1.5"], "algorithm.gamma", "1.5", "frozenlake"),
     ("format_penalty_pos", ["es_manager.format_penalty=0.5"], "es_manager.format_penalty", "0.5", "frozenlake"),
     ("env_step_timeout_zero", ["es_manager.env_step_timeout_s=0"], "es_manager.env_step_timeout_s", "= 0",

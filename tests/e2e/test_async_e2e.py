@@ -9,6 +9,9 @@ while steps 3 and 4 are buffered: it does not hold them (counted), and saves the
 
 Run B resumes from A's step-2 checkpoint: it regenerates steps 3 and 4 from the same initial states, so the
 episodes trained over A's steps 1-2 and B's steps 3-4 are A's episodes, none twice and none lost.
+
+Both runs set ``actor.target_kl`` below any moved policy's KL: each step's first mini-batch (scored by the
+weights it trains from) takes its optimizer step, the second (after it) stops the update, on both actor ranks.
 """
 
 import json
@@ -45,7 +48,7 @@ def _train(model_path: str, run_dir: Path, *overrides: str) -> tuple[Recording, 
                       "es_manager.train.env_configs.n_groups=[1,1]", "ppo_mini_batch_size=4",
                       "micro_batch_size_per_gpu=2", "agent_proxy.max_turn=2",
                       "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3",
-                      *overrides, trainer_cls=Recording)
+                      "actor_rollout_ref.actor.target_kl=1e-8", *overrides, trainer_cls=Recording)
 
 
 def test_asynchronous_training_bounds_staleness_and_resumes_without_training_an_episode_twice(tiny_model_path,
@@ -61,6 +64,8 @@ def test_asynchronous_training_bounds_staleness_and_resumes_without_training_an_
     assert staleness[0] == 0.0 and all(s <= K for s in staleness), staleness
     assert max(staleness) >= 1.0  # steps 2 and 3 were queued before step 1's update
     for m in metrics:
+        assert (m["actor/kl_stopped"], m["actor/optimizer_steps"]) == (1.0, 1.0)  # of 2 mini-batches
+        assert m["actor/approx_kl"] > 1e-8 / 2  # the second mini-batch's, averaged with the first's (about 0)
         assert m["rollout/stale_dropped"] == 0.0
         assert m["rollout/mismatch_kl"] >= 0.0 and m["rollout/policy_staleness_mean"] <= K
         assert sum(m[f"rollout/policy_staleness_frac/{lag}"] for lag in range(K + 1)) == pytest.approx(1.0)

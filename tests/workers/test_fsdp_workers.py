@@ -317,6 +317,39 @@ def test_later_mini_batches_without_old_log_probs_are_scored_before_the_first_st
     assert own_metrics["actor/rollout_vs_actor_logprob_diff"] > 0  # the actor reports it over all rows
 
 
+def test_target_kl_stops_the_update_at_the_first_mini_batch_past_it(tiny_model_path):
+    """actor.target_kl: three mini-batches; the first is on-policy (approx_kl about 0), the second has moved. A limit
+    below the second's KL leaves exactly the first mini-batch's optimizer step; a limit above every mini-batch's
+    KL is the update without the key."""
+    batch = _ragged_batch([16, 9, 12, 5, 16, 7])
+
+    def update(rows: TensorBatch, **overrides) -> tuple[dict, dict]:
+        worker = _actor(tiny_model_path, ppo_mini_batch_size=2, **overrides)
+        rows = rows.select(rows.keys())
+        metrics = worker.update_actor(rows.update(worker.compute_log_prob(rows)))
+        return metrics, {k: v.detach().clone() for k, v in worker.model.state_dict().items()}
+
+    plain, plain_params = update(batch)
+    assert "actor/kl_stopped" not in plain
+    loose, loose_params = update(batch, target_kl=1e9)
+    assert (loose["actor/kl_stopped"], loose["actor/optimizer_steps"]) == (0.0, 3.0)
+    assert loose["actor/grad_norm"] == plain["actor/grad_norm"]
+    assert all(torch.equal(loose_params[k], v) for k, v in plain_params.items())
+
+    tight, tight_params = update(batch, target_kl=1e-8)
+    assert (tight["actor/kl_stopped"], tight["actor/optimizer_steps"]) == (1.0, 1.0)
+    assert 0.0 <= loose["actor/approx_kl"] and tight["actor/approx_kl"] > 1e-8 / 2  # the second's is past it
+    first, first_params = update(batch.index(torch.arange(2)))  # the first mini-batch alone
+    assert tight["actor/grad_norm"] == pytest.approx(first["actor/grad_norm"], rel=1e-5)  # float noise: 2e-7
+
+    def farthest(params: dict) -> float:
+        return max(float((tight_params[k] - v).abs().max()) for k, v in params.items())
+
+    # Adam turns float noise in tiny gradients into up to ~1% of one step (lr 1e-3); two more steps move far more
+    assert farthest(first_params) < 5e-5 < 1e-4 < farthest(plain_params), (farthest(first_params),
+                                                                          farthest(plain_params))
+
+
 @pytest.mark.parametrize("mode", core_algos.LOSS_AGG_MODES)
 def test_dynamic_batch_size_gives_the_fixed_micro_batch_update(tiny_model_path, mode):
     """Micro-batches by token budget (rows packed by length, padding columns cut) accumulate the same gradient."""
@@ -404,7 +437,8 @@ def _two_rank_update(rank: int, init_file: str, path: str, results) -> None:
         same = (list(gathered) == list(expected) and all(type(v) is torch.Tensor for v in gathered.values())
                 and all(torch.equal(gathered[k], expected[k]) for k in expected))
         results[rank] = (counts, log_probs, float(metrics["actor/grad_norm"]), same if rank == 0 else gathered == {},
-                         _shared_prefix_gradients_match(worker), disagreeing)
+                         _shared_prefix_gradients_match(worker), disagreeing,
+                         worker._ranks_mean([0.1 + 0.2 * rank, 0.1 + 0.2 * rank]))  # actor.target_kl's mean
     finally:
         dist.destroy_process_group()
 
@@ -473,6 +507,7 @@ def test_two_ranks_agree_on_the_number_of_dynamic_micro_batches(tiny_model_path,
     assert results[0][3] and results[1][3]  # the weight sync's gather: DCP's full state dict on rank 0, {} on rank 1
     assert results[0][4] and results[1][4]  # a shared prefix's forward gives the full forward's gradients
     assert results[0][5][0] == [True, False] and results[1][5][0] == [False, False]  # one call each, agreed
+    assert results[0][6] == results[1][6] == pytest.approx(0.2)  # a mini-batch's KL, the same on both ranks
     single = _actor(tiny_model_path)  # the same weights on one rank, fixed micro-batches
     for rank in range(2):
         for rows, log_probs in ((_two_rank_rows(rank), results[rank][1]), (_long_episodes(rank), results[rank][5][1])):
