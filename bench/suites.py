@@ -244,12 +244,12 @@ def vs_raw_figures(history: list[dict], steps: list[int], raw: dict, label: str)
         return sum(s[key] for s in per_step)
 
     raw_tps = pooled("raw_generated_tokens") / pooled("raw_seconds")
+    rollout_tps = pooled("generated_tokens") / pooled("rollout_seconds")
+    step_tps = pooled("generated_tokens") / pooled("step_seconds")
     return {"ratio": statistics.median(s["ratio"] for s in per_step),
             "ratio_vs_tokens_only": statistics.median(s["ratio_vs_tokens_only"] for s in per_step),
-            "pooled_ratio": ratio(pooled("generated_tokens") / pooled("rollout_seconds"), raw_tps),
-            "busy_ratio": ratio(pooled("generated_tokens") / pooled("step_seconds"), raw_tps),
-            "rollout_tokens_per_s": pooled("generated_tokens") / pooled("rollout_seconds"),
-            "tokens_per_step_second": pooled("generated_tokens") / pooled("step_seconds"),
+            "pooled_ratio": ratio(rollout_tps, raw_tps), "busy_ratio": ratio(step_tps, raw_tps),
+            "rollout_tokens_per_s": rollout_tps, "tokens_per_step_second": step_tps,
             "raw_engine_tokens_per_s": raw_tps,
             "steps": per_step, "raw_repeats": raw["repeats"], "label": label}
 

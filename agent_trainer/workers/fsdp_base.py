@@ -610,14 +610,16 @@ class FSDPWorker:
         for done, mini in enumerate(minis):
             plan = [self.prepare(micro, mini["response_mask"], loss_agg_mode)
                     for _, micro in self.plan_micro_batches(mini, batching)]
-            first = len(metrics[stop[0]]) if stop is not None else 0
+            watched = []  # this mini-batch's values of the stop metric
             with torch.profiler.record_function(MICRO_BATCH_LOOP):
                 for micro in gathered_once(self.model, plan, backward=True):
                     loss, micro_metrics = micro_loss(micro)
                     (loss * micro.weight).backward()
                     for key, value in micro_metrics.items():
                         metrics[key].append(value.detach() if torch.is_tensor(value) else value)
-            if stop is not None and self._ranks_mean(metrics[stop[0]][first:]) > stop[1]:
+                    if stop is not None:
+                        watched.append(metrics[stop[0]][-1])
+            if stop is not None and self._ranks_mean(watched) > stop[1]:
                 self.optimizer.zero_grad(set_to_none=True)
                 for _ in minis[done:]:
                     self.lr_scheduler.step()
@@ -634,7 +636,7 @@ class FSDPWorker:
     def _ranks_mean(self, values: list) -> float:
         """The mean of ``values`` (0-d tensors or numbers) over this rank's entries, then over the ranks (a
         collective: every rank calls it with its own values)."""
-        local = float(torch.stack([torch.as_tensor(v, device=self.device).reshape(()).double() for v in values]).mean())
+        local = device_means({"value": values}, self.device)["value"]
         return self._over_ranks([local], dist.ReduceOp.SUM)[0] / (self.world_size if dist.is_initialized() else 1)
 
     def precision(self) -> contextlib.AbstractContextManager:
