@@ -65,6 +65,8 @@ class Bench:
     precisions: tuple[str, ...] = ("fp32",)
     """P2's training precisions, one project and one TRL run each: fp32, or bf16 on both sides (the project's
     fsdp.mixed_precision=bf16, TRL's bf16=True, both torch.autocast)."""
+    p8_runs: tuple[str, ...] = ()
+    """P8's runs (names of ``ASYNC_MODES``); empty: every one."""
     runs: dict[str, RunResult] = field(default_factory=dict)
     trl: dict[str, dict] = field(default_factory=dict)
 
@@ -385,13 +387,17 @@ ASYNC_MODES = {"sync": [], "one_step_off": OVERLAP,
                "continuous_k2_one_in_flight": ["trainer.max_off_policy_steps=2", *CONTINUOUS,
                                                "trainer.rollouts_in_flight=1"],
                "continuous_k2_calls_apart": ["trainer.max_off_policy_steps=2", *CONTINUOUS,
-                                             "trainer.share_engine_calls=false"]}
+                                             "trainer.share_engine_calls=false"],
+               **{f"group_k{k}": [f"trainer.max_off_policy_steps={k}", *CONTINUOUS, "trainer.refill=group"]
+                  for k in (2, 4)}}
 """P8's runs: name -> overrides. sync: each rollout before its update (``max_off_policy_steps=0``); one_step_off:
 the next rollout generated while the step trains (buffered, k = 1); continuous_k<k>: the producer keeps the next k
 steps' rollouts generating, k of them at once (``trainer.rollouts_in_flight``' default), and the engines take new
 weights between two engine calls (``async_mode=continuous``); continuous_k2_one_in_flight: k = 2 with one rollout
 at a time, as before several could run at once; continuous_k2_calls_apart: k = 2, two rollouts in flight, each
-engine call carrying one rollout's requests (``trainer.share_engine_calls=false``)."""
+engine call carrying one rollout's requests (``trainer.share_engine_calls=false``); group_k<k>: continuous with
+each group refilled as soon as it ends (``trainer.refill=group``: (k + 1) x env_groups group slots, a step takes the
+first env_groups groups to end)."""
 
 
 P8_MIN_STEPS = 16
@@ -402,7 +408,7 @@ def p8_async(b: Bench) -> dict:
     """Synchronous, one-step-off and asynchronous training (continuous, k = 1, 2, 4) side by side on the slow env
     (P6's ``SlowFrozenLake3x3``, barrier-free rollout), GRPO (asynchronous training needs a critic-free estimator),
     the main job's config otherwise: trained episodes and trained (generated) tokens per second of step time, each
-    over the synchronous run's. Episodes a step trains: its batch's, less the ones dropped as too stale.
+    over the synchronous run's. Episodes a step trains: its batch's rows (one per episode in full mode).
 
     The window is the steady state, steps k + 2..N: their rollouts were queued at step 2 or later (step 1 queues
     the next k at once, which then run side by side with nothing to wait for), and each figure is its mean (a
@@ -415,12 +421,17 @@ def p8_async(b: Bench) -> dict:
     steps = max(b.steps, P8_MIN_STEPS)
     out: dict[str, dict] = {}
     for name, extra in ASYNC_MODES.items():
+        if b.p8_runs and name not in b.p8_runs and name != "sync":
+            continue
         k = next((int(o.split("=")[1]) for o in extra if o.startswith("trainer.max_off_policy_steps=")), 0)
         run = b.project(RunSpec(f"frozenlake_slow_env_grpo_{name}", steps=steps, code_dir=b.tree,
                                 overrides=[*base, *extra]))
         steady = run.history[k + 1:]
         step_s = statistics.fmean(h["timing_s/step"] for h in steady)
-        episodes = statistics.fmean(per_step - h.get("rollout/stale_dropped", 0.0) for h in steady)
+        # trained episodes: the batch's rows (one per episode here); with whole rollouts, the batch less the
+        # groups dropped as stale; with groups refilled, a dropped group's place is taken by the next one
+        episodes = statistics.fmean(h.get("perf/num_rows", per_step - h.get("rollout/stale_dropped", 0.0))
+                                    for h in steady)
         tokens = statistics.fmean(h["perf/generated_tokens"] for h in steady)
         out[name] = {"step_s": step_s, "episodes_per_step": episodes, "episodes_per_s": episodes / step_s,
                      "trained_tokens_per_s": tokens / step_s, "window": [k + 2, len(run.history)],

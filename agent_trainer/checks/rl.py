@@ -35,7 +35,7 @@ from agent_trainer.config.choices import LOGGERS
 from agent_trainer.config.errors import check_choice
 from agent_trainer.config.rewards import TRAIN_TAG, VAL_TAG
 from agent_trainer.config.schema import AgentTrainerConfig, rollouts_in_flight
-from agent_trainer.config.splits import CONFIG_SPLITS
+from agent_trainer.config.splits import CONFIG_SPLITS, Split
 from agent_trainer.config.workers import FSDPConfig, ModelConfig, RolloutConfig
 from agent_trainer.agents.ctx_manager import COLLATED_KEYS
 from agent_trainer.gateway.task import resolve_agent_fn
@@ -503,6 +503,7 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
           f"{rollouts_in_flight(cfg)} rollout(s) in flight with actor_rollout_ref.rollout.mode = "
           f"{cfg.actor_rollout_ref.rollout.mode!r}, so no call is ever shared; drop the key, or set "
           "trainer.async_mode=continuous, trainer.max_off_policy_steps=2 and actor_rollout_ref.rollout.mode=async")
+    _check_group_refill(cfg)
     if k < 2 and not continuous:
         return
     alg = cfg.algorithm
@@ -518,6 +519,29 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
               f"which trainer.max_off_policy_steps = {k} runs in the background while the actor trains; set "
               f"actor_rollout_ref.actor.fsdp.{key}=false, or trainer.max_off_policy_steps=1 with "
               "trainer.async_mode=buffered")
+
+
+def _check_group_refill(cfg: AgentTrainerConfig) -> None:
+    """trainer.refill=group (``agent_trainer.rollout.stream``): the continuous producer, the loop without a turn
+    barrier and the built-in agents."""
+    t = cfg.trainer
+    if t.refill != "group":
+        return
+    check(t.async_mode == "continuous" and t.max_off_policy_steps >= 1,
+          f"trainer.refill = 'group' refills the continuous producer's groups, but trainer.async_mode = "
+          f"{t.async_mode!r} with trainer.max_off_policy_steps = {t.max_off_policy_steps}; set "
+          "trainer.async_mode=continuous and trainer.max_off_policy_steps=2 (or 1), or trainer.refill=rollout")
+    check(cfg.actor_rollout_ref.rollout.mode == "async",
+          f"trainer.refill = 'group' plays each group on its own, but actor_rollout_ref.rollout.mode = "
+          f"{cfg.actor_rollout_ref.rollout.mode!r} holds every episode at a turn barrier; set "
+          "actor_rollout_ref.rollout.mode=async, or trainer.refill=rollout")
+    check(not cfg.agent_proxy.gateway.agent,
+          f"trainer.refill = 'group' plays the built-in agents' turns, but agent_proxy.gateway.agent = "
+          f"{cfg.agent_proxy.gateway.agent!r} serves a whole rollout's sessions at once; set trainer.refill=rollout")
+    check(Split.REMAX_BASELINE not in core_algos.trainer_splits(cfg),
+          f"trainer.refill = 'group' hands the trainer groups from many resets, but algorithm.adv_estimator = "
+          f"{cfg.algorithm.adv_estimator!r} replays one greedy rollout of a whole reset's seeds as its baseline; "
+          "use a group estimator (e.g. algorithm.adv_estimator=grpo), or trainer.refill=rollout")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from agent_trainer import core_algos
 from agent_trainer.config.choices import (
     ASYNC_MODES,
+    REFILL_UNITS,
     CTX_MODES,
     DTYPES,
     LR_SCHEDULERS,
@@ -196,6 +197,7 @@ def choices(cfg: AgentTrainerConfig) -> list[tuple[str, Any, tuple]]:
         ("actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES),
         ("trainer.async_mode", cfg.trainer.async_mode, ASYNC_MODES),
         ("trainer.stale_groups", cfg.trainer.stale_groups, STALE_GROUP_POLICIES),
+        ("trainer.refill", cfg.trainer.refill, REFILL_UNITS),
         ("actor_rollout_ref.rollout.rollout_filter_strategy", cfg.actor_rollout_ref.rollout.rollout_filter_strategy,
          core_algos.ROLLOUT_FILTER_STRATEGIES),
         ("critic.model.dtype", cfg.critic.model.dtype, DTYPES),

@@ -374,6 +374,7 @@ class TrainerConfig:
     ready sooner: the producer gets up to k steps ahead.
     null (the default): k with async_mode=continuous, else 1 (one rollout at a time, the only choice with
     buffered, where an episode must not change policy). Between 1 and k. AReaL's max_concurrent_rollouts.
+    With refill=group: the group slots, this many times es_manager.train.env_groups.
     docs/architecture.md, "Several rollouts in flight"."""
     share_engine_calls: bool = True
     """With several rollouts in flight (rollouts_in_flight > 1) and rollout.mode=async: their requests that wait
@@ -387,6 +388,19 @@ class TrainerConfig:
     left) | replace (the whole batch is dropped and the step takes the next buffered one, else rolls out now).
     Either way its episodes count in rollout/stale_dropped. With async_mode=buffered every group of a batch has
     one version, so the two are the same."""
+    refill: str = "rollout"
+    """What the producer refills with async_mode=continuous. rollout: a whole rollout (every group of a step reset
+    together, its batch ready when its slowest group ends) | group: the train split's env actors host
+    rollouts_in_flight x es_manager.train.env_groups group slots (as many episodes in flight as that many whole
+    rollouts), each reset with its env tag's next group seed as soon as its group ends, and a step takes each
+    tag's n_groups finished groups of the oldest versions as soon as they are ready (AReaL's streaming rollout,
+    verl's fully-async trainer): a slow group holds only its own slot. A tag's group starts only while its groups
+    started (minus those dropped) number fewer than min(actor version + k + 1, total_training_steps) x n_groups;
+    a group with a token more than k versions behind the next step's weights is ended at once (in flight) or
+    left out when taken, counted in rollout/stale_dropped, and the next group takes its place, whatever
+    stale_groups says. Needs actor_rollout_ref.rollout.mode=async and the built-in agents (not the gateway's,
+    not ReMax's greedy baseline). A checkpoint discards the groups not yet trained
+    (rollout/buffered_not_checkpointed). docs/architecture.md, "Groups refilled as they end"."""
     max_restarts: int = 0
     """How often a run whose actor, critic or reference rank died is restarted in place: every worker is
     torn down and started again, and training continues from the latest checkpoint in default_local_dir

@@ -232,8 +232,19 @@ class EnvStateManager:
         missing = sorted({ep.spec.group_id for ep in self.episodes.values()} - set(seeds))
         if missing:
             raise ValueError(f"reset: no seed for group(s) {missing}; pass seeds={{group_id: seed}} for every group")
+        return self._reset({ep.spec.group_id for ep in self.episodes.values()}, seeds)
+
+    def reset_groups(self, seeds: Mapping[int, int]) -> list[EnvOutput]:
+        """Reset the episodes of the given groups only (group_id -> seed), the others going on as they are
+        (``trainer.refill=group``: a group starts again as soon as it ends); returns their initial observations."""
+        unknown = sorted(set(seeds) - {ep.spec.group_id for ep in self.episodes.values()})
+        if unknown:
+            raise ValueError(f"reset: group(s) {unknown} are not hosted by this env actor")
+        return self._reset(set(seeds), seeds)
+
+    def _reset(self, groups: set[int], seeds: Mapping[int, int]) -> list[EnvOutput]:
         outputs = []
-        for ep in self.episodes.values():
+        for ep in (ep for ep in self.episodes.values() if ep.spec.group_id in groups):
             ep.done, ep.penalty, ep.num_actions, ep.truncated = False, 0.0, 0, False
             ep.history, ep.action_infos, ep.error, ep.was_reset = [], [], None, True
             ep.service_failure = False
@@ -337,7 +348,7 @@ class EnvStateManager:
                          done=ep.done, info=info)
 
     # ---------------------------------------------------------------- results
-    def get_rollout_states(self) -> list[EpisodeState]:
+    def get_rollout_states(self, groups: list[int] | None = None) -> list[EpisodeState]:
         """Per episode: env_id, group_id, tag, history, penalty, final_observation, metrics (:class:`EpisodeState`).
 
         ``history`` has one :class:`EnvTurn` per turn: the observation shown before the
@@ -346,7 +357,7 @@ class EnvStateManager:
         every numeric info key over executed actions (action_is_valid and
         action_is_effective ratios; turns without an action count as invalid),
         error, truncated and pass@group (any member of the group on this
-        manager succeeded).
+        manager succeeded). ``groups``: only the episodes of these groups (default every episode).
         """
         group_success: dict[int, bool] = {}
         for ep in self.episodes.values():
@@ -354,6 +365,8 @@ class EnvStateManager:
             group_success[ep.spec.group_id] = group_success.get(ep.spec.group_id, False) or ok
         states = []
         for ep in self.episodes.values():
+            if groups is not None and ep.spec.group_id not in groups:
+                continue
             metrics = _mean_info(ep.action_infos)
             metrics.update(
                 success=float(bool(ep.last_info.get("success", False))),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from agent_trainer.agents.condensed_ctx import CondensedEpisode
 from agent_trainer.agents.ctx_manager import EpisodeContext
-from agent_trainer.rollout.splits import SUMMARY_SEED_SALT, episode_seed
+from agent_trainer.rollout.splits import SUMMARY_SEED_SALT
 from agent_trainer.rollout.turns import TurnLoop
 
 
@@ -83,7 +83,7 @@ class BarrierFreeLoop(TurnLoop):
         if lane.turn >= r.cfg.agent_proxy.max_turn:
             return False
         # text the agent asks the policy for (context only; a condenser's summaries)
-        salt = episode_seed(r.cfg.trainer.seed, r.split, self.step, lane.episodes[0].env_id, lane.turn)
+        salt = self.seed_of(lane.episodes[0], lane.turn)
         r.ctx.write_summaries(lane.episodes, lambda prompts, budgets, temperature: self.generate_alone(
             prompts, dataclasses.replace(self.sampling, temperature=temperature), salt ^ SUMMARY_SEED_SALT,
             budgets=budgets, prompt_seeds=[(salt ^ SUMMARY_SEED_SALT) + k for k in range(len(prompts))]))

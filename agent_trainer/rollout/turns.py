@@ -71,10 +71,15 @@ class TurnLoop:
 
     def request_seeds(self, episodes: list, turn: int) -> list[int] | None:
         """Each episode's seed for ``turn`` (:func:`episode_seed`), or None when seeding per engine call."""
-        r = self.rollout
-        if not r.seed_per_request:
+        if not self.rollout.seed_per_request:
             return None
-        return [episode_seed(r.cfg.trainer.seed, r.split, self.step, ctx.env_id, turn) for ctx in episodes]
+        return [self.seed_of(ctx, turn) for ctx in episodes]
+
+    def seed_of(self, ctx: EpisodeContext | CondensedEpisode, turn: int) -> int:
+        """An episode's sampling seed for ``turn``: a pure function of the run's seed, the split, the step, the
+        episode and the turn (:func:`episode_seed`)."""
+        r = self.rollout
+        return episode_seed(r.cfg.trainer.seed, r.split, self.step, ctx.env_id, turn)
 
     def append_reply(self, ctx: EpisodeContext | CondensedEpisode, ids: list[int], logprobs: list[float],
                      version: int | None = None) -> EnvInput:

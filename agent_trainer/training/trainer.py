@@ -13,6 +13,7 @@ to a whole number of that group's mini-batches (:func:`pad_for_update`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import sys
@@ -29,6 +30,7 @@ from agent_trainer import core_algos
 from agent_trainer.training import lifecycle, reward_model, trainer_checkpoint
 from agent_trainer.training.colocation import ColocatedMemory
 from agent_trainer.episode.collapse_metrics import collapse_metrics, collapse_metrics_due, cross_scoring_batch
+from agent_trainer.episode.es_manager import plan_episodes
 from agent_trainer.rollout.overlap import (PolicyVersions, RolloutBuffer, Taken, has_fresh_groups, split_stale_groups,
                                            version_metrics)
 from agent_trainer.common.batch import TensorBatch
@@ -37,6 +39,7 @@ from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
 from agent_trainer.rollout.engines import EngineCalls
+from agent_trainer.rollout.stream import GroupStream, stream_split
 from agent_trainer.core_algos import trainer_splits
 from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.observe.tracking import Tracking, timer
@@ -116,6 +119,11 @@ class AgentTrainer:
         """The producer thread brings the engines to the newest weights (not the step, after waiting for it)."""
         self.in_flight_syncs = 0
         """Weight syncs made while a rollout ran (:meth:`sync_in_flight`), since the run started."""
+        self.syncs_logged = 0
+        """:attr:`in_flight_syncs` at the last step's metrics (``trainer.refill=group``)."""
+        self.stream: GroupStream | None = None
+        """``trainer.refill=group``: the train split's groups, each refilled as soon as it ends
+        (``agent_trainer.rollout.stream``); started with the workers."""
         self.memory = ColocatedMemory([], None, sleep=False, offload=False)
         """Engine sleep/wake and actor offload around the rollout (actor_rollout_ref.hybrid_engine on GPUs);
         inactive until the workers start, and on CPU."""
@@ -126,8 +134,12 @@ class AgentTrainer:
         (a restart); then build the rollouts and sync the engines."""
         w = self.build_workers(self.cfg) if workers is None else workers
         self.take_workers(w)
+        streamed = self.cfg.trainer.refill == "group"
+        stream_cfg = dataclasses.replace(self.cfg, es_manager=dataclasses.replace(
+            self.cfg.es_manager, train=stream_split(self.cfg))) if streamed else self.cfg
         rollouts = {
-            split: make_rollout(self.cfg, self.tokenizer, self.engines, w.env_worker_cls, self.env_tags, split=split,
+            split: make_rollout(stream_cfg if split is Split.TRAIN else self.cfg, self.tokenizer, self.engines,
+                                w.env_worker_cls, self.env_tags, split=split,
                                 num_env_actors=self.cfg.agent_proxy.num_env_actors,
                                 on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls)
             for split in trainer_splits(self.cfg)
@@ -143,7 +155,7 @@ class AgentTrainer:
                          num_env_actors=self.cfg.agent_proxy.num_env_actors,
                          on_engine_restart=self.resync_restarted_engine, agent_cls=self.agent_cls,
                          label=f"{Split.TRAIN}-{i}")
-            for i in range(2, self.in_flight + 1)]
+            for i in range(2, 1 if streamed else self.in_flight + 1)]
         self.idle_train = queue.Queue()
         for rollout in self.train_pool:
             self.idle_train.put(rollout)
@@ -157,6 +169,23 @@ class AgentTrainer:
             self.load_checkpoint(self.resume_from)
         # The engines start from model_path on disk; sync once so they hold exactly the actor's weights.
         self.memory.to_rollout(self.sync_weights)
+        if streamed:
+            self.start_stream()
+
+    def start_stream(self) -> None:
+        """``trainer.refill=group``: start the producer of refilled groups from the train split's reset counter
+        (a resumed run's: past every group its checkpoint had started), the trained groups counted against the
+        bound."""
+        t = self.cfg.trainer
+        if self.val_rollout is not None:  # validation shares the engines with the stream: one call at a time
+            self.val_rollout.engine_calls = self.engine_calls
+        layout = [spec.tag for spec in plan_episodes(self.cfg.es_manager.train)][::self.cfg.es_manager.train.group_size]
+        self.stream = GroupStream(
+            self.train_rollout, make_context_manager(self.cfg, self.tokenizer, self.agent_cls), layout,
+            steps_allowed=lambda: min(self.versions.actor + t.max_off_policy_steps + 1, t.total_training_steps),
+            first_reset=self.train_rollout.num_resets, trained_steps=self.global_step,
+            oldest_trainable=lambda: self.versions.actor - t.max_off_policy_steps)
+        self.stream.start()
 
     def take_workers(self, w: Workers) -> None:
         """Keep the workers' handles and drive the engines' colocation: sleep/wake when the builder created them with
@@ -174,6 +203,9 @@ class AgentTrainer:
     def shutdown(self) -> None:
         """Kill every worker of the run (env actors, engines, FSDP groups) and free their placement groups."""
         self.prefetch.drop()
+        if self.stream is not None:
+            self.stream.stop()
+            self.stream = None
         for rollout in self.all_rollouts():
             rollout.close()
         lifecycle.kill_actors([a for rollout in self.all_rollouts() for a in rollout.env_actors])
@@ -260,7 +292,9 @@ class AgentTrainer:
                     metrics.update(self.validate())
             saved = cfg.save_freq > 0 and (step % cfg.save_freq == 0 or is_last)
             if saved:
-                if cfg.max_off_policy_steps:  # a resumed run generates them again (docs/checkpointing.md)
+                if self.stream is not None:  # the groups not yet trained: a resumed run plays new ones
+                    metrics["rollout/buffered_not_checkpointed"] = float(self.stream.untrained())
+                elif cfg.max_off_policy_steps:  # a resumed run generates them again (docs/checkpointing.md)
                     metrics["rollout/buffered_not_checkpointed"] = float(len(self.prefetch))
                 with timer("save", metrics), self.memory.training():
                     self.save_checkpoint(metrics)
@@ -317,6 +351,8 @@ class AgentTrainer:
             with timer("update_actor", metrics), self.versions.updating():
                 metrics.update(self.run_update(self.actor_wg, "update_actor", batch,
                                                self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
+            if self.stream is not None:  # one more version: the stream may start more groups
+                self.stream.wake()
             if not self.producer_syncs:  # k >= 2 or continuous: the producer syncs
                 if self.prefetch.pending:
                     with timer("wait_prefetch", metrics):  # the engines take new weights only between rollouts
@@ -333,6 +369,8 @@ class AgentTrainer:
         now. Each row carries the policy version that generated it (``policy_version``); batches more than
         ``max_off_policy_steps`` versions older than the weights this step trains from are dropped and counted."""
         k = self.cfg.trainer.max_off_policy_steps
+        if self.stream is not None:
+            return self.take_groups(metrics)
         metrics["rollout/buffered"] = float(len(self.prefetch))
         if k >= 1:
             metrics["rollout/in_flight_episodes"] = float(self.prefetch.running() * len(self.train_rollout.episodes))
@@ -357,10 +395,32 @@ class AgentTrainer:
         metrics.update(staleness_metrics(self.versions.actor - batch["policy_version"], k))
         return result
 
+    def take_groups(self, metrics: dict[str, float]) -> RolloutResult:
+        """``trainer.refill=group``: the step's batch of the ``env_groups`` finished groups of the oldest versions
+        (waiting for them), groups with a token more than k versions old dropped on the way (counted)."""
+        k = self.cfg.trainer.max_off_policy_steps
+        oldest = self.versions.actor - k
+        with timer("wait_groups", metrics):
+            taken, stale, empty = self.stream.take(oldest)
+        metrics["rollout/buffered"] = float(self.stream.waiting())
+        metrics["rollout/in_flight_episodes"] = float(self.stream.playing * self.cfg.es_manager.train.group_size)
+        result = self.stream.assemble(taken, empty + stale, timings=self.stream.loop.take_timings())
+        self.score(result, self.global_step)
+        result.batch, _ = split_stale_groups(result.batch, oldest, default=self.versions.engines)
+        metrics.update(version_metrics(result.batch))
+        metrics.update(result.metrics)
+        metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - self.syncs_logged)
+        self.syncs_logged = self.in_flight_syncs
+        metrics["rollout/stale_dropped"] = float(sum(len(g.episodes) for g in stale))
+        metrics.update(staleness_metrics(self.versions.actor - result.batch["policy_version"], k))
+        return result
+
     def engines_to_step_weights(self) -> None:
         """Before validating under ``trainer.max_off_policy_steps`` >= 2: the buffered rollouts end (the engines
         are then free) and the engines take this step's weights, as in the other modes."""
-        if self.producer_syncs:
+        if self.stream is not None:  # the stream goes on; validation's engine calls take turns with its
+            self.versions.sync_when_free(self.ship_weights, self.engine_calls.lock)
+        elif self.producer_syncs:
             self.prefetch.wait()
             self.versions.sync_if_newer(self.ship_weights)
 
@@ -404,6 +464,11 @@ class AgentTrainer:
         with timer("rollout", metrics):
             result = (rollout or self.train_rollout).rollout(step, seeds=seeds)
         result.metrics.update(metrics)
+        self.score(result, step)
+        return result
+
+    def score(self, result: RolloutResult, step: int) -> None:
+        """The judge's and the reward model's scores of a finished rollout, and ReMax's baselines."""
         with self.scoring_lock:
             if self.judge is not None:
                 with timer("judge", result.metrics):
@@ -414,10 +479,12 @@ class AgentTrainer:
             if self.remax_rollout is not None:
                 with timer("remax_baseline", result.metrics):
                     self.add_remax_baselines(result, step)
-        return result
 
     def start_prefetch(self) -> None:
-        """``trainer.max_off_policy_steps`` k >= 1: queue the rollouts of the next k steps not yet queued."""
+        """``trainer.max_off_policy_steps`` k >= 1: queue the rollouts of the next k steps not yet queued (none
+        with ``trainer.refill=group``: the stream refills on its own)."""
+        if self.stream is not None:
+            return
         last = min(self.global_step + self.cfg.trainer.max_off_policy_steps, self.cfg.trainer.total_training_steps)
         for step in range(self.global_step + 1 + len(self.prefetch), last + 1):
             if self.in_flight > 1:  # drawn in step order, whichever rollout starts first

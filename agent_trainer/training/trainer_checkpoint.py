@@ -57,6 +57,9 @@ def save(trainer: Any, metrics: dict[str, float] | None = None) -> Path:
         rng=checkpoint.rng_state(), parts=list(trainer.checkpoint_parts), metrics=dict(metrics or {}),
         saved_at=time.time(),
     ))
+    if trainer.stream is not None and trainer.stream.untrained():
+        logger.info("%s holds none of the %d groups in flight or not yet trained; a run resumed from it starts "
+                    "from new group seeds (trainer.refill=group)", final, trainer.stream.untrained())
     if len(trainer.prefetch):  # trainer.max_off_policy_steps: a resumed run generates them again
         logger.info("%s holds none of the %d buffered rollouts (steps %s); a run resumed from it generates "
                     "them again", final, len(trainer.prefetch), [p.step for p in trainer.prefetch.pending])
@@ -70,6 +73,9 @@ def env_resets(trainer: Any) -> dict[Split, int]:
     """Each split's reset counter as of the steps trained so far: a prefetched rollout's draw is not counted,
     so a run resumed from here plays that step from the same initial states."""
     resets = {split: rollout.num_resets for split, rollout in trainer.rollouts.items()}
+    if trainer.stream is not None:  # trainer.refill=group: past every group started (the untrained discarded)
+        resets[Split.TRAIN] = trainer.stream.resume_resets()
+        return resets
     buffered = trainer.prefetch.first_resets()
     if buffered is not None:
         resets[Split.TRAIN] = buffered

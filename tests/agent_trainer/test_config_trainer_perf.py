@@ -10,6 +10,10 @@ from agent_trainer.config import rollouts_in_flight
 from agent_trainer.training.trainer import needs_old_log_probs
 
 
+REFILL = ["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous"]
+"""The continuous producer ``trainer.refill=group`` refills."""
+
+
 def _load(*overrides: str, name: str = "frozenlake_grpo"):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return load_config(compose(name, overrides=list(overrides)))
@@ -91,6 +95,20 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
      "agent_proxy.gateway.port = 8123 is one port, but 2 rollouts run at once (trainer.rollouts_in_flight; with "
      "trainer.async_mode=continuous its default is trainer.max_off_policy_steps), each serving its episodes on a "
      "gateway of its own; set agent_proxy.gateway.port=0 (a free port each), or trainer.rollouts_in_flight=1"),
+    (["trainer.refill=step"], "trainer.refill = 'step'"),
+    (["trainer.refill=group", "actor_rollout_ref.rollout.mode=async"],
+     "trainer.refill = 'group' refills the continuous producer's groups, but trainer.async_mode = 'buffered' with "
+     "trainer.max_off_policy_steps = 0; set trainer.async_mode=continuous and trainer.max_off_policy_steps=2 (or 1), "
+     "or trainer.refill=rollout"),
+    (["trainer.refill=group", *REFILL],
+     "trainer.refill = 'group' plays each group on its own, but actor_rollout_ref.rollout.mode = 'sync' holds every "
+     "episode at a turn barrier; set actor_rollout_ref.rollout.mode=async, or trainer.refill=rollout"),
+    (["trainer.refill=group", *REFILL, "actor_rollout_ref.rollout.mode=async",
+      "agent_proxy.gateway.agent=examples.gateway.frozenlake_openai.run"],
+     "agent_proxy.gateway.agent = 'examples.gateway.frozenlake_openai.run' serves a whole rollout's sessions at "
+     "once; set trainer.refill=rollout"),
+    (["trainer.refill=group", *REFILL, "actor_rollout_ref.rollout.mode=async", "algorithm.adv_estimator=remax"],
+     "algorithm.adv_estimator = 'remax' replays one greedy rollout of a whole reset's seeds as its baseline"),
     (["algorithm.rollout_correction.rollout_rs=sequence"], "algorithm.rollout_correction.rollout_rs = 'sequence'"),
     (["algorithm.rollout_correction.rollout_rs=token", "actor_rollout_ref.rollout.temperature=0.7"],
      "algorithm.rollout_correction.rollout_rs = 'token' masks by the ratio"),
@@ -126,6 +144,12 @@ def test_continuous_asynchronous_training_and_icepop_masking_load():
     assert not _load("trainer.max_off_policy_steps=2", "trainer.async_mode=continuous",
                      "trainer.share_engine_calls=false",
                      "actor_rollout_ref.rollout.mode=async").trainer.share_engine_calls
+
+
+def test_groups_refilled_as_they_end_load_with_the_continuous_producer():
+    cfg = _load("trainer.refill=group", *REFILL, "actor_rollout_ref.rollout.mode=async")
+    assert (cfg.trainer.refill, cfg.trainer.async_mode, cfg.trainer.max_off_policy_steps) == ("group", "continuous", 2)
+    assert _load().trainer.refill == "rollout"  # the default: whole rollouts
 
 
 def test_asynchronous_training_takes_a_critic_free_estimator_and_refuses_a_critic():

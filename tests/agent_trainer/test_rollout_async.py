@@ -272,3 +272,53 @@ def test_an_env_actor_killed_mid_episode_is_left_out_of_its_groups_and_counted(e
     assert m["rollout/env_actor_failures"] >= 1 and m["rollout/env_actor_lost"] == 4
     assert len(result.batch) == 4 and not slow_envs & set(result.batch["traj_uid"].tolist())
     assert m["rollout/small_groups_dropped"] == 0
+
+
+@pytest.mark.e2e
+def test_groups_refilled_as_they_end_play_what_the_synchronous_rollout_plays(engine, model_path, tokenizer):
+    """``trainer.refill=group``: 4 group slots (k = 1, one rollout's worth, 4 groups a step) on two threaded env
+    actors, each reset with the next group seed as soon as its group ends (12 groups: every slot plays three). The slow env puts the groups out of step, so they end (and are
+    handed over) in another order than they started; still every group plays, episode for episode and token for
+    token, what the synchronous rollout plays for that reset's seed at that step. The start rule caps the groups
+    started, and a batch built from refilled groups is numbered as a rollout's (group j, env ids 2j and 2j + 1)."""
+    from agent_trainer.rollout import make_context_manager
+    from agent_trainer.rollout.stream import GroupStream, stream_split
+
+    cfg = _config(f"model_path={model_path}", f"es_manager.train.env_configs.tags=[{SLOW_TAG}]",
+                  "trainer.max_off_policy_steps=1", "trainer.async_mode=continuous", "trainer.refill=group",
+                  "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.temperature=1.0")
+    stream_cfg = dataclasses.replace(cfg, es_manager=dataclasses.replace(cfg.es_manager, train=stream_split(cfg)))
+    streamed = _rollout(stream_cfg, tokenizer, engine)
+    streamed.engine_version = lambda: 0  # the trainer counts policy versions; here the weights never change
+    assert len({e.group_id for e in streamed.episodes}) == 4
+    allowed = [1]  # one step's groups; then two more steps'
+    stream = GroupStream(streamed, make_context_manager(cfg, tokenizer), [SLOW_TAG] * 4,
+                         steps_allowed=lambda: allowed[0])
+    stream.start()
+    try:
+        first, dropped, empty = stream.take()
+        assert stream.started == {SLOW_TAG: 4} and not dropped and not empty  # the rule held the slots idle once their groups ended
+        allowed[0] = 3
+        stream.wake()
+        later = stream.take()[0] + stream.take()[0]
+    finally:
+        stream.stop()
+    groups = {g.number: g for g in first + later}
+    assert sorted(groups) == list(range(12))
+    slots = [frozenset(g.generations) for g in groups.values()]  # the env ids of the slot each group played in
+    assert len(set(slots)) < len(slots)  # a slot whose group ended played the next one
+
+    plain = _rollout(cfg, tokenizer, engine, label="plain")  # 4 groups, the synchronous loop's seeding per step
+    plain.barrier_free = False
+    for reset in range(3):
+        seeds = plain.next_group_seeds()
+        plain.rollout(step=reset + 1, seeds=seeds)
+        for g, seed in enumerate(seeds):
+            group = groups[reset * 4 + g]
+            assert group.seed == seed
+            members = sorted(group.generations)
+            assert [group.generations[e] for e in members] == [plain.last_generations[2 * g + m] for m in range(2)]
+    batch = stream.assemble(first, []).batch
+    assert batch.meta.group_seeds == [g.seed for g in first]
+    assert sorted(set(batch["traj_uid"].tolist())) == list(range(8)) and batch["uid"].unique().numel() == 4
+    assert "token_versions" in batch

@@ -38,17 +38,21 @@ def _command(model_path: str, run_dir: Path) -> list[str]:
             "actor_rollout_ref.rollout.response_length=16", "actor_rollout_ref.actor.optim.lr=1e-3"]
 
 
-def test_sigkill_during_continuous_async_then_resume_trains_every_group_once(tiny_model_path, tmp_path):
-    run = tmp_path / "run"
-    command = _command(tiny_model_path, run)
+def _kill_and_resume(command: list[str], run: Path, tmp_path: Path) -> list[dict]:
+    """SIGKILL ``command`` while it saves step 2, start it again, wait for it: the metrics of every step."""
     _kill_during_save(command, run, step=2)
     assert (run / "latest_checkpointed_iteration.txt").read_text() == "1"
     log = tmp_path / "resumed.log"
     resumed = _finish(_start(command, log), log)
     assert f"resumed from {run / 'global_step_1'}" in resumed
-
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, STEPS + 1))  # the killed run's step 2 was logged again
+    return lines
+
+
+def test_sigkill_during_continuous_async_then_resume_trains_every_group_once(tiny_model_path, tmp_path):
+    run = tmp_path / "run"
+    lines = _kill_and_resume(_command(tiny_model_path, run), run, tmp_path)
     assert lines[0]["rollout/buffered_not_checkpointed"] >= 1  # the documented discard, counted
     assert all(m["rollout/policy_staleness"] <= 2 for m in lines)
 
@@ -59,3 +63,28 @@ def test_sigkill_during_continuous_async_then_resume_trains_every_group_once(tin
         seeds[step] = sorted({r["group_seed"] for r in records})
     base = seeds[1][0]
     assert seeds == {s: [base + (s - 1) * GROUPS + g for g in range(GROUPS)] for s in seeds}, seeds
+
+
+def test_sigkill_with_groups_refilled_then_resume_trains_no_group_twice(tiny_model_path, tmp_path):
+    """``trainer.refill=group``: each group slot starts the next group seed as soon as its group ends, so a step
+    trains whichever groups ended first. A checkpoint discards the groups not yet trained (counted) and saves the
+    reset counter past every group started: the resumed run trains only groups no step trained before, every
+    token still within k versions of the weights its step trains from."""
+    run = tmp_path / "run"
+    command = [*_command(tiny_model_path, run), "trainer.refill=group", "actor_rollout_ref.rollout.mode=async"]
+    lines = _kill_and_resume(command, run, tmp_path)
+    # k x 2 = 4 slots played at once, step 1 took 2 groups: the slots went on, in flight at its save
+    assert lines[0]["rollout/buffered_not_checkpointed"] >= 1
+    assert all(m["rollout/policy_staleness"] <= 2 and m["rollout/stale_dropped"] == 0 for m in lines)
+    assert all({"rollout/in_flight_episodes", "rollout/buffered", "rollout/versions_in_batch"} <= set(m) for m in lines)
+
+    seeds = []
+    for step in range(1, STEPS + 1):
+        records = [json.loads(line) for line in (run / "trajectories" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert len(records) == GROUPS * 4 and all(r["step"] == step for r in records)
+        groups = sorted({r["group_seed"] for r in records})
+        assert len(groups) == GROUPS
+        seeds += groups
+    assert len(set(seeds)) == len(seeds), seeds  # no group trained twice, before or after the kill
+    first_after_resume = min(seeds[GROUPS:])
+    assert first_after_resume > max(seeds[:GROUPS])  # the resumed run starts past every group started before
