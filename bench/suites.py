@@ -396,8 +396,8 @@ steps' rollouts generating, k of them at once (``trainer.rollouts_in_flight``' d
 weights between two engine calls (``async_mode=continuous``); continuous_k2_one_in_flight: k = 2 with one rollout
 at a time, as before several could run at once; continuous_k2_calls_apart: k = 2, two rollouts in flight, each
 engine call carrying one rollout's requests (``trainer.share_engine_calls=false``); group_k<k>: continuous with
-each group refilled as soon as it ends (``trainer.refill=group``: (k + 1) x env_groups group slots, a step takes the
-first env_groups groups to end)."""
+each group refilled as soon as it ends (``trainer.refill=group``: k x env_groups group slots, ``rollouts_in_flight``'
+default; a step takes each env tag's n_groups finished groups, the oldest versions first)."""
 
 
 P8_MIN_STEPS = 16

@@ -191,17 +191,18 @@ class GroupStream:
         A group in flight with a token of version ``oldest`` can be trained by this step only: while it and the
         others of its tag in that case fit in the batch, the step waits for them rather than leave them to go
         stale (the engines play on meanwhile)."""
-        dropped, empty = [], []
+        empty: list[FinishedGroup] = []
         with self._cond:
-            dropped, self.ended_stale = self.ended_stale, []
+            dropped, self.ended_stale = self.ended_stale, []  # their slots restarted already
             while True:
+                left_out = len(dropped) + len(empty)
                 for tag, ready in self.ready.items():
                     for group in list(ready):
                         if not group.played or (oldest is not None and group.oldest_version < oldest):
                             ready.remove(group)
                             (dropped if group.played else empty).append(group)
                             self.counted[tag] -= 1
-                if dropped or empty:
+                if len(dropped) + len(empty) > left_out:  # the start rule lets as many more start
                     self.wake()
                 if all(len(self.ready[tag]) >= len(gs) and not self._last_chance_playing(tag, oldest)
                        for tag, gs in self.groups_of.items()):
@@ -359,18 +360,18 @@ class StreamLoop(BarrierFreeLoop):
         pool = ThreadPoolExecutor(max_workers=len(self.slots) + 2, thread_name_prefix="group-stream")
         try:
             while not stream.stopping:
+                for slot in self.too_old(queued):  # no later step could train it: end it, start the next
+                    queued.remove(slot)
+                    stream.note_versions(slot, slot.tag, None)
+                    stream.end_stale(self.finished(slot, None))
+                    slot.number = -1
+                    idle.append(slot)
                 for slot in list(idle):
                     claimed = stream.claim(slot.tag)
                     if claimed is not None:
                         idle.remove(slot)
                         running[self.start_group(pool, slot, *claimed)] = ("reset", slot)
                 if queued and not any(kind == "generate" for kind, _ in running.values()):
-                    for slot in self.too_old(queued):  # no later step could train it: end it, start the next
-                        queued.remove(slot)
-                        stream.note_versions(slot, slot.tag, None)
-                        stream.end_stale(self.finished(slot, None))
-                        slot.number = -1
-                        idle.append(slot)
                     sent = [(slot, slot.active()) for slot in queued if slot.active()]
                     if sent:
                         running[self.submit_generation(pool, sent)] = ("generate", sent)
@@ -419,7 +420,7 @@ class StreamLoop(BarrierFreeLoop):
         if self.stream.oldest_trainable is None:
             return []
         oldest = self.stream.oldest_trainable()
-        return [slot for slot in slots if (self.oldest_of(slot) is not None and self.oldest_of(slot) < oldest)]
+        return [slot for slot in slots if (version := self.oldest_of(slot)) is not None and version < oldest]
 
     def oldest_of(self, slot: Slot) -> int | None:
         """The oldest version among the tokens the group in ``slot`` generated so far (None: none yet)."""

@@ -57,9 +57,10 @@ def save(trainer: Any, metrics: dict[str, float] | None = None) -> Path:
         rng=checkpoint.rng_state(), parts=list(trainer.checkpoint_parts), metrics=dict(metrics or {}),
         saved_at=time.time(),
     ))
-    if trainer.stream is not None and trainer.stream.untrained():
+    untrained = trainer.stream.untrained() if trainer.stream is not None else 0
+    if untrained:
         logger.info("%s holds none of the %d groups in flight or not yet trained; a run resumed from it starts "
-                    "from new group seeds (trainer.refill=group)", final, trainer.stream.untrained())
+                    "from new group seeds (trainer.refill=group)", final, untrained)
     if len(trainer.prefetch):  # trainer.max_off_policy_steps: a resumed run generates them again
         logger.info("%s holds none of the %d buffered rollouts (steps %s); a run resumed from it generates "
                     "them again", final, len(trainer.prefetch), [p.step for p in trainer.prefetch.pending])
