@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                    "default both; quick: fp32)")
     p.add_argument("--p8-runs", default="", help=f"P8's runs besides sync, comma-separated of "
                                                  f"{','.join(suites.ASYNC_MODES)} (default every one)")
+    p.add_argument("--p1-runs", default="", help=f"P1's runs, comma-separated of {','.join(suites.P1_RUNS)} "
+                                                 "(default every one)")
     p.add_argument("--render-only", type=Path, default=None,
                    help="redraw the charts and report of an earlier results folder (with --update-docs: publish it)")
     p.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<UTC stamp>)")
@@ -72,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.p8_runs = tuple(x.strip() for x in a.p8_runs.split(",") if x.strip())
     if set(a.p8_runs) - set(suites.ASYNC_MODES):
         p.error(f"--p8-runs {','.join(a.p8_runs)}: known runs are {','.join(suites.ASYNC_MODES)}")
+    a.p1_runs = tuple(x.strip() for x in a.p1_runs.split(",") if x.strip())
+    if set(a.p1_runs) - set(suites.P1_RUNS):
+        p.error(f"--p1-runs {','.join(a.p1_runs)}: known runs are {','.join(suites.P1_RUNS)}")
     a.steps = a.steps or (3 if a.quick else 6)
     a.repeats = a.repeats or (1 if a.quick else 2)
     a.models = [x.strip() for x in a.models.split(",") if x.strip()] or (["tiny"] if a.quick else ["tiny", "20m"])
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> Path:
     if (("P2" in a.parts or "P9" in a.parts) and "20m" in a.models) or ("P7" in a.parts and not a.quick):
         ensure_20m_model()
     b = suites.Bench(out=folder, steps=a.steps, ref=a.ref or default_ref(), tree=a.tree.resolve(),
-                     repeats=a.repeats, trl_threads=a.trl_threads, precisions=a.precision, p8_runs=a.p8_runs)
+                     repeats=a.repeats, trl_threads=a.trl_threads, precisions=a.precision, p8_runs=a.p8_runs,
+                     p1_runs=a.p1_runs)
     r = {"meta": {"command": "python bench/run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"), "machine": machine,
                   "loaded": is_loaded(machine.get("load_avg_1m"), machine.get("cores")),

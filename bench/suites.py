@@ -67,6 +67,8 @@ class Bench:
     fsdp.mixed_precision=bf16, TRL's bf16=True, both torch.autocast)."""
     p8_runs: tuple[str, ...] = ()
     """P8's runs (names of ``ASYNC_MODES``); empty: every one."""
+    p1_runs: tuple[str, ...] = ()
+    """P1's runs (names of ``P1_RUNS``); empty: every one."""
     runs: dict[str, RunResult] = field(default_factory=dict)
     trl: dict[str, dict] = field(default_factory=dict)
 
@@ -194,17 +196,26 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
     rollouts in flight) over its steady state, steps k + 2..N. Its rollouts overlap each other and the update, so a
     rollout's own time is not the engines' time: the figure there is ``busy_ratio``, the generated tokens per
     second of step time (in the steady state the producer generates what the trainer takes) over the raw engine's
-    tokens/s, which is what keeps the engines busy; the synchronous run's ``busy_ratio`` is beside it.
+    tokens/s, which is what keeps the engines busy; the synchronous run's ``busy_ratio`` is beside it. ``group``:
+    the same with the groups refilled as they end (``trainer.refill=group``), whose batches have no rollout time
+    of their own (each row's rollout seconds are its step's).
+
+    ``b.p1_runs`` picks the runs (names of :data:`P1_RUNS`; empty: every one).
     """
-    run = b.project(RunSpec("frozenlake_p1", steps=b.steps, code_dir=b.tree, keep_trajectories=True,
-                            every_step=True, overrides=[f"model_path={TINY}"]))
-    out = _vs_raw_engine(b, run, first_step=2, work=b.out / "p1")
+    wanted = b.p1_runs or P1_RUNS
+    out: dict = {}
+    if "sync" in wanted:
+        run = b.project(RunSpec("frozenlake_p1", steps=b.steps, code_dir=b.tree, keep_trajectories=True,
+                                every_step=True, overrides=[f"model_path={TINY}"]))
+        out.update(_vs_raw_engine(b, run, first_step=2, work=b.out / "p1"))
     k = 2
-    cont = b.project(RunSpec("frozenlake_p1_continuous", steps=max(b.steps, k + 4), code_dir=b.tree,
-                             keep_trajectories=True, every_step=True,
-                             overrides=[f"model_path={TINY}", *P1_CONTINUOUS]))
-    out["continuous"] = _vs_raw_engine(b, cont, first_step=k + 2, work=b.out / "p1_continuous")
-    out["continuous"]["overrides"] = P1_CONTINUOUS
+    for name, overrides in (("continuous", P1_CONTINUOUS), ("group", P1_GROUP)):
+        if name not in wanted:
+            continue
+        run = b.project(RunSpec(f"frozenlake_p1_{name}", steps=max(b.steps, k + 4), code_dir=b.tree,
+                                keep_trajectories=True, every_step=True, overrides=[f"model_path={TINY}", *overrides]))
+        out[name] = _vs_raw_engine(b, run, first_step=k + 2, work=b.out / f"p1_{name}")
+        out[name]["overrides"] = overrides
     return out
 
 
@@ -212,6 +223,10 @@ P1_CONTINUOUS = ["trainer.max_off_policy_steps=2", "trainer.async_mode=continuou
                  "algorithm.rollout_correction.rollout_is=token", "algorithm.adv_estimator=grpo"]
 """P1's asynchronous run: two rollouts in flight (``rollouts_in_flight`` defaults to k), in-flight weight syncs;
 GRPO, since asynchronous training refuses a critic (the rollout's work is the main job's)."""
+P1_GROUP = [*P1_CONTINUOUS, "trainer.refill=group", "actor_rollout_ref.rollout.mode=async"]
+"""P1's run with the groups refilled as they end (k x env_groups group slots, no turn barrier)."""
+P1_RUNS = ("sync", "continuous", "group")
+"""P1's runs: the main job, the asynchronous producer with whole rollouts, and with groups refilled."""
 
 
 def _vs_raw_engine(b: Bench, run: RunResult, first_step: int, work: Path) -> dict:
@@ -232,7 +247,9 @@ def vs_raw_figures(history: list[dict], steps: list[int], raw: dict, label: str)
     per_step = []
     for k, raw_step in zip(steps, raw["steps"]):
         metrics = history[k - 1]
-        rollout_s, generated = metrics["timing_s/rollout"], metrics["perf/generated_tokens"]
+        # a stream of refilled groups has no rollout of its own: its batch's time is the step's
+        rollout_s = metrics.get("timing_s/rollout", metrics["timing_s/step"])
+        generated = metrics["perf/generated_tokens"]
         rollout_tps, raw_tps = generated / rollout_s, raw_step["generated_tokens"] / raw_step["seconds"]
         per_step.append({"step": k, "rollout_seconds": rollout_s, "step_seconds": metrics["timing_s/step"],
                          "generated_tokens": generated,

@@ -504,6 +504,7 @@ def _check_async(cfg: AgentTrainerConfig) -> None:
           f"{cfg.actor_rollout_ref.rollout.mode!r}, so no call is ever shared; drop the key, or set "
           "trainer.async_mode=continuous, trainer.max_off_policy_steps=2 and actor_rollout_ref.rollout.mode=async")
     _check_group_refill(cfg)
+    _check_filter_groups(cfg)
     if k < 2 and not continuous:
         return
     alg = cfg.algorithm
@@ -542,6 +543,29 @@ def _check_group_refill(cfg: AgentTrainerConfig) -> None:
           f"trainer.refill = 'group' hands the trainer groups from many resets, but algorithm.adv_estimator = "
           f"{cfg.algorithm.adv_estimator!r} replays one greedy rollout of a whole reset's seeds as its baseline; "
           "use a group estimator (e.g. algorithm.adv_estimator=grpo), or trainer.refill=rollout")
+
+
+def _check_filter_groups(cfg: AgentTrainerConfig) -> None:
+    """algorithm.filter_groups (DAPO's dynamic sampling) judges each group as it ends, on the stream of refilled
+    groups, from what its env actor reports."""
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return
+    check(cfg.trainer.refill == "group",
+          f"algorithm.filter_groups.enable = True sets finished groups aside and plays more, which the stream of "
+          f"refilled groups does, but trainer.refill = {cfg.trainer.refill!r}; set trainer.refill=group (with "
+          "trainer.async_mode=continuous, trainer.max_off_policy_steps=2, actor_rollout_ref.rollout.mode=async), "
+          "or algorithm.filter_groups.enable=false")
+    check(cfg.es_manager.train.group_size >= 2,
+          f"algorithm.filter_groups.enable = True keeps groups whose episodes score differently, but "
+          f"es_manager.train.group_size = {cfg.es_manager.train.group_size} makes every group one episode; set "
+          "es_manager.train.group_size >= 2 (e.g. 4) or algorithm.filter_groups.enable=false")
+    scorers = [key for key, on in (("reward_model.enable", cfg.reward_model.enable),
+                                   ("judge.enable", cfg.judge.enable)) if on]
+    check(fg.metric != "reward" or not scorers,
+          f"algorithm.filter_groups.metric = 'reward' judges a group by its env rewards as it ends, but "
+          f"{scorers[0] if scorers else ''} = True adds scores only once the batch is taken; set "
+          "algorithm.filter_groups.metric=success, or algorithm.filter_groups.enable=false")
 
 
 def _check_datasets(cfg: AgentTrainerConfig) -> None:

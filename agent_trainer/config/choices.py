@@ -13,6 +13,9 @@ ASYNC_MODES = ("buffered", "continuous")
 """``trainer.async_mode``: when the engines take new weights under ``trainer.max_off_policy_steps`` >= 1."""
 REFILL_UNITS = ("rollout", "group")
 """``trainer.refill``: what the continuous producer starts again when it ends, a whole rollout or one group."""
+FILTER_GROUPS_METRICS = ("reward", "success")
+"""``algorithm.filter_groups.metric``: what must differ within a group for it to be trained (DAPO's dynamic
+sampling): the episodes' rewards as trained on, or the env's success flag."""
 STALE_GROUP_POLICIES = ("drop", "replace")
 """``trainer.stale_groups``: what happens to a group older than the staleness bound."""
 """actor_rollout_ref.rollout.mode: turn-synchronous, or no barrier between turns (agent_trainer.rollout)."""

@@ -59,6 +59,25 @@ class GiGPOConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``) on the stream of refilled groups
+    (``trainer.refill=group``): a finished group whose episodes all score the same carries no group-relative
+    signal; it is set aside (counted) and the stream plays the next group seeds until each env tag's ``n_groups``
+    of the batch are informative. docs/algorithms.md, "Dynamic sampling"."""
+
+    enable: bool = False
+    """Set aside the finished groups whose episodes all scored the same (needs trainer.refill=group; counted in
+    rollout/set_aside_groups) and keep playing until each env tag's n_groups of the batch are informative."""
+    metric: str = "reward"
+    """What must differ within a group: reward (the episode's reward as trained on: its turns' env rewards,
+    format penalties included) | success (the env's success flag)."""
+    max_num_gen_batches: int = 10
+    """At most this many rollouts' worth of an env tag's groups (its n_groups each) set aside in a row; one more
+    stops the run with an error naming this key (the task is then solved or hopeless at this policy's
+    sampling). At least 1."""
+
+
+@dataclass
 class RolloutCorrectionConfig:
     """Truncated importance sampling between the rollout engine and the trainer (verl's
     ``algorithm.rollout_correction``; TRL's ``vllm_importance_sampling_correction``). docs/algorithms.md."""
@@ -154,6 +173,9 @@ class AlgorithmConfig:
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling: groups whose episodes all score the same set aside, the stream refilling until
+    the batch is full of informative groups (needs trainer.refill=group)."""
     distill: DistillConfig = field(default_factory=DistillConfig)
     """On-policy distillation from a teacher model (off unless enable). docs/distillation.md."""
     nonfinite_reward: str = "error"

@@ -26,6 +26,10 @@ fully asynchronous trainer, prime-rl's continuous batching)::
   (in-flight weight updates, ``trainer.async_mode=continuous``); a finished group whose oldest token is more than k
   versions behind the step's weights is left out when taken (``rollout/stale_dropped``) and the batch waits for
   the next one.
+- **Dynamic sampling** (``algorithm.filter_groups``, DAPO): a group whose episodes all scored the same is set
+  aside as it ends (it no longer counts against the start rule, so its slot's next group starts at once) and the
+  batch waits for an informative one; more than ``max_num_gen_batches`` rollouts' worth of a tag's groups set
+  aside in a row stops the run.
 - **Faults.** An env actor lost mid-episode ends its episodes (left out of their groups, ``env_actor_lost``); a
   group whose every reset failed is counted (``rollout/reset_failures``) and never taken.
 - **Checkpoints.** A checkpoint holds none of the groups in flight or finished but not taken: it saves the train
@@ -42,6 +46,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agent_trainer.common import profiling
 from agent_trainer.config import rollouts_in_flight
@@ -82,6 +87,30 @@ class FinishedGroup:
         return any(ctx.num_replies > 0 for ctx in self.episodes)
 
 
+def uninformative(group: FinishedGroup, metric: str) -> bool:
+    """Whether every episode of ``group`` that played a turn scored the same (``metric``: reward, the episode's
+    reward as its env actor reports it, format penalties included, or success): a group whose group-relative
+    advantages would all be 0 (DAPO's dynamic sampling). Fewer than two such episodes (lost, failed): not judged,
+    the batch's own checks see to it."""
+    played = {ctx.env_id for ctx in group.episodes if ctx.num_replies > 0 and not ctx.env_actor_lost}
+    scores = [state.total_reward if metric == "reward" else float(state.metrics.get("success", 0.0))
+              for state in group.states if state.env_id in played and not state.service_failure]
+    return len(scores) >= 2 and len(set(scores)) == 1
+
+
+class StreamTake(NamedTuple):
+    """What :meth:`GroupStream.take` hands a step."""
+
+    taken: list[FinishedGroup]
+    """Each tag's ``n_groups`` finished groups, the batch (in the synchronous order)."""
+    stale: list[FinishedGroup]
+    """Left out: a token more than k versions old (ended in flight, or finished and taken too late)."""
+    empty: list[FinishedGroup]
+    """Left out: no episode played a turn."""
+    set_aside: list[FinishedGroup]
+    """Left out by dynamic sampling (``algorithm.filter_groups``): every episode scored the same."""
+
+
 class GroupStream:
     """The finished groups the producer thread (:class:`StreamLoop`) hands the trainer, and its start rule.
 
@@ -92,8 +121,15 @@ class GroupStream:
     from, ``trained_steps`` the steps trained so far (their groups count as started)."""
 
     def __init__(self, rollout, agent, layout: list[str], steps_allowed: Callable[[], int], first_reset: int = 0,
-                 trained_steps: int = 0, oldest_trainable: Callable[[], int] | None = None):
+                 trained_steps: int = 0, oldest_trainable: Callable[[], int] | None = None,
+                 set_aside: Callable[[FinishedGroup], bool] | None = None, max_set_aside: int = 1):
         self.rollout, self.steps_allowed = rollout, steps_allowed
+        self.set_aside = set_aside
+        """Dynamic sampling (None: off): whether a finished group is set aside rather than trained
+        (:func:`uninformative`)."""
+        self.max_set_aside = max_set_aside
+        """Rollouts' worth of a tag's groups that may be set aside in a row
+        (``algorithm.filter_groups.max_num_gen_batches``); one more stops the stream with an error."""
         self.oldest_trainable = oldest_trainable
         """The oldest policy version a group's tokens may have and still be trained by a later step (None: any): a
         group in flight with an older token is ended at once, its slot starting the next group."""
@@ -113,6 +149,10 @@ class GroupStream:
         """Per slot with a group in flight that generated tokens: (its tag, its oldest token's version)."""
         self.ended_stale: list[FinishedGroup] = []
         """Groups ended in flight as too old to train (:attr:`oldest_trainable`), not yet reported by a take."""
+        self.aside: list[FinishedGroup] = []
+        """Groups set aside by :attr:`set_aside` since the last take."""
+        self.aside_in_a_row = {tag: 0 for tag in self.groups_of}
+        """Per tag: its groups set aside since its last informative one."""
         self.playing = 0
         """Groups started and not yet finished."""
         self.error: BaseException | None = None
@@ -155,10 +195,32 @@ class GroupStream:
             return seed, reset + 1, group
 
     def put(self, group: FinishedGroup) -> None:
+        """A finished group: waiting for a step, or set aside (:attr:`set_aside`; no longer counted against the
+        start rule, so the producer starts the next group at once)."""
         with self._cond:
             self.playing -= 1
-            self.ready[group.tag].append(group)
+            if self.set_aside is not None and group.played and self.set_aside(group):
+                self.counted[group.tag] -= 1
+                self.aside.append(group)
+                self.aside_in_a_row[group.tag] += 1
+                self._check_set_aside(group.tag)
+            else:
+                self.ready[group.tag].append(group)
+                self.aside_in_a_row[group.tag] = 0
             self._cond.notify_all()
+
+    def _check_set_aside(self, tag: str) -> None:
+        """Stop the stream when more than ``max_set_aside`` rollouts' worth of ``tag``'s groups in a row were set
+        aside: the policy plays (nearly) every seed of it the same way, a batch would wait for ever."""
+        n, limit = self.aside_in_a_row[tag], self.max_set_aside * len(self.groups_of[tag])
+        if n > limit and self.error is None:
+            self.error = RuntimeError(
+                f"{n} finished groups of env tag {tag!r} in a row scored the same in every episode and were set "
+                f"aside (dynamic sampling), more than algorithm.filter_groups.max_num_gen_batches = "
+                f"{self.max_set_aside} rollouts' worth ({limit} groups): the policy plays each of its seeds the "
+                "same way, so no batch of informative groups comes. Raise algorithm.filter_groups."
+                "max_num_gen_batches, or set algorithm.filter_groups.enable=false")
+            self.stopping = True
 
     def end_stale(self, group: FinishedGroup) -> None:
         """A group ended in flight because a token of it is too old for any later step: it no longer counts
@@ -182,11 +244,10 @@ class GroupStream:
                 self._wake.set_result(None)
 
     # -- the trainer's side ----------------------------------------------------------------
-    def take(self, oldest: int | None = None) -> tuple[list[FinishedGroup], list[FinishedGroup],
-                                                       list[FinishedGroup]]:
+    def take(self, oldest: int | None = None) -> StreamTake:
         """Wait for a rollout's worth of finished groups (each tag's count) with no token older than version
-        ``oldest`` (None: any) and take them, the oldest versions first: (taken, dropped as stale, empty: no
-        episode played a turn). The dropped and empty ones no longer count against the start rule.
+        ``oldest`` (None: any) and take them, the oldest versions first, with those left out since the last take
+        (:class:`StreamTake`). The groups left out no longer count against the start rule.
 
         A group in flight with a token of version ``oldest`` can be trained by this step only: while it and the
         others of its tag in that case fit in the batch, the step waits for them rather than leave them to go
@@ -211,7 +272,8 @@ class GroupStream:
                         ready = sorted(self.ready[tag], key=lambda g: (g.oldest_version, g.number))
                         taken += ready[:len(gs)]
                         self.ready[tag] = ready[len(gs):]
-                    return sorted(taken, key=lambda g: g.number), dropped, empty
+                    aside, self.aside = self.aside, []
+                    return StreamTake(sorted(taken, key=lambda g: g.number), dropped, empty, aside)
                 if self.error is not None:
                     raise RuntimeError(f"the group stream stopped: {self.error}") from self.error
                 if self.thread.ident is not None and not self.thread.is_alive():

@@ -39,7 +39,7 @@ from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
 from agent_trainer.rollout.engines import EngineCalls
-from agent_trainer.rollout.stream import GroupStream, stream_split
+from agent_trainer.rollout.stream import GroupStream, stream_split, uninformative
 from agent_trainer.core_algos import trainer_splits
 from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.observe.tracking import Tracking, timer
@@ -176,7 +176,7 @@ class AgentTrainer:
         """``trainer.refill=group``: start the producer of refilled groups from the train split's reset counter
         (a resumed run's: past every group its checkpoint had started), the trained groups counted against the
         bound."""
-        t = self.cfg.trainer
+        t, fg = self.cfg.trainer, self.cfg.algorithm.filter_groups
         if self.val_rollout is not None:  # validation shares the engines with the stream: one call at a time
             self.val_rollout.engine_calls = self.engine_calls
         layout = [spec.tag for spec in plan_episodes(self.cfg.es_manager.train)][::self.cfg.es_manager.train.group_size]
@@ -184,7 +184,9 @@ class AgentTrainer:
             self.train_rollout, make_context_manager(self.cfg, self.tokenizer, self.agent_cls), layout,
             steps_allowed=lambda: min(self.versions.actor + t.max_off_policy_steps + 1, t.total_training_steps),
             first_reset=self.train_rollout.num_resets, trained_steps=self.global_step,
-            oldest_trainable=lambda: self.versions.actor - t.max_off_policy_steps)
+            oldest_trainable=lambda: self.versions.actor - t.max_off_policy_steps,
+            set_aside=(lambda group: uninformative(group, fg.metric)) if fg.enable else None,
+            max_set_aside=fg.max_num_gen_batches)
         self.stream.start()
 
     def take_workers(self, w: Workers) -> None:
@@ -397,14 +399,15 @@ class AgentTrainer:
 
     def take_groups(self, metrics: dict[str, float]) -> RolloutResult:
         """``trainer.refill=group``: the step's batch of the ``env_groups`` finished groups of the oldest versions
-        (waiting for them), groups with a token more than k versions old dropped on the way (counted)."""
+        (waiting for them), groups with a token more than k versions old dropped on the way and, with
+        ``algorithm.filter_groups``, groups whose episodes all scored the same set aside (both counted)."""
         k = self.cfg.trainer.max_off_policy_steps
         oldest = self.versions.actor - k
         with timer("wait_groups", metrics):
-            taken, stale, empty = self.stream.take(oldest)
+            taken, stale, empty, aside = self.stream.take(oldest)
         metrics["rollout/buffered"] = float(self.stream.waiting())
         metrics["rollout/in_flight_episodes"] = float(self.stream.playing * self.cfg.es_manager.train.group_size)
-        result = self.stream.assemble(taken, empty + stale, timings=self.stream.loop.take_timings())
+        result = self.stream.assemble(taken, empty + stale + aside, timings=self.stream.loop.take_timings())
         self.score(result, self.global_step)
         result.batch, _ = split_stale_groups(result.batch, oldest, default=self.versions.engines)
         metrics.update(version_metrics(result.batch))
@@ -412,6 +415,8 @@ class AgentTrainer:
         metrics["rollout/in_flight_syncs"] = float(self.in_flight_syncs - self.syncs_logged)
         self.syncs_logged = self.in_flight_syncs
         metrics["rollout/stale_dropped"] = float(sum(len(g.episodes) for g in stale))
+        if self.cfg.algorithm.filter_groups.enable:
+            metrics["rollout/set_aside_groups"] = float(len(aside))
         metrics.update(staleness_metrics(self.versions.actor - result.batch["policy_version"], k))
         return result
 

@@ -12,6 +12,9 @@ from agent_trainer.training.trainer import needs_old_log_probs
 
 REFILL = ["trainer.max_off_policy_steps=2", "trainer.async_mode=continuous"]
 """The continuous producer ``trainer.refill=group`` refills."""
+FILTER = [*REFILL, "trainer.refill=group", "actor_rollout_ref.rollout.mode=async", "algorithm.filter_groups.enable=true"]
+"""Dynamic sampling on the stream of refilled groups."""
+JUDGE = ["judge.enable=true", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=m"]
 
 
 def _load(*overrides: str, name: str = "frozenlake_grpo"):
@@ -109,6 +112,18 @@ def test_a_stale_batch_always_gets_the_trainers_old_log_probs():
      "once; set trainer.refill=rollout"),
     (["trainer.refill=group", *REFILL, "actor_rollout_ref.rollout.mode=async", "algorithm.adv_estimator=remax"],
      "algorithm.adv_estimator = 'remax' replays one greedy rollout of a whole reset's seeds as its baseline"),
+    (["algorithm.filter_groups.enable=true"],
+     "algorithm.filter_groups.enable = True sets finished groups aside and plays more, which the stream of refilled "
+     "groups does, but trainer.refill = 'rollout'; set trainer.refill=group"),
+    ([*FILTER, "es_manager.train.group_size=1", "algorithm.adv_estimator=reinforce_plus_plus",
+      "ppo_mini_batch_size=8"],
+     "es_manager.train.group_size = 1 makes every group one episode; set es_manager.train.group_size >= 2"),
+    ([*FILTER, "algorithm.filter_groups.metric=acc"], "algorithm.filter_groups.metric"),
+    ([*FILTER, "algorithm.filter_groups.max_num_gen_batches=0"],
+     "algorithm.filter_groups.max_num_gen_batches = 0 must be >= 1"),
+    ([*FILTER, *JUDGE],
+     "algorithm.filter_groups.metric = 'reward' judges a group by its env rewards as it ends, but judge.enable = "
+     "True adds scores only once the batch is taken; set algorithm.filter_groups.metric=success"),
     (["algorithm.rollout_correction.rollout_rs=sequence"], "algorithm.rollout_correction.rollout_rs = 'sequence'"),
     (["algorithm.rollout_correction.rollout_rs=token", "actor_rollout_ref.rollout.temperature=0.7"],
      "algorithm.rollout_correction.rollout_rs = 'token' masks by the ratio"),
@@ -126,6 +141,11 @@ def test_bad_values_name_the_key_and_the_fix(overrides, message):
     with pytest.raises(ValueError, match=None) as err:
         _load(*overrides)
     assert message in str(err.value)
+
+
+def test_dynamic_sampling_by_success_loads_beside_a_judge():
+    cfg = _load(*FILTER, *JUDGE, "algorithm.filter_groups.metric=success")
+    assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "success"
 
 
 def test_continuous_asynchronous_training_and_icepop_masking_load():

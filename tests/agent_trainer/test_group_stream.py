@@ -6,7 +6,10 @@ import threading
 import time
 from types import SimpleNamespace
 
-from agent_trainer.rollout.stream import FinishedGroup, GroupStream
+import pytest
+
+from agent_trainer.episode.es_manager import EpisodeState
+from agent_trainer.rollout.stream import FinishedGroup, GroupStream, uninformative
 
 
 def _stream(layout, steps_allowed=lambda: 1, **kwargs) -> GroupStream:
@@ -43,9 +46,9 @@ def test_a_step_takes_each_tags_count_oldest_first_and_drops_the_stale_and_the_e
     new_a, old_a, stale_b, fresh_b = (_finished(stream, "A", 4), _finished(stream, "A", 3),
                                       _finished(stream, "B", 1), _finished(stream, "B", 3))
     empty = _finished(stream, "B", 3, played=False)
-    taken, dropped, empties = stream.take(oldest=2)
+    taken, dropped, empties, aside = stream.take(oldest=2)
     assert taken == sorted([old_a, fresh_b], key=lambda g: g.number)  # one per tag; A's older one first
-    assert dropped == [stale_b] and empties == [empty]
+    assert dropped == [stale_b] and empties == [empty] and aside == []
     assert stream.counted == {"A": 2, "B": 1} and stream.waiting() == 1  # new_a waits for the next step
     assert stream.claim("B") is not None  # the dropped and the empty no longer count against the rule
 
@@ -69,3 +72,68 @@ def test_the_step_waits_for_a_group_in_flight_that_only_it_can_train():
     assert out and out[0][0] == [old]
     stream.note_versions(object(), "A", 4)  # one that a later step can still train: no wait
     assert stream.take(oldest=3)[0][0].oldest_version == 5
+
+
+def _scored(stream, tag, rewards, success=None, lost=()) -> FinishedGroup:
+    """A finished group of ``len(rewards)`` episodes with these rewards (and success flags), as the producer hands
+    it over; the episodes in ``lost`` lost their env actor."""
+    seed, step, group = stream.claim(tag)
+    success = success or [0.0] * len(rewards)
+    episodes = [SimpleNamespace(env_id=m, num_replies=1, env_actor_lost=m in lost) for m in range(len(rewards))]
+    states = [EpisodeState(env_id=m, group_id=0, tag=tag, history=[], penalty=0.0, final_observation="",
+                           metrics={"success": success[m]}, reward=r)
+              for m, r in enumerate(rewards) if m not in lost]
+    finished = FinishedGroup(number=(step - 1) * stream.num_groups + group, seed=seed, tag=tag, episodes=episodes,
+                             states=states, generations={m: [[1]] for m in range(len(rewards))},
+                             versions={m: [3] for m in range(len(rewards))}, started_version=3)
+    stream.put(finished)
+    return finished
+
+
+def test_a_group_is_uninformative_when_every_episode_that_played_scored_the_same():
+    stream = _stream(["A"], steps_allowed=lambda: 10)
+    assert uninformative(_scored(stream, "A", [1.0, 1.0, 1.0]), "reward")
+    assert not uninformative(_scored(stream, "A", [1.0, 0.9, 1.0]), "reward")  # a format penalty differs
+    assert uninformative(_scored(stream, "A", [1.0, 0.9], success=[1.0, 1.0]), "success")
+    assert not uninformative(_scored(stream, "A", [0.0, 0.0], success=[1.0, 0.0]), "success")
+    assert uninformative(_scored(stream, "A", [0.0, 0.0, 1.0], lost=[2]), "reward")  # the lost one has no say
+    assert not uninformative(_scored(stream, "A", [0.0, 1.0], lost=[1]), "reward")  # one left: not judged
+
+
+def test_dynamic_sampling_sets_uninformative_groups_aside_and_the_step_waits_for_informative_ones():
+    stream = _stream(["A", "B"], steps_allowed=lambda: 1, set_aside=lambda g: uninformative(g, "reward"),
+                     max_set_aside=2)
+    same_a = _scored(stream, "A", [1.0, 1.0])
+    assert stream.claim("A") is not None  # the set-aside group freed its place under the start rule
+    stream.playing -= 1  # (that claim is not played here)
+    informative_b = _scored(stream, "B", [0.0, 1.0])
+    out = []
+    thread = threading.Thread(target=lambda: out.append(stream.take(oldest=3)))
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive()  # no informative group of A yet
+    informative_a = FinishedGroup(number=2, seed=1, tag="A", episodes=informative_b.episodes,
+                                  states=informative_b.states, generations=informative_b.generations,
+                                  versions=informative_b.versions, started_version=3)
+    stream.playing += 1
+    stream.put(informative_a)
+    thread.join(5)
+    taken, stale, empty, aside = out[0]
+    assert taken == [informative_b, informative_a] and aside == [same_a] and not stale and not empty
+    assert stream.aside == []  # reported once
+
+
+def test_more_uninformative_groups_in_a_row_than_max_num_gen_batches_allows_stop_the_run_naming_the_key():
+    stream = _stream(["A", "A"], steps_allowed=lambda: 10, set_aside=lambda g: uninformative(g, "success"),
+                     max_set_aside=2)
+    for _ in range(3):
+        _scored(stream, "A", [1.0, 1.0], success=[1.0, 1.0])
+    _scored(stream, "A", [1.0, 1.0], success=[1.0, 0.0])  # an informative one: the count starts again
+    for _ in range(4):  # two rollouts' worth of A's two groups in a row: allowed
+        _scored(stream, "A", [1.0, 1.0], success=[1.0, 1.0])
+    assert stream.error is None and stream.claim("A") is not None
+    stream.playing -= 1
+    _scored(stream, "A", [1.0, 1.0], success=[1.0, 1.0])
+    with pytest.raises(RuntimeError, match=r"algorithm.filter_groups.max_num_gen_batches = 2 .*enable=false"):
+        stream.take(oldest=0)
+    assert stream.claim("A") is None  # the producer starts no more groups

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import report  # noqa: E402
 import results  # noqa: E402
 import run as bench_run  # noqa: E402
-from suites import P1_CONTINUOUS, p7_variants, replay_turns, vs_raw_figures  # noqa: E402
+from suites import P1_CONTINUOUS, P1_GROUP, p7_variants, replay_turns, vs_raw_figures  # noqa: E402
 
 NOON = dt.datetime(2026, 11, 22, 12, 0, 5, tzinfo=dt.timezone.utc)
 
@@ -119,6 +119,18 @@ def test_p1_continuous_figures_count_step_time_and_render_beside_the_synchronous
         "P1 rollout / raw engine tokens/s", "P1 continuous k = 2: tokens per step second / raw engine"]
     block = report.render(r, asset_prefix="")
     assert "trainer.async_mode=continuous" in block and f"**{c['busy_ratio']:.2f}**" in block
+
+    # the groups refilled as they end: no rollout time of their own, each row's is its step's; P1 without its
+    # synchronous run renders the asynchronous rows alone
+    streamed = [{"timing_s/step": 1.0, "perf/generated_tokens": 100.0}] * 5
+    g = vs_raw_figures(streamed, [4, 5], raw, "frozenlake_p1_group")
+    assert g["busy_ratio"] == g["pooled_ratio"] == pytest.approx((200 / 2.0) / (250 / 1.5))
+    r["P1"] = {"group": {**g, "overrides": P1_GROUP}}
+    assert [label for label, *_ in report.ratio_rows(r)] == [
+        "P1 groups refilled k = 2: tokens per step second / raw engine"]
+    block = report.render(r, asset_prefix="")
+    assert "trainer.refill=group" in block and f"**{g['busy_ratio']:.2f}**" in block
+    assert "synchronous run above" not in block
 
 
 def test_opt_in_main_runs_and_p2_precisions_are_reported():

@@ -69,14 +69,17 @@ def test_sigkill_with_groups_refilled_then_resume_trains_no_group_twice(tiny_mod
     """``trainer.refill=group``: each group slot starts the next group seed as soon as its group ends, so a step
     trains whichever groups ended first. A checkpoint discards the groups not yet trained (counted) and saves the
     reset counter past every group started: the resumed run trains only groups no step trained before, every
-    token still within k versions of the weights its step trains from."""
+    token still within k versions of the weights its step trains from. With dynamic sampling on, every trained
+    group's episodes scored differently (the others were set aside, counted, and their seeds never come back)."""
     run = tmp_path / "run"
-    command = [*_command(tiny_model_path, run), "trainer.refill=group", "actor_rollout_ref.rollout.mode=async"]
+    command = [*_command(tiny_model_path, run), "trainer.refill=group", "actor_rollout_ref.rollout.mode=async",
+               "algorithm.filter_groups.enable=true"]
     lines = _kill_and_resume(command, run, tmp_path)
     # k x 2 = 4 slots played at once, step 1 took 2 groups: the slots went on, in flight at its save
     assert lines[0]["rollout/buffered_not_checkpointed"] >= 1
     assert all(m["rollout/policy_staleness"] <= 2 and m["rollout/stale_dropped"] == 0 for m in lines)
-    assert all({"rollout/in_flight_episodes", "rollout/buffered", "rollout/versions_in_batch"} <= set(m) for m in lines)
+    assert all({"rollout/in_flight_episodes", "rollout/buffered", "rollout/versions_in_batch",
+                "rollout/set_aside_groups"} <= set(m) for m in lines)
 
     seeds = []
     for step in range(1, STEPS + 1):
@@ -84,6 +87,8 @@ def test_sigkill_with_groups_refilled_then_resume_trains_no_group_twice(tiny_mod
         assert len(records) == GROUPS * 4 and all(r["step"] == step for r in records)
         groups = sorted({r["group_seed"] for r in records})
         assert len(groups) == GROUPS
+        for seed in groups:  # dynamic sampling: no trained group whose episodes all scored the same
+            assert len({r["total_reward"] for r in records if r["group_seed"] == seed}) > 1, (step, seed)
         seeds += groups
     assert len(set(seeds)) == len(seeds), seeds  # no group trained twice, before or after the kill
     first_after_resume = min(seeds[GROUPS:])
