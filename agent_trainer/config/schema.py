@@ -73,8 +73,8 @@ class FilterGroupsConfig:
     format penalties included) | success (the env's success flag)."""
     max_num_gen_batches: int = 10
     """At most this many rollouts' worth of an env tag's groups (its n_groups each) set aside in a row; one more
-    stops the run with an error naming this key (the task is then solved or hopeless at this policy's
-    sampling). At least 1."""
+    saves the last trained step and stops the run with an error naming this key (the task is then solved or
+    hopeless at this policy's sampling; the same command continues from the checkpoint). At least 1."""
 
 
 @dataclass

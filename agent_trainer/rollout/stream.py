@@ -98,6 +98,11 @@ def uninformative(group: FinishedGroup, metric: str) -> bool:
     return len(scores) >= 2 and len(set(scores)) == 1
 
 
+class NoInformativeGroups(RuntimeError):
+    """Dynamic sampling set aside more than ``algorithm.filter_groups.max_num_gen_batches`` rollouts' worth of an
+    env tag's groups in a row: no batch of informative groups comes (the trainer saves, then stops)."""
+
+
 class StreamTake(NamedTuple):
     """What :meth:`GroupStream.take` hands a step."""
 
@@ -214,7 +219,7 @@ class GroupStream:
         aside: the policy plays (nearly) every seed of it the same way, a batch would wait for ever."""
         n, limit = self.aside_in_a_row[tag], self.max_set_aside * len(self.groups_of[tag])
         if n > limit and self.error is None:
-            self.error = RuntimeError(
+            self.error = NoInformativeGroups(
                 f"{n} finished groups of env tag {tag!r} in a row scored the same in every episode and were set "
                 f"aside (dynamic sampling), more than algorithm.filter_groups.max_num_gen_batches = "
                 f"{self.max_set_aside} rollouts' worth ({limit} groups): the policy plays each of its seeds the "
@@ -274,6 +279,8 @@ class GroupStream:
                         self.ready[tag] = ready[len(gs):]
                     aside, self.aside = self.aside, []
                     return StreamTake(sorted(taken, key=lambda g: g.number), dropped, empty, aside)
+                if isinstance(self.error, NoInformativeGroups):
+                    raise self.error
                 if self.error is not None:
                     raise RuntimeError(f"the group stream stopped: {self.error}") from self.error
                 if self.thread.ident is not None and not self.thread.is_alive():

@@ -39,7 +39,7 @@ from agent_trainer.config.splits import Split
 from agent_trainer.agents.registry import resolve_agent_cls
 from agent_trainer.rollout import RolloutResult, SyncMultiTurnRollout, make_context_manager, make_rollout
 from agent_trainer.rollout.engines import EngineCalls
-from agent_trainer.rollout.stream import GroupStream, stream_split, uninformative
+from agent_trainer.rollout.stream import GroupStream, NoInformativeGroups, stream_split, uninformative
 from agent_trainer.core_algos import trainer_splits
 from agent_trainer.episode.rollout_shaping import attach_reward_baselines, shape_rollout
 from agent_trainer.observe.tracking import Tracking, timer
@@ -286,7 +286,12 @@ class AgentTrainer:
                    initial=self.global_step, total=cfg.total_training_steps)
         for step in bar:
             self.global_step = step
-            metrics = self.train_step()
+            try:
+                metrics = self.train_step()
+            except NoInformativeGroups as err:  # nothing left to train on: keep what the run learned, then stop
+                self.global_step = step - 1
+                self.save_before_stopping(str(err))
+                raise
             is_last = step == cfg.total_training_steps
             if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or is_last):
                 with timer("validate", metrics):
@@ -306,6 +311,17 @@ class AgentTrainer:
                 self.stop_after_step(stop.signum, saved=saved)
         self.tracking.close()
         return history
+
+    def save_before_stopping(self, why: str) -> None:
+        """Save the last trained step (unless it is saved already or none was trained) before the run stops for
+        ``why``; the same command, with what stopped it changed, continues from it."""
+        last = self.run_dir / f"global_step_{self.global_step}"
+        if self.global_step > 0 and not last.exists():
+            with self.memory.training():
+                last = self.save_checkpoint()
+        if self.global_step > 0:
+            logger.error("%s; step %d is saved in %s: the same command continues from it", why, self.global_step, last)
+        self.tracking.close()
 
     def stop_after_step(self, signum: int, saved: bool) -> None:
         """A signal arrived during the step that just ended: save (unless this step was saved), then stop."""

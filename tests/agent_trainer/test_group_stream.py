@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from agent_trainer.episode.es_manager import EpisodeState
-from agent_trainer.rollout.stream import FinishedGroup, GroupStream, uninformative
+from agent_trainer.rollout.stream import FinishedGroup, GroupStream, NoInformativeGroups, uninformative
+from agent_trainer.training.colocation import ColocatedMemory
+from agent_trainer.training.trainer import AgentTrainer
 
 
 def _stream(layout, steps_allowed=lambda: 1, **kwargs) -> GroupStream:
@@ -134,6 +136,29 @@ def test_more_uninformative_groups_in_a_row_than_max_num_gen_batches_allows_stop
     assert stream.error is None and stream.claim("A") is not None
     stream.playing -= 1
     _scored(stream, "A", [1.0, 1.0], success=[1.0, 1.0])
-    with pytest.raises(RuntimeError, match=r"algorithm.filter_groups.max_num_gen_batches = 2 .*enable=false"):
+    with pytest.raises(NoInformativeGroups, match=r"algorithm.filter_groups.max_num_gen_batches = 2 .*enable=false"):
         stream.take(oldest=0)
     assert stream.claim("A") is None  # the producer starts no more groups
+
+
+def test_a_run_stopped_for_want_of_informative_groups_saves_its_last_step_first(tmp_path, caplog):
+    """``AgentTrainer.fit_steps`` catches :class:`NoInformativeGroups` on step s, saves step s - 1 (unless that step is
+    saved already, or is step 0) and stops with the error: what the run learned is kept, and the same command
+    continues from it."""
+    saved = []
+
+    def save_checkpoint():
+        folder = tmp_path / f"global_step_{trainer.global_step}"
+        folder.mkdir()
+        saved.append(trainer.global_step)
+        return folder
+
+    trainer = SimpleNamespace(run_dir=tmp_path, global_step=7, save_checkpoint=save_checkpoint,
+                              memory=ColocatedMemory([], None, sleep=False, offload=False),
+                              tracking=SimpleNamespace(close=lambda: None))
+    AgentTrainer.save_before_stopping(trainer, "no informative groups")
+    assert saved == [7] and "step 7 is saved in" in caplog.text
+    AgentTrainer.save_before_stopping(trainer, "no informative groups")  # saved already (save_freq): not again
+    trainer.global_step = 0  # nothing trained yet: nothing to save
+    AgentTrainer.save_before_stopping(trainer, "no informative groups")
+    assert saved == [7]
