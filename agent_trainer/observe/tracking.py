@@ -174,6 +174,7 @@ CONSOLE_COLUMNS = (
     ("rollout/gateway_merged", "merged", "{:3.0f}"), ("rollout/gateway_stepwise", "stepwise", "{:3.0f}"),
     ("rollout/format_error_rate", "fmt_err", "{:4.2f}"),
     ("rollout/in_flight_episodes", "inflight", "{:3.0f}"), ("rollout/versions_in_batch", "vers", "{:2.0f}"),
+    ("rollout/set_aside_groups", "aside", "{:3.0f}"),
     ("actor/pg_loss", "pg", "{:+8.1e}"), ("actor/ppo_kl", "ppo_kl", "{:+8.1e}"),
     ("actor/grad_norm", "grad", "{:6.3g}"),
     ("critic/vf_loss", "vf", "{:6.3g}"), ("sft/loss", "sft_loss", "{:6.4f}"), ("sft/token_acc", "tok_acc", "{:5.3f}"),

@@ -4,10 +4,11 @@ the valid-action rate on the console and the one warning of a run whose first st
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
-from agent_trainer.observe.tracking import LOW_VALIDITY_STEPS, Tracking, format_metrics, timer
+from agent_trainer.observe.tracking import CONSOLE_COLUMNS, LOW_VALIDITY_STEPS, Tracking, format_metrics, timer
 
 
 def test_jsonl_and_tensorboard_sinks(tmp_path):
@@ -55,6 +56,14 @@ def test_console_line_has_headline_metrics_only_aligned():
         other.index("  s ") == line.index("  s ")
 
 
+
+def test_every_console_column_is_explained_in_the_operations_guide():
+    """docs/operations.md, "Console and logs": one row per column, naming its metric, so a user reading a console
+    line (e.g. ``aside 3`` under dynamic sampling) finds what it counts."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    missing = [(key, label) for key, label, _ in CONSOLE_COLUMNS if f"| `{label}` | `{key}` |" not in guide]
+    assert not missing, missing
+    assert "aside   3" in format_metrics({"rollout/set_aside_groups": 3.0}, step=1)
 def test_timer_accumulates_seconds():
     metrics: dict[str, float] = {}
     for _ in range(2):
