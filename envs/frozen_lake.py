@@ -22,6 +22,8 @@ which a two-layer model learns to look up (docs/tiny_model.md).
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +81,19 @@ class FrozenLakeConfig:
 
 def generate_map(size: int, p: float, seed: int | None, no_dead_ends: bool = False) -> list[str]:
     """A random solvable map, identical to gymnasium's generate_random_map(size, p, seed); with ``no_dead_ends``
-    the first of the same draws that also has no Down/Right dead end (:func:`has_down_right_dead_end`)."""
+    the first of the same draws that also has no Down/Right dead end (:func:`has_down_right_dead_end`). A seeded
+    map is drawn once per process (the baselines' search replays the same seeds thousands of times)."""
+    if seed is None:
+        return _draw_map(size, p, None, no_dead_ends)
+    return list(_seeded_map(size, p, seed, no_dead_ends))
+
+
+@functools.lru_cache(maxsize=8192)
+def _seeded_map(size: int, p: float, seed: int, no_dead_ends: bool) -> tuple[str, ...]:
+    return tuple(_draw_map(size, p, seed, no_dead_ends))
+
+
+def _draw_map(size: int, p: float, seed: int | None, no_dead_ends: bool) -> list[str]:
     from gymnasium.envs.toy_text.frozen_lake import is_valid
     from gymnasium.utils import seeding
 
@@ -94,6 +108,14 @@ def generate_map(size: int, p: float, seed: int | None, no_dead_ends: bool = Fal
                 return desc
     wanted = "solvable map without Down/Right dead ends" if no_dead_ends else "solvable map"
     raise ValueError(f"no {wanted} of {size}x{size} found with p={p} in {_MAX_MAP_TRIES} tries; raise p")
+
+
+@functools.lru_cache(maxsize=512)  # ~60 KB each (a 6x6 map's transition table)
+def _gym_lake(desc: tuple[str, ...], is_slippery: bool, success_rate: float) -> Any:
+    """gymnasium's FrozenLake on ``desc``, built once per map and process (:meth:`FrozenLakeEnv._make_gym_env`)."""
+    from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
+
+    return GymFrozenLake(render_mode="ansi", desc=list(desc), is_slippery=is_slippery, success_rate=success_rate)
 
 
 def has_down_right_dead_end(desc: list[str]) -> bool:
@@ -231,17 +253,12 @@ class FrozenLakeEnv(GymnasiumTextEnv):
         return True
 
     def _make_gym_env(self, seed: int | None) -> Any:
-        from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as GymFrozenLake
-
         map_seed = self.config.map_seed if self.config.map_seed is not None else seed
         self.desc = generate_map(self.config.size, float(self.config.p), map_seed, self.config.no_dead_ends)
         self._policy = None
-        return GymFrozenLake(
-            render_mode="ansi",
-            desc=self.desc,
-            is_slippery=self.config.is_slippery,
-            success_rate=float(self.config.success_rate),
-        )
+        # A copy of the map's one gymnasium env: the copy shares the transition table (read-only) and gets its own
+        # position and random generator at reset; building the table is most of a reset's time.
+        return copy.copy(_gym_lake(tuple(self.desc), bool(self.config.is_slippery), float(self.config.success_rate)))
 
     @property
     def position(self) -> tuple[int, int]:

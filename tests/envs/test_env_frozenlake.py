@@ -28,6 +28,25 @@ def test_same_seed_same_observation():
     assert len({a.reset(seed=s) for s in range(20)}) > 5  # seeds give different maps
 
 
+@pytest.mark.parametrize("slippery", [False, True])
+def test_two_episodes_of_one_map_in_one_process_move_apart(slippery):
+    """Envs of the same map share gymnasium's transition table (built once per map): each keeps its own position and
+    slips, so an episode played beside another of the same seed plays as it does alone."""
+    moves = ["Right", "Down", "Right", "Down", "Down", "Right"]
+    alone = envs.make_env("frozen_lake", size=4, is_slippery=slippery)
+    alone.reset(seed=7)
+    expected = [alone.step(m)[0] for m in moves]
+    a, b = (envs.make_env("frozen_lake", size=4, is_slippery=slippery) for _ in range(2))
+    start = a.reset(seed=7)
+    assert b.reset(seed=7) == start
+    played = []
+    for m in moves:
+        played.append(a.step(m)[0])
+        assert b.render() == start  # b has not moved
+    assert played == expected
+    assert a._gym is not b._gym and a._gym.P is b._gym.P
+
+
 def test_map_matches_gymnasium_generator():
     for seed in range(5):
         assert generate_map(6, 0.8, seed) == generate_random_map(6, 0.8, seed)

@@ -16,6 +16,7 @@ and ``only_keys``.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any
@@ -107,6 +108,10 @@ class VLLMEngine(RolloutEngine):
                                     gpu_memory_utilization=gpu_memory_utilization,
                                     enable_sleep_mode=enable_sleep_mode, enforce_eager=enforce_eager)
         start = time.perf_counter()
+        # vLLM collects garbage several times while it starts (and freezes the heap once started); the modules just
+        # imported are never garbage, so freezing them first makes those collections short (~1 s less CPU per
+        # start on the tiny model). vLLM's engine shutdown unfreezes the heap.
+        gc.freeze()
         self.llm = LLM(**engine_kwargs)
         self.start_seconds = time.perf_counter() - start
         self._weight_names = _checkpoint_weight_names(model_path)
