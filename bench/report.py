@@ -17,7 +17,8 @@ END = "<!-- make bench: generated block, end -->"
 DOC_ASSETS = ("results.json", "step_breakdown.png", "ratios.png", "p7_scaling.png")
 
 
-P1_ASYNC_RUNS = (("continuous", "continuous k = 2"), ("group", "groups refilled k = 2"))
+P1_ASYNC_RUNS = (("continuous", "continuous k = 2"), ("group", "groups refilled k = 2"),
+                 ("group_one_rank", "groups refilled k = 2, one actor rank"))
 """P1's asynchronous runs (``bench/suites.py``, ``P1_RUNS``) and how their rows read."""
 
 
@@ -57,6 +58,9 @@ def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
         if name != "sync":
             rows.append((f"P8 slow-env trained episodes/s, {name} / sync", v["episodes_speedup"],
                          2.5 if name == "continuous_k2" else None, True))
+            if name.endswith("_one_rank") and not name.startswith("sync") and v.get("vs_best_sync") is not None:
+                rows.append((f"P8 slow-env trained episodes/s, {name} / the faster synchronous run",
+                             v["vs_best_sync"], 2.5, True))
     for name, v in (r.get("P9") or {}).items():
         rows.append((f"P9 log-prob head, bytes kept for the backward, chunked / plain ({name})", v["saved_ratio"],
                      1.0, False))
@@ -181,7 +185,8 @@ def _other_sections(r: dict) -> list[str]:
         own = (f"Each rollout alone, against its own time (two in flight share the engine): median "
                f"{fmt(c['ratio'])}." if name == "continuous" else
                "A stream of refilled groups has no rollout of its own: its rows' rollout seconds are the step's.")
-        out += [("The asynchronous producer (`" if name == "continuous" else "Groups refilled as they end (`")
+        out += [("The asynchronous producer (`" if name == "continuous" else "Groups refilled as they end (`"
+                 if name == "group" else "Groups refilled as they end, one actor rank (`")
                 + " ".join(c["overrides"]) + f"`, run `{c['label']}`, steps "
                 f"{c['steps'][0]['step']}..{c['steps'][-1]['step']}): its episodes overlap each other and the "
                 "update, so the figure is the generated tokens per second of step time (what the producer "

@@ -209,7 +209,8 @@ def p1_rollout_vs_engine(b: Bench) -> dict:
                                 every_step=True, overrides=[f"model_path={TINY}"]))
         out.update(_vs_raw_engine(b, run, first_step=2, work=b.out / "p1"))
     k = 2
-    for name, overrides in (("continuous", P1_CONTINUOUS), ("group", P1_GROUP)):
+    for name, overrides in (("continuous", P1_CONTINUOUS), ("group", P1_GROUP),
+                            ("group_one_rank", [*P1_GROUP, *ONE_RANK])):
         if name not in wanted:
             continue
         run = b.project(RunSpec(f"frozenlake_p1_{name}", steps=max(b.steps, k + 4), code_dir=b.tree,
@@ -225,8 +226,12 @@ P1_CONTINUOUS = ["trainer.max_off_policy_steps=2", "trainer.async_mode=continuou
 GRPO, since asynchronous training refuses a critic (the rollout's work is the main job's)."""
 P1_GROUP = [*P1_CONTINUOUS, "trainer.refill=group", "actor_rollout_ref.rollout.mode=async"]
 """P1's run with the groups refilled as they end (k x env_groups group slots, no turn barrier)."""
-P1_RUNS = ("sync", "continuous", "group")
-"""P1's runs: the main job, the asynchronous producer with whole rollouts, and with groups refilled."""
+ONE_RANK = ["actor_rollout_ref.actor.fsdp.world_size=1"]
+"""One actor rank (one intra-op thread) instead of the main job's two: on 2 cores the engine (one thread) then has a
+core the trainer does not take, as engines on GPUs of their own have."""
+P1_RUNS = ("sync", "continuous", "group", "group_one_rank")
+"""P1's runs: the main job, the asynchronous producer with whole rollouts, with groups refilled, and with groups
+refilled and one actor rank (:data:`ONE_RANK`)."""
 
 
 def _vs_raw_engine(b: Bench, run: RunResult, first_step: int, work: Path) -> dict:
@@ -406,7 +411,9 @@ ASYNC_MODES = {"sync": [], "one_step_off": OVERLAP,
                "continuous_k2_calls_apart": ["trainer.max_off_policy_steps=2", *CONTINUOUS,
                                              "trainer.share_engine_calls=false"],
                **{f"group_k{k}": [f"trainer.max_off_policy_steps={k}", *CONTINUOUS, "trainer.refill=group"]
-                  for k in (2, 4)}}
+                  for k in (2, 4)},
+               "sync_one_rank": ONE_RANK,
+               "group_k2_one_rank": ["trainer.max_off_policy_steps=2", *CONTINUOUS, "trainer.refill=group", *ONE_RANK]}
 """P8's runs: name -> overrides. sync: each rollout before its update (``max_off_policy_steps=0``); one_step_off:
 the next rollout generated while the step trains (buffered, k = 1); continuous_k<k>: the producer keeps the next k
 steps' rollouts generating, k of them at once (``trainer.rollouts_in_flight``' default), and the engines take new
@@ -414,7 +421,9 @@ weights between two engine calls (``async_mode=continuous``); continuous_k2_one_
 at a time, as before several could run at once; continuous_k2_calls_apart: k = 2, two rollouts in flight, each
 engine call carrying one rollout's requests (``trainer.share_engine_calls=false``); group_k<k>: continuous with
 each group refilled as soon as it ends (``trainer.refill=group``: k x env_groups group slots, ``rollouts_in_flight``'
-default; a step takes each env tag's n_groups finished groups, the oldest versions first)."""
+default; a step takes each env tag's n_groups finished groups, the oldest versions first); sync_one_rank and
+group_k2_one_rank: sync and group_k2 with one actor rank (:data:`ONE_RANK`), so that the one CPU engine has a core of
+its own. Each run's ``vs_best_sync`` is its episodes per second over the faster of the synchronous runs made."""
 
 
 P8_MIN_STEPS = 16
@@ -456,10 +465,19 @@ def p8_async(b: Bench) -> dict:
                      "stale_dropped": sum(h.get("rollout/stale_dropped", 0.0) for h in run.history),
                      "shared_calls": shared_fraction(steady),
                      "command": run.command}
+    return p8_speedups(out)
+
+
+def p8_speedups(out: dict[str, dict]) -> dict[str, dict]:
+    """Each P8 run's trained episodes and tokens per second over the ``sync`` run's (``episodes_speedup``,
+    ``tokens_speedup``), and its episodes per second over the faster of the synchronous runs made (``vs_best_sync``:
+    ``sync`` and ``sync_one_rank``)."""
     sync = out["sync"]
+    best_sync = max(v["episodes_per_s"] for name, v in out.items() if name.startswith("sync"))
     for v in out.values():
         v["episodes_speedup"] = ratio(v["episodes_per_s"], sync["episodes_per_s"])
         v["tokens_speedup"] = ratio(v["trained_tokens_per_s"], sync["trained_tokens_per_s"])
+        v["vs_best_sync"] = ratio(v["episodes_per_s"], best_sync)
     return out
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import report  # noqa: E402
 import results  # noqa: E402
 import run as bench_run  # noqa: E402
-from suites import P1_CONTINUOUS, P1_GROUP, p7_variants, replay_turns, vs_raw_figures  # noqa: E402
+from suites import P1_CONTINUOUS, P1_GROUP, p7_variants, p8_speedups, replay_turns, vs_raw_figures  # noqa: E402
 
 NOON = dt.datetime(2026, 11, 22, 12, 0, 5, tzinfo=dt.timezone.utc)
 
@@ -246,6 +246,22 @@ def test_p8_reports_each_mode_over_the_synchronous_run():
     block = report.render(r, asset_prefix="")
     assert "### P8: synchronous, one-step-off and asynchronous training" in block
     assert "| continuous_k2 | 4.00 | 28.00 | 7.00 | 1.75 | 180.00 | 1.80 | 2.00 |" in block
+
+
+def test_p8_one_rank_runs_are_held_to_the_faster_synchronous_run():
+    run = {"step_s": 1.0, "episodes_per_step": 32.0, "max_staleness": 0.0}
+    out = p8_speedups({"sync": {**run, "episodes_per_s": 4.0, "trained_tokens_per_s": 100.0},
+                       "sync_one_rank": {**run, "episodes_per_s": 5.0, "trained_tokens_per_s": 120.0},
+                       "group_k2_one_rank": {**run, "episodes_per_s": 12.0, "trained_tokens_per_s": 300.0}})
+    assert out["group_k2_one_rank"]["episodes_speedup"] == 3.0 and out["group_k2_one_rank"]["vs_best_sync"] == 2.4
+    assert out["sync_one_rank"]["episodes_speedup"] == 1.25 and out["sync"]["vs_best_sync"] == 0.8
+    r = {"meta": {"command": "python bench/run.py --only P8", "date": "2026-12-04 22:00", "steps": 16,
+                  "loaded": False, "machine": {"cores": 2, "cpu": "x", "memory_gib": 24, "load_avg_1m": 0.1}},
+         "P8": out}
+    assert report.ratio_rows(r) == [
+        ("P8 slow-env trained episodes/s, sync_one_rank / sync", 1.25, None, True),
+        ("P8 slow-env trained episodes/s, group_k2_one_rank / sync", 3.0, None, True),
+        ("P8 slow-env trained episodes/s, group_k2_one_rank / the faster synchronous run", 2.4, 2.5, True)]
 
 
 def test_p9_runs_both_heads_on_the_tiny_model_and_the_chunked_one_keeps_less(tiny_model_path, tmp_path):
