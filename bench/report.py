@@ -20,6 +20,9 @@ DOC_ASSETS = ("results.json", "step_breakdown.png", "ratios.png", "p7_scaling.pn
 P1_ASYNC_RUNS = (("continuous", "continuous k = 2"), ("group", "groups refilled k = 2"),
                  ("group_one_rank", "groups refilled k = 2, one actor rank"))
 """P1's asynchronous runs (``bench/suites.py``, ``P1_RUNS``) and how their rows read."""
+P1_ASYNC_LEADS = {"continuous": "The asynchronous producer", "group": "Groups refilled as they end",
+                  "group_one_rank": "Groups refilled as they end, one actor rank"}
+"""How the report's paragraph on each of :data:`P1_ASYNC_RUNS` begins."""
 
 
 def ratio_rows(r: dict) -> list[tuple[str, float, float | None, bool]]:
@@ -185,9 +188,7 @@ def _other_sections(r: dict) -> list[str]:
         own = (f"Each rollout alone, against its own time (two in flight share the engine): median "
                f"{fmt(c['ratio'])}." if name == "continuous" else
                "A stream of refilled groups has no rollout of its own: its rows' rollout seconds are the step's.")
-        out += [("The asynchronous producer (`" if name == "continuous" else "Groups refilled as they end (`"
-                 if name == "group" else "Groups refilled as they end, one actor rank (`")
-                + " ".join(c["overrides"]) + f"`, run `{c['label']}`, steps "
+        out += [f"{P1_ASYNC_LEADS[name]} (`" + " ".join(c["overrides"]) + f"`, run `{c['label']}`, steps "
                 f"{c['steps'][0]['step']}..{c['steps'][-1]['step']}): its episodes overlap each other and the "
                 "update, so the figure is the generated tokens per second of step time (what the producer "
                 f"delivers) over the raw engine's: **{fmt(c['busy_ratio'])}** "

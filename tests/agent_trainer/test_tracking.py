@@ -56,7 +56,6 @@ def test_console_line_has_headline_metrics_only_aligned():
         other.index("  s ") == line.index("  s ")
 
 
-
 def test_every_console_column_is_explained_in_the_operations_guide():
     """docs/operations.md, "Console and logs": one row per column, naming its metric, so a user reading a console
     line (e.g. ``aside 3`` under dynamic sampling) finds what it counts."""
@@ -64,6 +63,8 @@ def test_every_console_column_is_explained_in_the_operations_guide():
     missing = [(key, label) for key, label, _ in CONSOLE_COLUMNS if f"| `{label}` | `{key}` |" not in guide]
     assert not missing, missing
     assert "aside   3" in format_metrics({"rollout/set_aside_groups": 3.0}, step=1)
+
+
 def test_timer_accumulates_seconds():
     metrics: dict[str, float] = {}
     for _ in range(2):
